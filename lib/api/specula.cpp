@@ -1,0 +1,449 @@
+// The C ABI: handles, parameter defaults, and the translation of Status (and
+// of any exception from the standard library) into specula_status.
+#include "specula.h"
+
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/log.h"
+#include "decode/sampling.h"
+#include "models/llama.h"
+
+using namespace specula;
+
+struct specula_backend {
+    std::unique_ptr<Backend> impl;
+};
+
+struct specula_model {
+    std::unique_ptr<LlamaModel> impl;
+};
+
+struct specula_session {
+    specula_model* model = nullptr;
+    specula_session_params params{};
+    std::unique_ptr<LlamaContext> ctx;
+    std::vector<float> logits;  // of the last evaluated position
+    int32_t pending = -1;       // a generated token not yet fed to the model
+    uint32_t step = 0;          // the random stream's step counter
+    specula_session_stats stats{};
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+specula_status report(const Status& s) {
+    if (s.ok()) return SPECULA_OK;
+    g_last_error = s.message();
+    specula::log(SPECULA_LOG_DEBUG,
+                 std::string(specula_status_name(s.code())) + ": " + s.message());
+    return s.code();
+}
+
+// Runs an API body; no exception crosses the C boundary.
+template <typename F>
+specula_status guarded(F&& body) {
+    try {
+        return report(body());
+    } catch (const std::bad_alloc&) {
+        return report(OutOfMemory("out of host memory"));
+    } catch (const std::exception& e) {
+        return report({SPECULA_ERR_INTERNAL, std::string("internal error: ") + e.what()});
+    }
+}
+
+Status need(const void* p, const char* what) {
+    return p != nullptr ? Status::Ok() : InvalidArgument(std::string(what) + " is NULL");
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Feeds tokens in chunks of the context's batch size, keeping the last logits.
+Status evaluate(specula_session* s, std::span<const int32_t> tokens) {
+    Backend& be = s->model->impl->backend();
+    const uint64_t waits0 = be.host_waits();
+    for (size_t i = 0; i < tokens.size(); i += size_t(s->ctx->max_batch())) {
+        const size_t n = std::min(tokens.size() - i, size_t(s->ctx->max_batch()));
+        SPECULA_TRY(s->ctx->forward(tokens.subspan(i, n), false, &s->logits));
+        ++s->stats.n_forward_calls;
+    }
+    s->stats.n_host_waits += be.host_waits() - waits0;
+    s->stats.n_past = uint32_t(s->ctx->n_past());
+    return Status::Ok();
+}
+
+Status flush_pending(specula_session* s) {
+    if (s->pending < 0) return Status::Ok();
+    const int32_t t = s->pending;
+    SPECULA_TRY(evaluate(s, std::span(&t, 1)));
+    s->pending = -1;
+    return Status::Ok();
+}
+
+template <size_t N>
+void copy_string(char (&dst)[N], const std::string& src) {
+    std::snprintf(dst, N, "%s", src.c_str());
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* specula_last_error(void) {
+    return g_last_error.c_str();
+}
+
+const char* specula_status_name(specula_status status) {
+    switch (status) {
+        case SPECULA_OK:
+            return "SPECULA_OK";
+        case SPECULA_ERR_INVALID_ARGUMENT:
+            return "SPECULA_ERR_INVALID_ARGUMENT";
+        case SPECULA_ERR_IO:
+            return "SPECULA_ERR_IO";
+        case SPECULA_ERR_FORMAT:
+            return "SPECULA_ERR_FORMAT";
+        case SPECULA_ERR_UNSUPPORTED:
+            return "SPECULA_ERR_UNSUPPORTED";
+        case SPECULA_ERR_OUT_OF_MEMORY:
+            return "SPECULA_ERR_OUT_OF_MEMORY";
+        case SPECULA_ERR_DEVICE_LOST:
+            return "SPECULA_ERR_DEVICE_LOST";
+        case SPECULA_ERR_NO_DEVICE:
+            return "SPECULA_ERR_NO_DEVICE";
+        case SPECULA_ERR_ABORTED:
+            return "SPECULA_ERR_ABORTED";
+        case SPECULA_ERR_CONTEXT_FULL:
+            return "SPECULA_ERR_CONTEXT_FULL";
+        case SPECULA_ERR_VOCAB_MISMATCH:
+            return "SPECULA_ERR_VOCAB_MISMATCH";
+        case SPECULA_ERR_BUFFER_TOO_SMALL:
+            return "SPECULA_ERR_BUFFER_TOO_SMALL";
+        case SPECULA_ERR_INTERNAL:
+            return "SPECULA_ERR_INTERNAL";
+    }
+    return "SPECULA_ERR_UNKNOWN";
+}
+
+const char* specula_version(void) {
+    return "0.1.0";
+}
+
+void specula_set_log_callback(specula_log_fn callback, void* user_data) {
+    set_log_sink(callback, user_data);
+}
+
+// ------------------------------------------------------------------ backends
+
+specula_status specula_device_count(size_t* count) {
+    return guarded([&] {
+        SPECULA_TRY(need(count, "count"));
+        *count = enumerate_devices().size();
+        return Status::Ok();
+    });
+}
+
+specula_status specula_device_get(size_t i, specula_device_info* info) {
+    return guarded([&] {
+        SPECULA_TRY(need(info, "info"));
+        const auto devices = enumerate_devices();
+        if (i >= devices.size())
+            return InvalidArgument("device index " + std::to_string(i) + " is out of range");
+        *info = devices[i];
+        return Status::Ok();
+    });
+}
+
+specula_backend_params specula_backend_default_params(void) {
+    specula_backend_params p{};
+    p.kind = SPECULA_BACKEND_AUTO;
+    p.device_index = -1;
+    p.device_name = nullptr;
+    p.n_threads = 0;
+    return p;
+}
+
+void specula_backend_default_params_by_ref(specula_backend_params* params) {
+    if (params != nullptr) *params = specula_backend_default_params();
+}
+
+specula_status specula_backend_create(const specula_backend_params* params, specula_backend** out) {
+    return guarded([&] {
+        SPECULA_TRY(need(out, "out"));
+        *out = nullptr;
+        const specula_backend_params p = params ? *params : specula_backend_default_params();
+        auto b = std::make_unique<specula_backend>();
+        SPECULA_TRY(create_backend(p, &b->impl));
+        *out = b.release();
+        return Status::Ok();
+    });
+}
+
+void specula_backend_free(specula_backend* backend) {
+    delete backend;
+}
+
+specula_status specula_backend_get_info(const specula_backend* backend, specula_device_info* info) {
+    return guarded([&] {
+        SPECULA_TRY(need(backend, "backend"));
+        SPECULA_TRY(need(info, "info"));
+        *info = backend->impl->info();
+        return Status::Ok();
+    });
+}
+
+// -------------------------------------------------------------------- models
+
+specula_model_params specula_model_default_params(void) {
+    return specula_model_params{};
+}
+
+void specula_model_default_params_by_ref(specula_model_params* params) {
+    if (params != nullptr) *params = specula_model_default_params();
+}
+
+specula_status specula_model_load(specula_backend* backend, const char* path,
+                                  const specula_model_params* params, specula_model** out) {
+    return guarded([&] {
+        SPECULA_TRY(need(out, "out"));
+        *out = nullptr;
+        SPECULA_TRY(need(backend, "backend"));
+        SPECULA_TRY(need(path, "path"));
+        const specula_model_params p = params ? *params : specula_model_default_params();
+        std::unique_ptr<MappedFile> file;
+        SPECULA_TRY(MappedFile::open(path, &file));
+        LlamaModel::Progress progress;
+        if (p.progress != nullptr)
+            progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
+        auto m = std::make_unique<specula_model>();
+        Status s = LlamaModel::load(*backend->impl, std::move(file), progress, &m->impl);
+        if (!s.ok()) return Status(s.code(), std::string(path) + ": " + s.message());
+        *out = m.release();
+        return Status::Ok();
+    });
+}
+
+void specula_model_free(specula_model* model) {
+    delete model;
+}
+
+specula_status specula_model_get_info(const specula_model* model, specula_model_info* info) {
+    return guarded([&] {
+        SPECULA_TRY(need(model, "model"));
+        SPECULA_TRY(need(info, "info"));
+        const LlamaModel& m = *model->impl;
+        const LlamaConfig& c = m.config();
+        *info = specula_model_info{};
+        copy_string(info->architecture, "llama");
+        copy_string(info->name, m.name());
+        copy_string(info->tokenizer, m.tokenizer().kind_name());
+        info->n_vocab = c.n_vocab;
+        info->n_ctx_train = c.n_ctx_train;
+        info->n_embd = c.n_embd;
+        info->n_layer = c.n_layer;
+        info->n_head = c.n_head;
+        info->n_head_kv = c.n_head_kv;
+        info->n_ff = c.n_ff;
+        info->bos_token = m.tokenizer().bos();
+        info->eos_token = m.tokenizer().eos();
+        info->n_params = m.n_params();
+        info->weight_bytes = m.weight_bytes();
+        info->weight_type = specula_weight_type(m.dominant_weight_type());
+        return Status::Ok();
+    });
+}
+
+// ----------------------------------------------------------------- tokenizer
+
+specula_status specula_tokenize(const specula_model* model, const char* text, size_t len,
+                                bool add_bos, int32_t* tokens, size_t capacity, size_t* n_tokens) {
+    return guarded([&] {
+        SPECULA_TRY(need(model, "model"));
+        SPECULA_TRY(need(n_tokens, "n_tokens"));
+        if (text == nullptr && len > 0) return InvalidArgument("text is NULL");
+        if (tokens == nullptr && capacity > 0) return InvalidArgument("tokens is NULL");
+        const auto ids =
+            model->impl->tokenizer().encode(std::string_view(text ? text : "", len), add_bos);
+        *n_tokens = ids.size();
+        if (ids.size() > capacity)
+            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
+                          "the text needs " + std::to_string(ids.size()) + " tokens");
+        std::copy(ids.begin(), ids.end(), tokens);
+        return Status::Ok();
+    });
+}
+
+specula_status specula_detokenize(const specula_model* model, const int32_t* tokens,
+                                  size_t n_tokens, char* text, size_t capacity, size_t* length) {
+    return guarded([&] {
+        SPECULA_TRY(need(model, "model"));
+        SPECULA_TRY(need(length, "length"));
+        if (tokens == nullptr && n_tokens > 0) return InvalidArgument("tokens is NULL");
+        if (text == nullptr && capacity > 0) return InvalidArgument("text is NULL");
+        const Tokenizer& tok = model->impl->tokenizer();
+        for (size_t i = 0; i < n_tokens; ++i)
+            if (tokens[i] < 0 || tokens[i] >= tok.n_vocab())
+                return InvalidArgument("token id " + std::to_string(tokens[i]) +
+                                       " is outside the vocabulary");
+        const std::string s = tok.decode(std::span(tokens, n_tokens));
+        *length = s.size();
+        if (s.size() > capacity)
+            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
+                          "the text needs " + std::to_string(s.size()) + " bytes");
+        std::memcpy(text, s.data(), s.size());
+        return Status::Ok();
+    });
+}
+
+// ------------------------------------------------------------------ sessions
+
+specula_session_params specula_session_default_params(void) {
+    specula_session_params p{};
+    p.n_ctx = 0;
+    p.seed = 0x5eed;
+    p.temperature = 0.8f;
+    p.top_k = 40;
+    p.top_p = 0.95f;
+    return p;
+}
+
+void specula_session_default_params_by_ref(specula_session_params* params) {
+    if (params != nullptr) *params = specula_session_default_params();
+}
+
+specula_generate_params specula_generate_default_params(void) {
+    specula_generate_params p{};
+    p.max_tokens = 128;
+    p.stop_at_eos = true;
+    return p;
+}
+
+void specula_generate_default_params_by_ref(specula_generate_params* params) {
+    if (params != nullptr) *params = specula_generate_default_params();
+}
+
+specula_status specula_session_create(specula_model* model, const specula_session_params* params,
+                                      specula_session** out) {
+    return guarded([&] {
+        SPECULA_TRY(need(out, "out"));
+        *out = nullptr;
+        SPECULA_TRY(need(model, "model"));
+        const specula_session_params p = params ? *params : specula_session_default_params();
+        if (!(p.temperature >= 0.0f) || !(p.top_p > 0.0f) || p.top_p > 1.0f || p.top_k < 0)
+            return InvalidArgument("temperature must be >= 0, top_p in (0, 1], top_k >= 0");
+        auto s = std::make_unique<specula_session>();
+        s->model = model;
+        s->params = p;
+        const int n_ctx = p.n_ctx > 0 ? int(std::min<uint32_t>(p.n_ctx, 1u << 24))
+                                      : model->impl->config().n_ctx_train;
+        constexpr int kMaxBatch = 64;
+        SPECULA_TRY(LlamaContext::create(*model->impl, n_ctx, kMaxBatch, &s->ctx));
+        *out = s.release();
+        return Status::Ok();
+    });
+}
+
+void specula_session_free(specula_session* session) {
+    delete session;
+}
+
+specula_status specula_session_reset(specula_session* session) {
+    return guarded([&] {
+        SPECULA_TRY(need(session, "session"));
+        session->ctx->truncate(0);
+        session->logits.clear();
+        session->pending = -1;
+        session->step = 0;
+        session->stats = specula_session_stats{};
+        return Status::Ok();
+    });
+}
+
+specula_status specula_session_eval(specula_session* session, const int32_t* tokens,
+                                    size_t n_tokens) {
+    return guarded([&] {
+        SPECULA_TRY(need(session, "session"));
+        if (tokens == nullptr && n_tokens > 0) return InvalidArgument("tokens is NULL");
+        const auto t0 = Clock::now();
+        SPECULA_TRY(flush_pending(session));
+        SPECULA_TRY(evaluate(session, std::span(tokens, n_tokens)));
+        session->stats.n_prompt_tokens += n_tokens;
+        session->stats.prompt_seconds += seconds_since(t0);
+        return Status::Ok();
+    });
+}
+
+specula_status specula_session_get_logits(specula_session* session, float* logits,
+                                          size_t capacity) {
+    return guarded([&] {
+        SPECULA_TRY(need(session, "session"));
+        SPECULA_TRY(need(logits, "logits"));
+        SPECULA_TRY(flush_pending(session));
+        if (session->logits.empty()) return InvalidArgument("no position has been evaluated yet");
+        if (capacity < session->logits.size())
+            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
+                          "logits need " + std::to_string(session->logits.size()) + " floats");
+        std::copy(session->logits.begin(), session->logits.end(), logits);
+        return Status::Ok();
+    });
+}
+
+specula_status specula_generate(specula_session* session, const specula_generate_params* params,
+                                int32_t* tokens, size_t capacity, size_t* n_generated) {
+    size_t count = 0;
+    const specula_status status = guarded([&] {
+        SPECULA_TRY(need(session, "session"));
+        if (tokens == nullptr && capacity > 0) return InvalidArgument("tokens is NULL");
+        const specula_generate_params g = params ? *params : specula_generate_default_params();
+        if (g.max_tokens < 0) return InvalidArgument("max_tokens is negative");
+        specula_session& s = *session;
+        const auto t0 = Clock::now();
+        struct Timer {  // charges the time to the stats however the loop ends
+            specula_session& s;
+            Clock::time_point t0;
+            ~Timer() { s.stats.generate_seconds += seconds_since(t0); }
+        } timer{s, t0};
+        const Tokenizer& tok = s.model->impl->tokenizer();
+        const SamplingParams sp{s.params.temperature, s.params.top_k, s.params.top_p,
+                                s.params.seed};
+        for (int i = 0; i < g.max_tokens; ++i) {
+            if (g.should_abort != nullptr && g.should_abort(g.should_abort_user_data))
+                return Status(SPECULA_ERR_ABORTED, "generation was aborted by the abort callback");
+            SPECULA_TRY(flush_pending(session));
+            if (s.logits.empty()) return InvalidArgument("evaluate a prompt before generating");
+            const int32_t t = sample_token(s.logits, sp, s.step++);
+            if (g.stop_at_eos && t == tok.eos()) break;
+            if (count < capacity) tokens[count] = t;
+            ++count;
+            ++s.stats.n_generated;
+            s.pending = t;
+            if (g.on_token != nullptr) {
+                const std::string piece = tok.piece(t);
+                if (!g.on_token(t, piece.data(), piece.size(), g.on_token_user_data)) break;
+            }
+        }
+        return Status::Ok();
+    });
+    if (n_generated != nullptr) *n_generated = count;
+    return status;
+}
+
+specula_status specula_session_get_stats(const specula_session* session,
+                                         specula_session_stats* stats) {
+    return guarded([&] {
+        SPECULA_TRY(need(session, "session"));
+        SPECULA_TRY(need(stats, "stats"));
+        *stats = session->stats;
+        return Status::Ok();
+    });
+}
+
+}  // extern "C"

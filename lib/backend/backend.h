@@ -1,0 +1,97 @@
+// The one interface every backend implements (DESIGN §4). Model code records a
+// forward pass as a sequence of ops on tensors and calls flush() once; the cpu
+// backend runs each op as it is recorded, a GPU backend appends it to one
+// command buffer and submits on flush().
+//
+// Ops are void: a GPU backend records now and fails later, so the first error
+// is kept and returned by flush(). Shapes are the caller's contract; each op
+// documents its own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "format/gguf.h"
+#include "specula.h"
+
+namespace specula {
+
+class Buffer {
+  public:
+    virtual ~Buffer() = default;
+    virtual size_t size() const = 0;
+};
+
+// A non-owning view of `rows` rows of `cols` elements, row-major, at a byte
+// offset in a buffer. Quantized rows hold cols / block_size blocks.
+struct Tensor {
+    Buffer* buffer = nullptr;
+    size_t offset = 0;
+    GgmlType type = GgmlType::kF32;
+    int64_t cols = 0;
+    int64_t rows = 0;
+
+    size_t row_bytes() const;
+    size_t bytes() const { return row_bytes() * size_t(rows); }
+    Tensor row_range(int64_t first, int64_t count) const;
+};
+
+class Backend {
+  public:
+    virtual ~Backend() = default;
+
+    virtual const specula_device_info& info() const = 0;
+
+    // Device memory for activations and caches, zero-filled.
+    virtual Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) = 0;
+    // Weights from host memory that outlives the buffer (a model's mapping):
+    // the cpu backend reads them in place, a GPU backend copies them.
+    virtual Status load_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) = 0;
+
+    // Host <-> device copies; both happen in order with recorded ops.
+    virtual void upload(const Tensor& dst, const void* src) = 0;
+    virtual Status download(const Tensor& src, void* dst) = 0;  // waits for recorded work
+
+    // Submits everything recorded and waits for it.
+    virtual Status flush() = 0;
+    // How many times the host has waited for the device (flush or download).
+    virtual uint64_t host_waits() const = 0;
+
+    // ---- ops; F32 activations unless stated
+
+    // out[i] = table[ids[i]] (table of any weight type, ids I32, out F32 with table.cols columns).
+    virtual void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+    // out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight.
+    virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) = 0;
+    // out[i][r] = dot(w[r], x[i]): w is (out_features rows x in_features cols) of any weight
+    // type, x is (n x in_features), out (n x out_features). The result of a row does not
+    // depend on n (batch invariance, DESIGN §4).
+    virtual void matmul(const Tensor& w, const Tensor& x, const Tensor& out) = 0;
+    // Rotates adjacent pairs (x[2j], x[2j+1]) of the first n_rot dims of every head of
+    // row i by positions[i] * base^(-2j/n_rot), in place (GGUF's Q/K layout).
+    virtual void rope(const Tensor& x, const Tensor& positions, int head_dim, int n_rot,
+                      float base) = 0;
+    // dst = src converted to dst's type (F32 or F16), same shape.
+    virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+    // Causal grouped-query attention. q: n rows of n_head*head_dim; k_cache, v_cache: context
+    // rows of n_head_kv*head_dim (F32 or F16) where rows [0, pos0 + n) are valid; query row i
+    // sits at position pos0 + i and sees keys 0..pos0+i. out: n rows like q.
+    virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           const Tensor& out, int n_head, int n_head_kv, int head_dim, float scale,
+                           int pos0) = 0;
+    // out = silu(gate) * up, element-wise.
+    virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+    // out = a + b, element-wise (out may alias a).
+    virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+};
+
+// Devices of every compiled-in backend; the cpu is always first.
+std::vector<specula_device_info> enumerate_devices();
+Status create_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out);
+
+}  // namespace specula

@@ -1,0 +1,270 @@
+// The reference backend: plain C++ that every other backend is tested against.
+// Each op runs when it is recorded. Row results are computed by one function
+// whatever the batch size, in a fixed reduction order, so they are batch invariant.
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "core/fp16.h"
+#include "format/quant.h"
+
+namespace specula {
+
+namespace {
+
+class CpuBuffer final : public Buffer {
+  public:
+    explicit CpuBuffer(size_t bytes)
+        : owned_(std::make_unique<uint64_t[]>((bytes + 7) / 8)), size_(bytes) {
+        data_ = reinterpret_cast<uint8_t*>(owned_.get());
+    }
+    explicit CpuBuffer(std::span<const uint8_t> borrowed)
+        : data_(const_cast<uint8_t*>(borrowed.data())), size_(borrowed.size()), read_only_(true) {}
+
+    size_t size() const override { return size_; }
+    uint8_t* data() const { return data_; }
+    bool read_only() const { return read_only_; }
+
+  private:
+    std::unique_ptr<uint64_t[]> owned_;  // uint64_t: 8-byte alignment for every element type
+    uint8_t* data_ = nullptr;
+    size_t size_ = 0;
+    bool read_only_ = false;
+};
+
+uint8_t* bytes_of(const Tensor& t) {
+    return static_cast<CpuBuffer*>(t.buffer)->data() + t.offset;
+}
+float* f32(const Tensor& t) {
+    return reinterpret_cast<float*>(bytes_of(t));
+}
+const float* row_f32(const Tensor& t, int64_t r) {
+    return f32(t) + r * t.cols;
+}
+
+// Fixed-order dot product: eight interleaved partial sums, then a fixed tree.
+// Written so the compiler vectorises it without reassociating anything.
+float dot(const float* a, const float* b, int64_t n) {
+    std::array<float, 8> acc{};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; ++l)
+            acc[size_t(l)] += a[i + l] * b[i + l];
+    for (int l = 0; i < n; ++i, ++l)
+        acc[size_t(l)] += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// F16 rows convert through a table: the branchy bit conversion would dominate matmuls.
+const float* half_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (uint32_t i = 0; i < 65536; ++i)
+            t[i] = half_to_float(uint16_t(i));
+        return t;
+    }();
+    return table.data();
+}
+
+void row_to_f32(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
+    if (type == GgmlType::kF16) {
+        const float* table = half_table();
+        const auto* h = reinterpret_cast<const uint16_t*>(src);
+        for (int64_t i = 0; i < n; ++i)
+            dst[i] = table[h[i]];
+    } else {
+        dequantize_row(type, src, dst, size_t(n));
+    }
+}
+
+class CpuBackend final : public Backend {
+  public:
+    explicit CpuBackend(int n_threads) : pool_(n_threads) {
+        info_.kind = SPECULA_BACKEND_CPU;
+        info_.index = 0;
+        std::snprintf(info_.name, sizeof info_.name, "cpu (%d threads)", pool_.size());
+    }
+
+    const specula_device_info& info() const override { return info_; }
+
+    Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
+        try {
+            *out = std::make_unique<CpuBuffer>(bytes);
+        } catch (const std::bad_alloc&) {
+            return OutOfMemory("cannot allocate " + std::to_string(bytes) +
+                               " bytes of host memory");
+        }
+        return Status::Ok();
+    }
+
+    Status load_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) override {
+        *out = std::make_unique<CpuBuffer>(host);
+        return Status::Ok();
+    }
+
+    void upload(const Tensor& dst, const void* src) override {
+        std::memcpy(bytes_of(dst), src, dst.bytes());
+    }
+
+    Status download(const Tensor& src, void* dst) override {
+        SPECULA_TRY(flush());
+        std::memcpy(dst, bytes_of(src), src.bytes());
+        return Status::Ok();
+    }
+
+    Status flush() override {
+        ++host_waits_;
+        Status s = std::move(pending_);
+        pending_ = Status::Ok();
+        return s;
+    }
+
+    uint64_t host_waits() const override { return host_waits_; }
+
+    void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+        const auto* id = reinterpret_cast<const int32_t*>(bytes_of(ids));
+        for (int64_t i = 0; i < ids.cols * ids.rows; ++i) {
+            if (id[i] < 0 || id[i] >= table.rows) {
+                fail(InvalidArgument("token id " + std::to_string(id[i]) +
+                                     " is outside the vocabulary"));
+                return;
+            }
+            row_to_f32(table.type, bytes_of(table) + size_t(id[i]) * table.row_bytes(),
+                       f32(out) + i * out.cols, table.cols);
+        }
+    }
+
+    void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
+        const float* w = f32(weight);
+        for (int64_t r = 0; r < x.rows; ++r) {
+            const float* xr = row_f32(x, r);
+            const float mean = dot(xr, xr, x.cols) / float(x.cols);
+            const float scale = 1.0f / std::sqrt(mean + eps);
+            float* o = f32(out) + r * out.cols;
+            for (int64_t i = 0; i < x.cols; ++i)
+                o[i] = xr[i] * scale * w[i];
+        }
+    }
+
+    void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
+        // Each worker converts a weight row once and uses it for all n input rows.
+        pool_.parallel_for(size_t(w.rows), [&](size_t begin, size_t end) {
+            std::vector<float> row(size_t(w.cols));
+            for (size_t r = begin; r < end; ++r) {
+                row_to_f32(w.type, bytes_of(w) + r * w.row_bytes(), row.data(), w.cols);
+                for (int64_t i = 0; i < x.rows; ++i)
+                    f32(out)[i * out.cols + int64_t(r)] = dot(row.data(), row_f32(x, i), w.cols);
+            }
+        });
+    }
+
+    void rope(const Tensor& x, const Tensor& positions, int head_dim, int n_rot,
+              float base) override {
+        const auto* pos = reinterpret_cast<const int32_t*>(bytes_of(positions));
+        for (int64_t r = 0; r < x.rows; ++r) {
+            float* row = f32(x) + r * x.cols;
+            for (int j = 0; j < n_rot / 2; ++j) {
+                const double theta = double(pos[r]) * std::pow(double(base), -2.0 * j / n_rot);
+                const auto c = float(std::cos(theta)), s = float(std::sin(theta));
+                for (int64_t h = 0; h < x.cols / head_dim; ++h) {
+                    float* p = row + h * head_dim + 2 * j;
+                    const float a = p[0], b = p[1];
+                    p[0] = a * c - b * s;
+                    p[1] = a * s + b * c;
+                }
+            }
+        }
+    }
+
+    void copy(const Tensor& src, const Tensor& dst) override {
+        const int64_t n = src.cols * src.rows;
+        if (dst.type == GgmlType::kF16) {
+            auto* d = reinterpret_cast<uint16_t*>(bytes_of(dst));
+            for (int64_t i = 0; i < n; ++i)
+                d[i] = float_to_half(f32(src)[i]);
+        } else {
+            std::memcpy(bytes_of(dst), bytes_of(src), size_t(n) * sizeof(float));
+        }
+    }
+
+    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                   int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
+        const int group = n_head / n_head_kv;
+        pool_.parallel_for(size_t(q.rows) * size_t(n_head), [&](size_t begin, size_t end) {
+            const size_t dim = size_t(head_dim);
+            std::vector<float> scores, key(dim), value(dim), acc(dim);
+            for (size_t job = begin; job < end; ++job) {
+                const int64_t i = int64_t(job) / n_head;
+                const int h = int(job % size_t(n_head));
+                const int kv_head = h / group;
+                const int n_keys = pos0 + int(i) + 1;
+                const float* qh = row_f32(q, i) + h * head_dim;
+                scores.resize(size_t(n_keys));
+                float max = -INFINITY;
+                for (int t = 0; t < n_keys; ++t) {
+                    row_to_f32(k_cache.type,
+                               bytes_of(k_cache) + size_t(t) * k_cache.row_bytes() +
+                                   size_t(kv_head * head_dim) * type_bytes(k_cache.type),
+                               key.data(), head_dim);
+                    scores[size_t(t)] = dot(qh, key.data(), head_dim) * scale;
+                    max = std::max(max, scores[size_t(t)]);
+                }
+                float sum = 0.0f;
+                for (float& s : scores)
+                    sum += (s = std::exp(s - max));
+                std::fill(acc.begin(), acc.end(), 0.0f);
+                for (int t = 0; t < n_keys; ++t) {
+                    row_to_f32(v_cache.type,
+                               bytes_of(v_cache) + size_t(t) * v_cache.row_bytes() +
+                                   size_t(kv_head * head_dim) * type_bytes(v_cache.type),
+                               value.data(), head_dim);
+                    const float p = scores[size_t(t)];
+                    for (int d = 0; d < head_dim; ++d)
+                        acc[size_t(d)] += p * value[size_t(d)];
+                }
+                float* o = f32(out) + i * out.cols + h * head_dim;
+                for (int d = 0; d < head_dim; ++d)
+                    o[d] = acc[size_t(d)] / sum;
+            }
+        });
+    }
+
+    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+        const int64_t n = gate.cols * gate.rows;
+        for (int64_t i = 0; i < n; ++i) {
+            const float g = f32(gate)[i];
+            f32(out)[i] = g / (1.0f + std::exp(-g)) * f32(up)[i];
+        }
+    }
+
+    void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+        const int64_t n = a.cols * a.rows;
+        for (int64_t i = 0; i < n; ++i)
+            f32(out)[i] = f32(a)[i] + f32(b)[i];
+    }
+
+  private:
+    static size_t type_bytes(GgmlType t) { return t == GgmlType::kF16 ? 2 : 4; }
+    void fail(Status s) {
+        if (pending_.ok()) pending_ = std::move(s);
+    }
+
+    specula_device_info info_{};
+    ThreadPool pool_;
+    Status pending_;
+    uint64_t host_waits_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> create_cpu_backend(int n_threads) {
+    if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+    return std::make_unique<CpuBackend>(n_threads);
+}
+
+}  // namespace specula

@@ -1,0 +1,247 @@
+/*
+ * specula — a small inference runtime for quantized target/draft model pairs.
+ *
+ * This is the only public header. Conventions:
+ *   - Opaque handles with create/free pairs. Free functions accept NULL.
+ *   - Every call that can fail returns a specula_status; SPECULA_OK is 0.
+ *     specula_last_error() returns a message for the last failure on the
+ *     calling thread. The library never aborts on bad input, bad files,
+ *     out-of-memory or device loss.
+ *   - Parameter structs come from specula_*_default_params(); the _by_ref
+ *     variants fill a caller-owned struct, for FFI bindings that cannot
+ *     receive structs by value.
+ *   - A model may be shared by several sessions; a session is used by one
+ *     thread at a time.
+ */
+#ifndef SPECULA_H
+#define SPECULA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(SPECULA_BUILDING_SHARED)
+#define SPECULA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define SPECULA_API __attribute__((visibility("default")))
+#else
+#define SPECULA_API
+#endif
+
+#define SPECULA_VERSION_MAJOR 0
+#define SPECULA_VERSION_MINOR 1
+#define SPECULA_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum specula_status {
+    SPECULA_OK = 0,
+    SPECULA_ERR_INVALID_ARGUMENT = 1, /* a NULL handle, an out-of-range value */
+    SPECULA_ERR_IO = 2,               /* a file could not be opened or mapped */
+    SPECULA_ERR_FORMAT = 3,           /* a malformed or truncated file */
+    SPECULA_ERR_UNSUPPORTED = 4,      /* a valid file using a feature specula lacks */
+    SPECULA_ERR_OUT_OF_MEMORY = 5,    /* host or device memory exhausted */
+    SPECULA_ERR_DEVICE_LOST = 6,      /* the GPU was lost; recreate the backend */
+    SPECULA_ERR_NO_DEVICE = 7,        /* the requested backend or device is absent */
+    SPECULA_ERR_ABORTED = 8,          /* the abort or progress callback asked to stop */
+    SPECULA_ERR_CONTEXT_FULL = 9,     /* the session's context length is exhausted */
+    SPECULA_ERR_VOCAB_MISMATCH = 10,  /* draft and target tokenizers differ */
+    SPECULA_ERR_BUFFER_TOO_SMALL =
+        11, /* the required size is reported through the size out-param */
+    SPECULA_ERR_INTERNAL = 12
+} specula_status;
+
+/* Message for the last error on this thread; never NULL, "" when none. */
+SPECULA_API const char* specula_last_error(void);
+/* Short name of a status code, e.g. "SPECULA_ERR_FORMAT". */
+SPECULA_API const char* specula_status_name(specula_status status);
+SPECULA_API const char* specula_version(void);
+
+/* ------------------------------------------------------------------- log */
+
+typedef enum specula_log_level {
+    SPECULA_LOG_DEBUG = 0,
+    SPECULA_LOG_INFO = 1,
+    SPECULA_LOG_WARN = 2,
+    SPECULA_LOG_ERROR = 3
+} specula_log_level;
+
+typedef void (*specula_log_fn)(specula_log_level level, const char* message, void* user_data);
+
+/* Process-wide log sink. NULL restores the default (warnings and errors to stderr). */
+SPECULA_API void specula_set_log_callback(specula_log_fn callback, void* user_data);
+
+/* --------------------------------------------------------------- backends */
+
+typedef enum specula_backend_kind {
+    SPECULA_BACKEND_CPU = 0,
+    SPECULA_BACKEND_VULKAN = 1,
+    SPECULA_BACKEND_CUDA = 2,
+    SPECULA_BACKEND_AUTO = 100 /* the best available: a discrete GPU, then any GPU, then cpu */
+} specula_backend_kind;
+
+typedef struct specula_device_info {
+    specula_backend_kind kind;
+    int32_t index; /* index within its kind, as accepted by specula_backend_params */
+    char name[256];
+    bool is_discrete_gpu;
+    bool is_software;      /* e.g. llvmpipe */
+    uint64_t memory_bytes; /* device-local memory, 0 when unknown */
+} specula_device_info;
+
+/* Enumerates every device of every compiled-in backend (the cpu is always device 0). */
+SPECULA_API specula_status specula_device_count(size_t* count);
+SPECULA_API specula_status specula_device_get(size_t i, specula_device_info* info);
+
+typedef struct specula_backend_params {
+    specula_backend_kind kind;
+    int32_t device_index;    /* within the kind; -1 selects by name or the best one */
+    const char* device_name; /* optional substring match; NULL for none */
+    int32_t n_threads;       /* cpu backend; 0 = all hardware threads */
+} specula_backend_params;
+
+typedef struct specula_backend specula_backend;
+
+SPECULA_API specula_backend_params specula_backend_default_params(void);
+SPECULA_API void specula_backend_default_params_by_ref(specula_backend_params* params);
+SPECULA_API specula_status specula_backend_create(const specula_backend_params* params,
+                                                  specula_backend** out);
+SPECULA_API void specula_backend_free(specula_backend* backend);
+SPECULA_API specula_status specula_backend_get_info(const specula_backend* backend,
+                                                    specula_device_info* info);
+
+/* ----------------------------------------------------------------- models */
+
+typedef enum specula_weight_type {
+    SPECULA_WEIGHT_F32 = 0, /* values match GGUF's ggml_type numbering */
+    SPECULA_WEIGHT_F16 = 1,
+    SPECULA_WEIGHT_Q4_0 = 2,
+    SPECULA_WEIGHT_Q8_0 = 8
+} specula_weight_type;
+
+/* Called during loading with progress in [0, 1]; return false to cancel (SPECULA_ERR_ABORTED). */
+typedef bool (*specula_progress_fn)(float progress, void* user_data);
+
+typedef struct specula_model_params {
+    specula_progress_fn progress;
+    void* progress_user_data;
+} specula_model_params;
+
+typedef struct specula_model_info {
+    char architecture[32]; /* "llama" */
+    char name[128];        /* general.name, "" when absent */
+    char tokenizer[16];    /* "llama" (SentencePiece) or "gpt2" (byte-level BPE) */
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t n_ff;
+    int32_t bos_token; /* -1 when none */
+    int32_t eos_token; /* -1 when none */
+    uint64_t n_params;
+    uint64_t weight_bytes;
+    specula_weight_type weight_type; /* the type holding most weight bytes */
+} specula_model_info;
+
+typedef struct specula_model specula_model;
+
+SPECULA_API specula_model_params specula_model_default_params(void);
+SPECULA_API void specula_model_default_params_by_ref(specula_model_params* params);
+/* Memory-maps a GGUF file and places its weights on the backend. The backend
+ * must outlive the model. */
+SPECULA_API specula_status specula_model_load(specula_backend* backend, const char* path,
+                                              const specula_model_params* params,
+                                              specula_model** out);
+SPECULA_API void specula_model_free(specula_model* model);
+SPECULA_API specula_status specula_model_get_info(const specula_model* model,
+                                                  specula_model_info* info);
+
+/* ------------------------------------------------------------- tokenizer */
+
+/* Tokenizes `len` bytes of UTF-8. When `capacity` is too small the call
+ * returns SPECULA_ERR_BUFFER_TOO_SMALL and *n_tokens holds the count needed. */
+SPECULA_API specula_status specula_tokenize(const specula_model* model, const char* text,
+                                            size_t len, bool add_bos, int32_t* tokens,
+                                            size_t capacity, size_t* n_tokens);
+/* Concatenated bytes of the tokens' pieces (control tokens produce nothing).
+ * Writes no terminator; *length is the byte count (needed size on BUFFER_TOO_SMALL). */
+SPECULA_API specula_status specula_detokenize(const specula_model* model, const int32_t* tokens,
+                                              size_t n_tokens, char* text, size_t capacity,
+                                              size_t* length);
+
+/* --------------------------------------------------------------- sessions */
+
+typedef struct specula_session_params {
+    uint32_t n_ctx;    /* context length; 0 = the model's training context */
+    uint64_t seed;     /* the Philox key: same seed + same logits = same tokens on every backend */
+    float temperature; /* 0 = greedy */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* 1 = off */
+} specula_session_params;
+
+/* Streams each generated token; `piece` holds its bytes (a UTF-8 character
+ * may be split across tokens). Return false to stop generating. */
+typedef bool (*specula_token_fn)(int32_t token, const char* piece, size_t piece_len,
+                                 void* user_data);
+/* Polled between forward passes; return true to abort with SPECULA_ERR_ABORTED. */
+typedef bool (*specula_abort_fn)(void* user_data);
+
+typedef struct specula_generate_params {
+    int32_t max_tokens;
+    bool stop_at_eos;
+    specula_token_fn on_token;
+    void* on_token_user_data;
+    specula_abort_fn should_abort;
+    void* should_abort_user_data;
+} specula_generate_params;
+
+typedef struct specula_session_stats {
+    uint32_t n_past;          /* tokens in the context */
+    uint64_t n_prompt_tokens; /* evaluated through specula_session_eval */
+    uint64_t n_generated;     /* produced by specula_generate */
+    uint64_t n_forward_calls; /* forward passes of the target */
+    uint64_t n_host_waits;    /* times the host waited on the device */
+    double prompt_seconds;
+    double generate_seconds;
+} specula_session_stats;
+
+typedef struct specula_session specula_session;
+
+SPECULA_API specula_session_params specula_session_default_params(void);
+SPECULA_API void specula_session_default_params_by_ref(specula_session_params* params);
+SPECULA_API specula_generate_params specula_generate_default_params(void);
+SPECULA_API void specula_generate_default_params_by_ref(specula_generate_params* params);
+
+/* The model must outlive the session. */
+SPECULA_API specula_status specula_session_create(specula_model* model,
+                                                  const specula_session_params* params,
+                                                  specula_session** out);
+SPECULA_API void specula_session_free(specula_session* session);
+/* Forgets the context (the KV cache) and the random step counter. */
+SPECULA_API specula_status specula_session_reset(specula_session* session);
+
+/* Appends tokens to the context and evaluates them in one batched forward per chunk. */
+SPECULA_API specula_status specula_session_eval(specula_session* session, const int32_t* tokens,
+                                                size_t n_tokens);
+/* The logits of the last evaluated position (n_vocab floats). */
+SPECULA_API specula_status specula_session_get_logits(specula_session* session, float* logits,
+                                                      size_t capacity);
+/* Generates up to max_tokens after the current context. `tokens` (may be NULL
+ * with capacity 0) receives them; *n_generated (may be NULL) their count. */
+SPECULA_API specula_status specula_generate(specula_session* session,
+                                            const specula_generate_params* params, int32_t* tokens,
+                                            size_t capacity, size_t* n_generated);
+SPECULA_API specula_status specula_session_get_stats(const specula_session* session,
+                                                     specula_session_stats* stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPECULA_H */

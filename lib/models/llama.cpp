@@ -1,0 +1,230 @@
+#include "models/llama.h"
+
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "format/quant.h"
+
+namespace specula {
+
+namespace {
+
+// Bounds that keep every size computation below far from overflow and
+// reject files whose header claims nonsense.
+constexpr int64_t kMaxDim = 1 << 20;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxContext = 1 << 24;
+
+Status read_dim(const GgufFile& g, const std::string& key, bool required, int64_t fallback,
+                int* out) {
+    int64_t v = fallback;
+    bool found = false;
+    SPECULA_TRY(g.get_int(key, &v, &found));
+    if (!found && required) return FormatError("the model lacks '" + key + "'");
+    if (v <= 0 || v > kMaxContext)
+        return FormatError("'" + key + "' = " + std::to_string(v) + " is out of range");
+    *out = int(v);
+    return Status::Ok();
+}
+
+}  // namespace
+
+Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
+                        const Progress& progress, std::unique_ptr<LlamaModel>* out) {
+    GgufFile gguf;
+    SPECULA_TRY(GgufFile::parse(file->bytes(), &gguf));
+    std::string arch;
+    SPECULA_TRY(gguf.get_string("general.architecture", &arch));
+    if (arch != "llama") return Unsupported("model architecture '" + arch + "' (supported: llama)");
+
+    std::unique_ptr<LlamaModel> m(new LlamaModel(backend));
+    SPECULA_TRY(gguf.get_string("general.name", &m->name_));
+    LlamaConfig& c = m->config_;
+    SPECULA_TRY(read_dim(gguf, "llama.embedding_length", true, 0, &c.n_embd));
+    SPECULA_TRY(read_dim(gguf, "llama.block_count", true, 0, &c.n_layer));
+    SPECULA_TRY(read_dim(gguf, "llama.feed_forward_length", true, 0, &c.n_ff));
+    SPECULA_TRY(read_dim(gguf, "llama.attention.head_count", true, 0, &c.n_head));
+    SPECULA_TRY(read_dim(gguf, "llama.attention.head_count_kv", false, c.n_head, &c.n_head_kv));
+    SPECULA_TRY(read_dim(gguf, "llama.context_length", false, 2048, &c.n_ctx_train));
+    if (c.n_embd > kMaxDim || c.n_ff > kMaxDim || c.n_layer > kMaxLayers || c.n_head > c.n_embd)
+        return FormatError("model dimensions are out of range");
+    if (c.n_embd % c.n_head != 0 || c.n_head % c.n_head_kv != 0)
+        return FormatError("head counts do not divide the embedding width");
+    c.head_dim = c.n_embd / c.n_head;
+    SPECULA_TRY(read_dim(gguf, "llama.rope.dimension_count", false, c.head_dim, &c.n_rot));
+    if (c.n_rot > c.head_dim || c.n_rot % 2 != 0 || c.head_dim % 2 != 0)
+        return FormatError("rope dimension count must be even and at most the head size");
+    double eps = c.rms_eps, base = c.rope_base;
+    SPECULA_TRY(gguf.get_float("llama.attention.layer_norm_rms_epsilon", &eps));
+    SPECULA_TRY(gguf.get_float("llama.rope.freq_base", &base));
+    if (!(eps > 0 && eps < 1) || !(base > 1))
+        return FormatError("rms epsilon or rope base out of range");
+    c.rms_eps = float(eps);
+    c.rope_base = float(base);
+
+    SPECULA_TRY(Tokenizer::from_gguf(gguf, &m->tokenizer_));
+    c.n_vocab = m->tokenizer_->n_vocab();
+
+    std::map<GgmlType, uint64_t> bytes_by_type;
+    for (const auto& t : gguf.tensors()) {
+        m->n_params_ += t.n_elements;
+        m->weight_bytes_ += t.n_bytes;
+        bytes_by_type[t.type] += t.n_bytes;
+    }
+    for (const auto& [type, bytes] : bytes_by_type)
+        if (bytes > bytes_by_type[m->dominant_type_]) m->dominant_type_ = type;
+
+    const size_t n_expected = 3 + size_t(c.n_layer) * 9;
+    size_t n_loaded = 0;
+    auto load = [&](const std::string& name, int64_t cols, int64_t rows, bool norm, Tensor* t,
+                    bool optional = false) -> Status {
+        const GgufTensorInfo* info = gguf.find_tensor(name);
+        if (info == nullptr) {
+            if (optional) return Status::Ok();
+            return FormatError("the model lacks tensor '" + name + "'");
+        }
+        const int64_t info_rows = info->shape.size() > 1 ? info->shape[1] : 1;
+        for (size_t d = 2; d < info->shape.size(); ++d)
+            if (info->shape[d] != 1)
+                return FormatError("tensor '" + name + "' has too many dimensions");
+        if (info->shape[0] != cols || info_rows != rows)
+            return FormatError("tensor '" + name + "' has shape [" +
+                               std::to_string(info->shape[0]) + ", " + std::to_string(info_rows) +
+                               "], expected [" + std::to_string(cols) + ", " +
+                               std::to_string(rows) + "]");
+        if (norm ? info->type != GgmlType::kF32 : !is_runnable_weight_type(info->type))
+            return Unsupported(
+                "tensor '" + name + "' has type " + ggml_type_name(info->type) +
+                (norm ? " (norm weights must be F32)" : " (supported: F32, F16, Q8_0, Q4_0)"));
+        std::unique_ptr<Buffer> buffer;
+        SPECULA_TRY(backend.load_weights(info->data, &buffer));
+        *t = Tensor{buffer.get(), 0, info->type, cols, rows};
+        m->buffers_.push_back(std::move(buffer));
+        if (progress && !progress(float(++n_loaded) / float(n_expected)))
+            return {SPECULA_ERR_ABORTED, "model loading was cancelled by the progress callback"};
+        return Status::Ok();
+    };
+
+    SPECULA_TRY(load("token_embd.weight", c.n_embd, c.n_vocab, false, &m->token_embd_));
+    m->layers_.resize(size_t(c.n_layer));
+    for (int l = 0; l < c.n_layer; ++l) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        Layer& L = m->layers_[size_t(l)];
+        SPECULA_TRY(load(p + "attn_norm.weight", c.n_embd, 1, true, &L.attn_norm));
+        SPECULA_TRY(load(p + "attn_q.weight", c.n_embd, c.n_embd, false, &L.wq));
+        SPECULA_TRY(load(p + "attn_k.weight", c.n_embd, c.kv_dim(), false, &L.wk));
+        SPECULA_TRY(load(p + "attn_v.weight", c.n_embd, c.kv_dim(), false, &L.wv));
+        SPECULA_TRY(load(p + "attn_output.weight", c.n_embd, c.n_embd, false, &L.wo));
+        SPECULA_TRY(load(p + "ffn_norm.weight", c.n_embd, 1, true, &L.ffn_norm));
+        SPECULA_TRY(load(p + "ffn_gate.weight", c.n_embd, c.n_ff, false, &L.w_gate));
+        SPECULA_TRY(load(p + "ffn_up.weight", c.n_embd, c.n_ff, false, &L.w_up));
+        SPECULA_TRY(load(p + "ffn_down.weight", c.n_ff, c.n_embd, false, &L.w_down));
+    }
+    SPECULA_TRY(load("output_norm.weight", c.n_embd, 1, true, &m->output_norm_));
+    m->output_ = m->token_embd_;  // tied head unless the file has its own
+    SPECULA_TRY(load("output.weight", c.n_embd, c.n_vocab, false, &m->output_, true));
+    m->file_ = std::move(file);
+    *out = std::move(m);
+    return Status::Ok();
+}
+
+Status LlamaContext::allocate(Tensor* t, GgmlType type, int64_t cols, int64_t rows) {
+    *t = Tensor{nullptr, 0, type, cols, rows};
+    std::unique_ptr<Buffer> buffer;
+    SPECULA_TRY(model_.backend_.allocate(t->bytes(), &buffer));
+    t->buffer = buffer.get();
+    buffers_.push_back(std::move(buffer));
+    return Status::Ok();
+}
+
+Status LlamaContext::create(const LlamaModel& model, int n_ctx, int max_batch,
+                            std::unique_ptr<LlamaContext>* out) {
+    if (n_ctx <= 0 || n_ctx > kMaxContext) return InvalidArgument("context length out of range");
+    if (max_batch <= 0 || max_batch > 4096) return InvalidArgument("batch size out of range");
+    std::unique_ptr<LlamaContext> ctx(new LlamaContext(model));
+    ctx->n_ctx_ = n_ctx;
+    ctx->max_batch_ = max_batch;
+    const LlamaConfig& c = model.config();
+    ctx->k_cache_.resize(size_t(c.n_layer));
+    ctx->v_cache_.resize(size_t(c.n_layer));
+    for (int l = 0; l < c.n_layer; ++l) {
+        SPECULA_TRY(ctx->allocate(&ctx->k_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx));
+        SPECULA_TRY(ctx->allocate(&ctx->v_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx));
+    }
+    const int64_t b = max_batch;
+    SPECULA_TRY(ctx->allocate(&ctx->ids_, GgmlType::kI32, b, 1));
+    SPECULA_TRY(ctx->allocate(&ctx->positions_, GgmlType::kI32, b, 1));
+    SPECULA_TRY(ctx->allocate(&ctx->x_, GgmlType::kF32, c.n_embd, b));
+    SPECULA_TRY(ctx->allocate(&ctx->norm_, GgmlType::kF32, c.n_embd, b));
+    SPECULA_TRY(ctx->allocate(&ctx->q_, GgmlType::kF32, c.n_embd, b));
+    SPECULA_TRY(ctx->allocate(&ctx->k_, GgmlType::kF32, c.kv_dim(), b));
+    SPECULA_TRY(ctx->allocate(&ctx->v_, GgmlType::kF32, c.kv_dim(), b));
+    SPECULA_TRY(ctx->allocate(&ctx->attn_, GgmlType::kF32, c.n_embd, b));
+    SPECULA_TRY(ctx->allocate(&ctx->gate_, GgmlType::kF32, c.n_ff, b));
+    SPECULA_TRY(ctx->allocate(&ctx->up_, GgmlType::kF32, c.n_ff, b));
+    SPECULA_TRY(ctx->allocate(&ctx->logits_, GgmlType::kF32, c.n_vocab, b));
+    *out = std::move(ctx);
+    return Status::Ok();
+}
+
+Status LlamaContext::forward(std::span<const int32_t> tokens, bool all_rows,
+                             std::vector<float>* logits) {
+    const LlamaConfig& c = model_.config();
+    const int n = int(tokens.size());
+    if (n == 0 || n > max_batch_)
+        return InvalidArgument("forward needs 1.." + std::to_string(max_batch_) + " tokens");
+    if (n_past_ + n > n_ctx_)
+        return {SPECULA_ERR_CONTEXT_FULL,
+                "the context of " + std::to_string(n_ctx_) + " tokens is full"};
+    for (int32_t t : tokens)
+        if (t < 0 || t >= c.n_vocab)
+            return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary");
+
+    Backend& be = model_.backend_;
+    std::vector<int32_t> positions(tokens.size());
+    std::iota(positions.begin(), positions.end(), n_past_);
+    Tensor ids_n = ids_, pos_n = positions_;
+    ids_n.cols = pos_n.cols = n;
+    be.upload(ids_n, tokens.data());
+    be.upload(pos_n, positions.data());
+
+    const Tensor x = x_.row_range(0, n), h = norm_.row_range(0, n), q = q_.row_range(0, n);
+    const Tensor k = k_.row_range(0, n), v = v_.row_range(0, n), attn = attn_.row_range(0, n);
+    const Tensor gate = gate_.row_range(0, n), up = up_.row_range(0, n);
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+
+    be.get_rows(model_.token_embd_, ids_n, x);
+    for (int l = 0; l < c.n_layer; ++l) {
+        const LlamaModel::Layer& L = model_.layers_[size_t(l)];
+        be.rms_norm(x, L.attn_norm, c.rms_eps, h);
+        be.matmul(L.wq, h, q);
+        be.matmul(L.wk, h, k);
+        be.matmul(L.wv, h, v);
+        be.rope(q, pos_n, c.head_dim, c.n_rot, c.rope_base);
+        be.rope(k, pos_n, c.head_dim, c.n_rot, c.rope_base);
+        be.copy(k, k_cache_[size_t(l)].row_range(n_past_, n));
+        be.copy(v, v_cache_[size_t(l)].row_range(n_past_, n));
+        be.attention(q, k_cache_[size_t(l)], v_cache_[size_t(l)], attn, c.n_head, c.n_head_kv,
+                     c.head_dim, scale, n_past_);
+        be.matmul(L.wo, attn, h);
+        be.add(x, h, x);
+        be.rms_norm(x, L.ffn_norm, c.rms_eps, h);
+        be.matmul(L.w_gate, h, gate);
+        be.matmul(L.w_up, h, up);
+        be.silu_mul(gate, up, gate);
+        be.matmul(L.w_down, gate, h);
+        be.add(x, h, x);
+    }
+    const int first = all_rows ? 0 : n - 1;
+    const int rows = n - first;
+    be.rms_norm(x.row_range(first, rows), model_.output_norm_, c.rms_eps, h.row_range(0, rows));
+    const Tensor out = logits_.row_range(0, rows);
+    be.matmul(model_.output_, h.row_range(0, rows), out);
+    logits->resize(size_t(rows) * size_t(c.n_vocab));
+    SPECULA_TRY(be.download(out, logits->data()));
+    n_past_ += n;
+    return Status::Ok();
+}
+
+}  // namespace specula

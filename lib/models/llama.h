@@ -1,0 +1,95 @@
+// Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU FFN,
+// tied or separate output head), written once against the backend interface.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "format/gguf.h"
+#include "platform/mapped_file.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+
+struct LlamaConfig {
+    int n_vocab = 0;
+    int n_ctx_train = 0;
+    int n_embd = 0;
+    int n_layer = 0;
+    int n_head = 0;
+    int n_head_kv = 0;
+    int n_ff = 0;
+    int head_dim = 0;
+    int n_rot = 0;
+    float rms_eps = 1e-5f;
+    float rope_base = 10000.0f;
+    int kv_dim() const { return n_head_kv * head_dim; }
+};
+
+class LlamaModel {
+  public:
+    using Progress = std::function<bool(float)>;  // false cancels
+    static Status load(Backend& backend, std::unique_ptr<MappedFile> file, const Progress& progress,
+                       std::unique_ptr<LlamaModel>* out);
+
+    const LlamaConfig& config() const { return config_; }
+    const Tokenizer& tokenizer() const { return *tokenizer_; }
+    Backend& backend() const { return backend_; }
+    const std::string& name() const { return name_; }
+    uint64_t n_params() const { return n_params_; }
+    uint64_t weight_bytes() const { return weight_bytes_; }
+    GgmlType dominant_weight_type() const { return dominant_type_; }
+
+  private:
+    friend class LlamaContext;
+    struct Layer {
+        Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+    };
+    explicit LlamaModel(Backend& backend) : backend_(backend) {}
+
+    Backend& backend_;
+    std::unique_ptr<MappedFile> file_;
+    std::vector<std::unique_ptr<Buffer>> buffers_;
+    LlamaConfig config_;
+    std::unique_ptr<Tokenizer> tokenizer_;
+    std::string name_;
+    Tensor token_embd_, output_norm_, output_;
+    std::vector<Layer> layers_;
+    uint64_t n_params_ = 0, weight_bytes_ = 0;
+    GgmlType dominant_type_ = GgmlType::kF32;
+};
+
+// One sequence's state on the backend: the KV cache and the activations of a
+// batch of up to max_batch positions.
+class LlamaContext {
+  public:
+    static Status create(const LlamaModel& model, int n_ctx, int max_batch,
+                         std::unique_ptr<LlamaContext>* out);
+
+    int n_ctx() const { return n_ctx_; }
+    int max_batch() const { return max_batch_; }
+    int n_past() const { return n_past_; }
+    // Forgets positions >= n (a length counter: no data moves).
+    void truncate(int n) { n_past_ = std::min(n_past_, std::max(0, n)); }
+
+    // Appends tokens (at most max_batch) at positions n_past.. and computes their
+    // logits: every row when all_rows, else the last row only. `logits` receives
+    // rows * n_vocab floats.
+    Status forward(std::span<const int32_t> tokens, bool all_rows, std::vector<float>* logits);
+
+  private:
+    explicit LlamaContext(const LlamaModel& model) : model_(model) {}
+    Status allocate(Tensor* t, GgmlType type, int64_t cols, int64_t rows);
+
+    const LlamaModel& model_;
+    int n_ctx_ = 0, max_batch_ = 0, n_past_ = 0;
+    std::vector<std::unique_ptr<Buffer>> buffers_;
+    std::vector<Tensor> k_cache_, v_cache_;
+    Tensor ids_, positions_, x_, norm_, q_, k_, v_, attn_, gate_, up_, logits_;
+};
+
+}  // namespace specula

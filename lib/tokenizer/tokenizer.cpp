@@ -1,0 +1,395 @@
+#include "tokenizer/tokenizer.h"
+
+#include <array>
+#include <cstdio>
+#include <queue>
+
+#include "tokenizer/unicode.h"
+
+namespace specula {
+
+namespace {
+
+constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
+
+// GPT-2 maps every byte to a printable code point so that BPE works on text:
+// printable Latin-1 bytes map to themselves, the rest to U+0100 onwards.
+struct ByteMapping {
+    std::array<std::string, 256> byte_to_text;
+    std::unordered_map<uint32_t, uint8_t> codepoint_to_byte;
+    ByteMapping() {
+        uint32_t next = 256;
+        for (uint32_t b = 0; b < 256; ++b) {
+            const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+            const uint32_t cp = printable ? b : next++;
+            utf8_append(&byte_to_text[b], cp);
+            codepoint_to_byte[cp] = uint8_t(b);
+        }
+    }
+};
+
+const ByteMapping& byte_mapping() {
+    static const ByteMapping m;
+    return m;
+}
+
+// One pre-token boundary of the GPT-2 pattern
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// evaluated on decoded code points (a hand-written matcher: no regex engine
+// handles \p{..} portably in C++).
+std::vector<std::string_view> gpt2_pre_split(std::string_view text) {
+    struct Char {
+        size_t offset, length;
+        uint32_t cp;
+    };
+    std::vector<Char> chars;
+    for (size_t off = 0; off < text.size();) {
+        size_t len = 0;
+        const uint32_t cp = utf8_decode(text.substr(off), &len);
+        chars.push_back({off, len, cp});
+        off += len;
+    }
+    const size_t n = chars.size();
+    auto cp_at = [&](size_t i) { return i < n ? chars[i].cp : 0xFFFFFFFFu; };
+    auto letter = [&](size_t i) { return i < n && is_unicode_letter(chars[i].cp); };
+    auto number = [&](size_t i) { return i < n && is_unicode_number(chars[i].cp); };
+    auto space = [&](size_t i) { return i < n && is_unicode_whitespace(chars[i].cp); };
+    auto other = [&](size_t i) { return i < n && !letter(i) && !number(i) && !space(i); };
+
+    std::vector<std::string_view> words;
+    size_t start = 0;
+    auto emit = [&](size_t end) {
+        const size_t b = chars[start].offset;
+        const size_t e = end < n ? chars[end].offset : text.size();
+        words.push_back(text.substr(b, e - b));
+        start = end;
+    };
+    size_t pos = 0;
+    while (pos < n) {
+        const uint32_t cp = cp_at(pos);
+        if (cp == '\'' && pos + 1 < n) {
+            const uint32_t c1 = cp_at(pos + 1);
+            if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
+                emit(pos += 2);
+                continue;
+            }
+            const uint32_t c2 = cp_at(pos + 2);
+            if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
+                emit(pos += 3);
+                continue;
+            }
+        }
+        // " ?\p{L}+", " ?\p{N}+" and " ?[^\s\p{L}\p{N}]+": an optional space, then a run of one
+        // class.
+        enum Class { kNone, kLetter, kNumber, kOther };
+        auto class_at = [&](size_t i) {
+            return letter(i) ? kLetter : number(i) ? kNumber : other(i) ? kOther : kNone;
+        };
+        const size_t probe = cp == ' ' ? pos + 1 : pos;
+        if (const Class run = class_at(probe); run != kNone) {
+            pos = probe;
+            while (class_at(pos) == run)
+                ++pos;
+            emit(pos);
+            continue;
+        }
+        size_t spaces = 0;
+        while (space(pos + spaces))
+            ++spaces;
+        if (spaces > 1 && pos + spaces < n) {
+            // \s+(?!\S): leave the last space to prefix the next word.
+            emit(pos += spaces - 1);
+            continue;
+        }
+        if (spaces > 0) {
+            emit(pos += spaces);
+            continue;
+        }
+        emit(++pos);
+    }
+    return words;
+}
+
+}  // namespace
+
+Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* out) {
+    auto t = std::make_unique<Tokenizer>();
+    std::string model;
+    bool found = false;
+    SPECULA_TRY(gguf.get_string("tokenizer.ggml.model", &model, &found));
+    if (!found) return FormatError("the GGUF file has no tokenizer (tokenizer.ggml.model)");
+    if (model == "llama") {
+        t->kind_ = Kind::kSentencePiece;
+    } else if (model == "gpt2") {
+        t->kind_ = Kind::kBytePairGpt2;
+    } else {
+        return Unsupported("tokenizer model '" + model + "' (supported: llama, gpt2)");
+    }
+
+    const std::vector<std::string>* tokens = nullptr;
+    SPECULA_TRY(gguf.get_string_array("tokenizer.ggml.tokens", &tokens));
+    if (tokens == nullptr || tokens->empty())
+        return FormatError("the GGUF file has no tokenizer.ggml.tokens");
+    if (tokens->size() > (1u << 24)) return FormatError("tokenizer vocabulary is absurdly large");
+    t->tokens_ = *tokens;
+    const size_t n = tokens->size();
+
+    const std::vector<double>* scores = nullptr;
+    SPECULA_TRY(gguf.get_float_array("tokenizer.ggml.scores", &scores));
+    if (scores != nullptr && scores->size() != n)
+        return FormatError("tokenizer.ggml.scores has the wrong length");
+    t->scores_.assign(n, 0.0f);
+    if (scores != nullptr)
+        for (size_t i = 0; i < n; ++i)
+            t->scores_[i] = float((*scores)[i]);
+
+    std::vector<int64_t> types;
+    SPECULA_TRY(gguf.get_int_array("tokenizer.ggml.token_type", &types));
+    if (!types.empty() && types.size() != n)
+        return FormatError("tokenizer.ggml.token_type has the wrong length");
+    t->types_.assign(n, kNormal);
+    for (size_t i = 0; i < types.size(); ++i)
+        t->types_[i] = int32_t(types[i]);
+
+    t->token_ids_.reserve(n);
+    for (size_t i = 0; i < n; ++i)
+        t->token_ids_.emplace(t->tokens_[i], int32_t(i));
+
+    if (t->kind_ == Kind::kBytePairGpt2) {
+        const std::vector<std::string>* merges = nullptr;
+        SPECULA_TRY(gguf.get_string_array("tokenizer.ggml.merges", &merges));
+        if (merges == nullptr) return FormatError("a gpt2 tokenizer needs tokenizer.ggml.merges");
+        t->merge_ranks_.reserve(merges->size());
+        for (size_t i = 0; i < merges->size(); ++i)
+            t->merge_ranks_.emplace((*merges)[i], int32_t(i));
+    }
+
+    auto token_id = [&](const char* key, int32_t* dst) -> Status {
+        int64_t v = -1;
+        bool has = false;
+        SPECULA_TRY(gguf.get_int(key, &v, &has));
+        if (has) {
+            if (v < 0 || v >= int64_t(n))
+                return FormatError(std::string(key) + " is outside the vocabulary");
+            *dst = int32_t(v);
+        }
+        return Status::Ok();
+    };
+    const bool spm = t->kind_ == Kind::kSentencePiece;
+    if (spm) t->bos_ = 1, t->eos_ = 2, t->unk_ = 0;
+    SPECULA_TRY(token_id("tokenizer.ggml.bos_token_id", &t->bos_));
+    SPECULA_TRY(token_id("tokenizer.ggml.eos_token_id", &t->eos_));
+    SPECULA_TRY(token_id("tokenizer.ggml.unknown_token_id", &t->unk_));
+    if (t->bos_ >= int32_t(n)) t->bos_ = -1;
+    if (t->eos_ >= int32_t(n)) t->eos_ = -1;
+    if (t->unk_ >= int32_t(n)) t->unk_ = -1;
+    t->add_bos_ = spm;
+    t->add_space_prefix_ = spm;
+    SPECULA_TRY(gguf.get_bool("tokenizer.ggml.add_bos_token", &t->add_bos_));
+    SPECULA_TRY(gguf.get_bool("tokenizer.ggml.add_space_prefix", &t->add_space_prefix_));
+    if (t->bos_ < 0) t->add_bos_ = false;
+    *out = std::move(t);
+    return Status::Ok();
+}
+
+int32_t Tokenizer::find(std::string_view text) const {
+    auto it = token_ids_.find(std::string(text));
+    return it == token_ids_.end() ? -1 : it->second;
+}
+
+int32_t Tokenizer::byte_token(uint8_t byte) const {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "<0x%02X>", byte);
+    int32_t id = find(hex);
+    if (id < 0) id = find(std::string_view(reinterpret_cast<const char*>(&byte), 1));
+    return id >= 0 ? id : unk_;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
+    std::vector<int32_t> out;
+    if (add_bos && bos_ >= 0) out.push_back(bos_);
+    if (text.empty()) return out;
+    if (kind_ == Kind::kSentencePiece) {
+        std::string escaped;
+        if (add_space_prefix_) escaped += kSpaceMarker;
+        for (char c : text) {
+            if (c == ' ')
+                escaped += kSpaceMarker;
+            else
+                escaped += c;
+        }
+        encode_sentencepiece(escaped, &out);
+    } else {
+        for (std::string_view word : gpt2_pre_split(text)) {
+            std::string mapped;
+            for (char c : word)
+                mapped += byte_mapping().byte_to_text[uint8_t(c)];
+            encode_bpe_word(mapped, &out);
+        }
+    }
+    return out;
+}
+
+namespace {
+
+// A run of bytes in a linked list of symbols that merges shrink.
+struct Symbol {
+    size_t offset, length;
+    int prev, next;
+};
+
+struct Candidate {
+    int left, right;
+    float priority;  // higher merges first; ties go to the leftmost pair
+    size_t length;
+    bool operator<(const Candidate& o) const {
+        return priority < o.priority || (priority == o.priority && left > o.left);
+    }
+};
+
+std::vector<Symbol> split_chars(std::string_view text) {
+    std::vector<Symbol> symbols;
+    for (size_t off = 0; off < text.size();) {
+        const size_t len = utf8_char_length(text.substr(off));
+        const int i = int(symbols.size());
+        symbols.push_back({off, len, i - 1, off + len < text.size() ? i + 1 : -1});
+        off += len;
+    }
+    return symbols;
+}
+
+// Merges the best adjacent pair until none is mergeable; `score` gives a pair's
+// priority or nothing when the pair does not merge.
+template <typename Score>
+void merge_symbols(std::string_view text, std::vector<Symbol>& symbols, Score score) {
+    std::priority_queue<Candidate> queue;
+    auto consider = [&](int left, int right) {
+        if (left < 0 || right < 0) return;
+        const auto& l = symbols[size_t(left)];
+        const auto& r = symbols[size_t(right)];
+        float priority = 0;
+        if (score(text.substr(l.offset, l.length), text.substr(r.offset, r.length), &priority))
+            queue.push({left, right, priority, l.length + r.length});
+    };
+    for (size_t i = 1; i < symbols.size(); ++i)
+        consider(int(i) - 1, int(i));
+    while (!queue.empty()) {
+        const Candidate c = queue.top();
+        queue.pop();
+        Symbol& l = symbols[size_t(c.left)];
+        Symbol& r = symbols[size_t(c.right)];
+        if (l.length == 0 || r.length == 0 || l.next != c.right || l.length + r.length != c.length)
+            continue;  // stale: one side was merged since this pair was queued
+        l.length += r.length;
+        r.length = 0;
+        l.next = r.next;
+        if (r.next >= 0) symbols[size_t(r.next)].prev = c.left;
+        consider(l.prev, c.left);
+        consider(c.left, l.next);
+    }
+}
+
+}  // namespace
+
+void Tokenizer::encode_sentencepiece(std::string_view text, std::vector<int32_t>* out) const {
+    std::vector<Symbol> symbols = split_chars(text);
+    std::string joined;
+    merge_symbols(text, symbols, [&](std::string_view a, std::string_view b, float* priority) {
+        joined.assign(a);
+        joined.append(b);
+        const int32_t id = find(joined);
+        if (id < 0) return false;
+        *priority = scores_[size_t(id)];
+        return true;
+    });
+    for (int i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[size_t(i)].next) {
+        const std::string_view s =
+            text.substr(symbols[size_t(i)].offset, symbols[size_t(i)].length);
+        const int32_t id = find(s);
+        if (id >= 0) {
+            out->push_back(id);
+        } else {
+            for (char c : s)
+                out->push_back(byte_token(uint8_t(c)));
+        }
+    }
+}
+
+void Tokenizer::encode_bpe_word(std::string_view word, std::vector<int32_t>* out) const {
+    std::vector<Symbol> symbols = split_chars(word);
+    std::string key;
+    merge_symbols(word, symbols, [&](std::string_view a, std::string_view b, float* priority) {
+        key.assign(a);
+        key += ' ';
+        key.append(b);
+        auto it = merge_ranks_.find(key);
+        if (it == merge_ranks_.end()) return false;
+        *priority = -float(it->second);  // lower rank merges first
+        return true;
+    });
+    for (int i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[size_t(i)].next) {
+        const std::string_view s =
+            word.substr(symbols[size_t(i)].offset, symbols[size_t(i)].length);
+        const int32_t id = find(s);
+        if (id >= 0) {
+            out->push_back(id);
+            continue;
+        }
+        for (size_t off = 0; off < s.size();) {  // unknown symbol: one token per mapped byte
+            const size_t len = utf8_char_length(s.substr(off));
+            const int32_t b = find(s.substr(off, len));
+            if (b >= 0) out->push_back(b);
+            off += len;
+        }
+    }
+}
+
+std::string Tokenizer::piece(int32_t token) const {
+    if (token < 0 || token >= n_vocab()) return {};
+    const int32_t type = types_[size_t(token)];
+    const std::string& text = tokens_[size_t(token)];
+    if (type == kControl || type == kUnused) return {};
+    if (kind_ == Kind::kSentencePiece) {
+        if (type == kByte && text.size() == 6 && text.starts_with("<0x")) {
+            return std::string(1, char(std::stoi(text.substr(3, 2), nullptr, 16)));
+        }
+        std::string s;
+        for (size_t i = 0; i < text.size();) {
+            if (std::string_view(text).substr(i).starts_with(kSpaceMarker)) {
+                s += ' ';
+                i += kSpaceMarker.size();
+            } else {
+                s += text[i++];
+            }
+        }
+        return s;
+    }
+    std::string s;
+    for (size_t off = 0; off < text.size();) {
+        size_t len = 0;
+        const uint32_t cp = utf8_decode(std::string_view(text).substr(off), &len);
+        auto it = byte_mapping().codepoint_to_byte.find(cp);
+        if (it != byte_mapping().codepoint_to_byte.end())
+            s += char(it->second);
+        else
+            s.append(text, off, len);
+        off += len;
+    }
+    return s;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> tokens) const {
+    std::string s;
+    for (int32_t t : tokens)
+        s += piece(t);
+    if (add_space_prefix_ && !s.empty() && s[0] == ' ') s.erase(0, 1);
+    return s;
+}
+
+bool Tokenizer::same_vocabulary(const Tokenizer& o) const {
+    return kind_ == o.kind_ && tokens_ == o.tokens_ && types_ == o.types_ && scores_ == o.scores_ &&
+           merge_ranks_ == o.merge_ranks_ && bos_ == o.bos_ && eos_ == o.eos_ &&
+           add_space_prefix_ == o.add_space_prefix_;
+}
+
+}  // namespace specula

@@ -1,0 +1,69 @@
+// Tokenizers read from GGUF metadata (tokenizer.ggml.*): SentencePiece-style
+// ("llama": score-driven merges with byte fallback) and GPT-2 byte-level BPE
+// ("gpt2": regex pre-split, byte-to-unicode mapping, ranked merges). Both match
+// llama.cpp's tokenization of the same vocabulary.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "format/gguf.h"
+
+namespace specula {
+
+class Tokenizer {
+  public:
+    enum class Kind { kSentencePiece, kBytePairGpt2 };
+    // tokenizer.ggml.token_type values.
+    enum TokenType : int32_t {
+        kNormal = 1,
+        kUnknown = 2,
+        kControl = 3,
+        kUserDefined = 4,
+        kUnused = 5,
+        kByte = 6
+    };
+
+    static Status from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* out);
+
+    Kind kind() const { return kind_; }
+    const char* kind_name() const { return kind_ == Kind::kSentencePiece ? "llama" : "gpt2"; }
+    int32_t n_vocab() const { return int32_t(tokens_.size()); }
+    int32_t bos() const { return bos_; }
+    int32_t eos() const { return eos_; }
+    bool adds_bos_by_default() const { return add_bos_; }
+
+    std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
+    // The bytes a token stands for in generated text; "" for control tokens.
+    std::string piece(int32_t token) const;
+    // Concatenated pieces, without the space the tokenizer put in front of the text.
+    std::string decode(std::span<const int32_t> tokens) const;
+
+    // Two tokenizers that map every text to the same ids: a draft model must
+    // share its target's (DESIGN §3).
+    bool same_vocabulary(const Tokenizer& other) const;
+
+  private:
+    void encode_sentencepiece(std::string_view text, std::vector<int32_t>* out) const;
+    void encode_bpe_word(std::string_view word, std::vector<int32_t>* out) const;
+    int32_t find(std::string_view text) const;
+    int32_t byte_token(uint8_t byte) const;
+
+    Kind kind_ = Kind::kSentencePiece;
+    std::vector<std::string> tokens_;
+    std::vector<float> scores_;
+    std::vector<int32_t> types_;
+    std::unordered_map<std::string, int32_t> token_ids_;
+    std::unordered_map<std::string, int32_t> merge_ranks_;  // "left right" -> rank
+    int32_t bos_ = -1, eos_ = -1, unk_ = -1;
+    bool add_bos_ = false;
+    bool add_space_prefix_ = false;
+};
+
+}  // namespace specula

@@ -1,0 +1,33 @@
+// specula-make-model: a Llama GGUF with random weights, for tests and benchmarks.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "model_maker.h"
+
+int main(int argc, char** argv) {
+    specula::RandomLlamaSpec spec;
+    std::string out, type = "q8_0";
+    CLI::App app{"Write a Llama GGUF with random weights and a real tokenizer"};
+    app.add_option("--vocab", spec.vocab_path, "GGUF file whose tokenizer.* metadata is copied")
+        ->required();
+    app.add_option("-o,--output", out, "output GGUF path")->required();
+    app.add_option("--n-embd", spec.n_embd);
+    app.add_option("--n-layer", spec.n_layer);
+    app.add_option("--n-head", spec.n_head);
+    app.add_option("--n-head-kv", spec.n_head_kv);
+    app.add_option("--n-ff", spec.n_ff);
+    app.add_option("--n-ctx", spec.n_ctx);
+    app.add_option("--n-vocab", spec.n_vocab, "truncate the vocabulary (0 keeps all)");
+    app.add_option("--type", type, "weight type: f32, f16, q8_0, q4_0");
+    app.add_option("--seed", spec.seed);
+    app.add_option("--name", spec.name);
+    app.add_flag("--tied", spec.tied_output, "share token_embd as the output head");
+    CLI11_PARSE(app, argc, argv);
+    specula::Status s = specula::parse_weight_type(type, &spec.weight_type);
+    if (s.ok()) s = specula::write_random_llama(spec, out);
+    if (!s.ok()) {
+        std::fprintf(stderr, "specula-make-model: %s\n", s.message().c_str());
+        return 1;
+    }
+    return 0;
+}
