@@ -478,6 +478,10 @@ Status GgufFile::get_int_array(const std::string& key, std::vector<int64_t>* out
 // ----------------------------------------------------------------- writing
 
 void GgufWriter::set(const std::string& key, GgufValue value) {
+    if (key == "general.alignment") {
+        if (auto* u = std::get_if<uint64_t>(&value.value); u != nullptr && *u > 0 && *u <= (1u << 20))
+            alignment_ = uint32_t(*u);  // the data layout follows the declared alignment
+    }
     for (auto& [k, v] : metadata_) {
         if (k == key) {
             v = std::move(value);

@@ -1,0 +1,110 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "platform/mapped_file.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace specula;
+
+namespace {
+
+struct VocabCase {
+    std::string text;
+    std::vector<int32_t> expected;
+};
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// llama.cpp's format: inputs separated by "\n__ggml_vocab_test__\n"; one output line per input.
+std::vector<VocabCase> load_cases(const std::string& vocab) {
+    const std::string inp = read_file(test::data_path(vocab + ".inp"));
+    const std::string out = read_file(test::data_path(vocab + ".out"));
+    const std::string sep = "\n__ggml_vocab_test__\n";
+    std::vector<VocabCase> cases;
+    for (size_t pos = 0; pos < inp.size();) {
+        size_t next = inp.find(sep, pos);
+        if (next == std::string::npos) next = inp.size();
+        cases.push_back({inp.substr(pos, next - pos), {}});
+        pos = next + sep.size();
+    }
+    std::istringstream lines(out);
+    std::string line;
+    for (auto& c : cases) {
+        std::getline(lines, line);
+        std::istringstream ids(line);
+        for (int32_t id; ids >> id;) c.expected.push_back(id);
+    }
+    return cases;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& vocab, std::unique_ptr<MappedFile>* file) {
+    EXPECT_TRUE(MappedFile::open(test::data_path(vocab), file).ok());
+    GgufFile gguf;
+    EXPECT_TRUE(GgufFile::parse((*file)->bytes(), &gguf).ok());
+    std::unique_ptr<Tokenizer> tok;
+    const Status s = Tokenizer::from_gguf(gguf, &tok);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return tok;
+}
+
+class VocabTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(VocabTest, MatchesLlamaCppVectors) {
+    std::unique_ptr<MappedFile> file;
+    auto tok = load_tokenizer(GetParam(), &file);
+    ASSERT_TRUE(tok);
+    const auto cases = load_cases(GetParam());
+    ASSERT_EQ(cases.size(), 46u);
+    for (const auto& c : cases) EXPECT_EQ(tok->encode(c.text, false), c.expected) << "input: [" << c.text << "]";
+}
+
+TEST_P(VocabTest, DecodeInvertsEncode) {
+    std::unique_ptr<MappedFile> file;
+    auto tok = load_tokenizer(GetParam(), &file);
+    ASSERT_TRUE(tok);
+    for (const auto& c : load_cases(GetParam())) EXPECT_EQ(tok->decode(tok->encode(c.text, false)), c.text);
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocabularies, VocabTest,
+                         ::testing::Values("ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"));
+
+TEST(Tokenizer, SentencePieceAddsBosAndFallsBackToBytes) {
+    std::unique_ptr<MappedFile> file;
+    auto tok = load_tokenizer("ggml-vocab-llama-spm.gguf", &file);
+    ASSERT_TRUE(tok);
+    EXPECT_EQ(tok->kind(), Tokenizer::Kind::kSentencePiece);
+    const auto ids = tok->encode("\x01", true);
+    ASSERT_GE(ids.size(), 2u);
+    EXPECT_EQ(ids[0], tok->bos());
+    EXPECT_EQ(tok->piece(ids.back()), "\x01");  // <0x01> byte token
+    EXPECT_EQ(tok->piece(tok->bos()), "");     // control tokens print nothing
+}
+
+TEST(Tokenizer, InvalidUtf8SurvivesRoundTrip) {
+    for (const char* vocab : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"}) {
+        std::unique_ptr<MappedFile> file;
+        auto tok = load_tokenizer(vocab, &file);
+        ASSERT_TRUE(tok);
+        const std::string bad = "ok \xff\xfe truncated \xe2\x82";
+        EXPECT_EQ(tok->decode(tok->encode(bad, false)), bad) << vocab;
+    }
+}
+
+TEST(Tokenizer, SameVocabularyDistinguishesVocabularies) {
+    std::unique_ptr<MappedFile> f1, f2, f3;
+    auto spm = load_tokenizer("ggml-vocab-llama-spm.gguf", &f1);
+    auto spm2 = load_tokenizer("ggml-vocab-llama-spm.gguf", &f2);
+    auto bpe = load_tokenizer("ggml-vocab-gpt-2.gguf", &f3);
+    EXPECT_TRUE(spm->same_vocabulary(*spm2));
+    EXPECT_FALSE(spm->same_vocabulary(*bpe));
+}
+
+}  // namespace

@@ -1,0 +1,28 @@
+// Shared helpers for the tests: where test data lives and small random models.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "model_maker.h"
+
+namespace specula::test {
+
+inline std::string data_path(const std::string& name) { return std::string(SPECULA_TEST_DATA_DIR) + "/" + name; }
+
+inline std::filesystem::path temp_dir() {
+    auto dir = std::filesystem::temp_directory_path() / "specula-tests";
+    std::filesystem::create_directories(dir);
+    return dir;
+}
+
+// A small random Llama model with the SentencePiece vocabulary, written once per spec.
+inline std::string make_model(const std::string& name, RandomLlamaSpec spec) {
+    if (spec.vocab_path.empty()) spec.vocab_path = data_path("ggml-vocab-llama-spm.gguf");
+    const std::string path = (temp_dir() / (name + ".gguf")).string();
+    const Status s = write_random_llama(spec, path);
+    if (!s.ok()) throw std::runtime_error(s.message());
+    return path;
+}
+
+}  // namespace specula::test
