@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
         std::fputs(prompt.c_str(), stdout);
         s = specula_generate(session, &gp, nullptr, 0, nullptr);
         std::fputs("\n", stdout);
+        std::fflush(stdout);
         if (s != SPECULA_OK) rc = fail("generate", s);
         (void)specula_session_get_stats(session, &st);
         std::fprintf(

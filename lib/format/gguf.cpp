@@ -1,6 +1,9 @@
 #include "format/gguf.h"
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
@@ -479,7 +482,8 @@ Status GgufFile::get_int_array(const std::string& key, std::vector<int64_t>* out
 
 void GgufWriter::set(const std::string& key, GgufValue value) {
     if (key == "general.alignment") {
-        if (auto* u = std::get_if<uint64_t>(&value.value); u != nullptr && *u > 0 && *u <= (1u << 20))
+        if (auto* u = std::get_if<uint64_t>(&value.value);
+            u != nullptr && *u > 0 && *u <= (1u << 20))
             alignment_ = uint32_t(*u);  // the data layout follows the declared alignment
     }
     for (auto& [k, v] : metadata_) {
@@ -654,11 +658,22 @@ std::vector<uint8_t> GgufWriter::serialize() const {
 }
 
 Status GgufWriter::write(const std::string& path) const {
+    // Write beside the target and rename over it: a reader that has the old
+    // file mapped keeps its pages instead of faulting on a truncated file.
     const std::vector<uint8_t> bytes = serialize();
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    if (!f) return IoError("cannot create '" + path + "'");
-    f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-    if (!f) return IoError("cannot write '" + path + "'");
+    const std::string partial = path + ".partial-" + std::to_string(::getpid());
+    {
+        std::ofstream f(partial, std::ios::binary | std::ios::trunc);
+        if (!f) return IoError("cannot create '" + partial + "'");
+        f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+        if (!f) return IoError("cannot write '" + partial + "'");
+    }
+    std::error_code ec;
+    std::filesystem::rename(partial, path, ec);
+    if (ec) {
+        std::filesystem::remove(partial, ec);
+        return IoError("cannot create '" + path + "'");
+    }
     return Status::Ok();
 }
 

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""An independent NumPy reference of the Llama forward pass, reading the GGUF
+file itself (its own reader: no code shared with the C++ runtime). Computes in
+float64 from the dequantized weights."""
+import struct
+
+import numpy as np
+
+GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+# ggml type -> (block size, bytes per block)
+GGML_TYPES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34)}
+
+
+class Gguf:
+    def __init__(self, path):
+        self.buf = open(path, "rb").read()
+        self.pos = 0
+        magic, version, n_tensors, n_kv = struct.unpack_from("<IIQQ", self.buf, 0)
+        assert magic == 0x46554747 and version in (2, 3)
+        self.pos = 24
+        self.meta = {}
+        for _ in range(n_kv):
+            key = self._string()
+            (vtype,) = self._unpack("<I")
+            self.meta[key] = self._value(vtype)
+        self.tensors = {}
+        for _ in range(n_tensors):
+            name = self._string()
+            (n_dims,) = self._unpack("<I")
+            dims = self._unpack("<" + "Q" * n_dims)
+            ttype, offset = self._unpack("<IQ")
+            self.tensors[name] = (list(dims), ttype, offset)
+        align = self.meta.get("general.alignment", 32)
+        self.data_start = (self.pos + align - 1) // align * align
+
+    def _unpack(self, fmt):
+        v = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def _string(self):
+        (n,) = self._unpack("<Q")
+        s = self.buf[self.pos:self.pos + n].decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def _value(self, vtype):
+        if vtype == 8:
+            return self._string()
+        if vtype == 9:
+            etype, count = self._unpack("<IQ")
+            return [self._value(etype) for _ in range(count)]
+        return self._unpack(GGUF_SCALARS[vtype])[0]
+
+    def tensor(self, name):
+        """The tensor as float64 with numpy shape (rows, cols) = (dims[1], dims[0])."""
+        dims, ttype, offset = self.tensors[name]
+        block, block_bytes = GGML_TYPES[ttype]
+        n = int(np.prod(dims))
+        raw = np.frombuffer(self.buf, dtype=np.uint8, count=n // block * block_bytes, offset=self.data_start + offset)
+        if ttype == 0:
+            x = raw.view(np.float32).astype(np.float64)
+        elif ttype == 1:
+            x = raw.view(np.float16).astype(np.float64)
+        else:
+            blocks = raw.reshape(-1, block_bytes)
+            d = blocks[:, :2].copy().view(np.float16).astype(np.float64)  # (n_blocks, 1)
+            if ttype == 8:  # Q8_0: x = d * q
+                q = blocks[:, 2:].view(np.int8).astype(np.float64)
+            else:  # Q4_0: low nibbles are elements 0..15, high nibbles 16..31, offset by 8
+                nib = blocks[:, 2:]
+                q = np.concatenate([nib & 0x0F, nib >> 4], axis=1).astype(np.float64) - 8.0
+            x = (d * q).reshape(-1)
+        rows = dims[1] if len(dims) > 1 else 1
+        return x.reshape(rows, dims[0])
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, positions, n_head, head_dim, n_rot, base):
+    x = x.reshape(len(positions), n_head, head_dim).copy()
+    j = np.arange(n_rot // 2)
+    theta = positions[:, None] * base ** (-2.0 * j / n_rot)  # (n, n_rot/2)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    a, b = x[:, :, 0:n_rot:2].copy(), x[:, :, 1:n_rot:2].copy()
+    x[:, :, 0:n_rot:2] = a * c - b * s
+    x[:, :, 1:n_rot:2] = a * s + b * c
+    return x.reshape(len(positions), n_head * head_dim)
+
+
+def forward(path, tokens):
+    """Logits (len(tokens), n_vocab) for the tokens at positions 0..n-1."""
+    g = Gguf(path)
+    m = g.meta
+    n_embd, n_layer = m["llama.embedding_length"], m["llama.block_count"]
+    n_head = m["llama.attention.head_count"]
+    n_head_kv = m.get("llama.attention.head_count_kv", n_head)
+    head_dim = n_embd // n_head
+    n_rot = m.get("llama.rope.dimension_count", head_dim)
+    eps = m.get("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    base = m.get("llama.rope.freq_base", 10000.0)
+    n = len(tokens)
+    pos = np.arange(n, dtype=np.float64)
+    x = g.tensor("token_embd.weight")[tokens]
+    mask = np.triu(np.full((n, n), -np.inf), k=1)
+    for l in range(n_layer):
+        p = f"blk.{l}."
+        h = rms_norm(x, g.tensor(p + "attn_norm.weight")[0], eps)
+        q = rope(h @ g.tensor(p + "attn_q.weight").T, pos, n_head, head_dim, n_rot, base)
+        k = rope(h @ g.tensor(p + "attn_k.weight").T, pos, n_head_kv, head_dim, n_rot, base)
+        v = h @ g.tensor(p + "attn_v.weight").T
+        out = np.zeros((n, n_embd))
+        for hd in range(n_head):
+            kv = hd // (n_head // n_head_kv)
+            qh = q[:, hd * head_dim:(hd + 1) * head_dim]
+            kh = k[:, kv * head_dim:(kv + 1) * head_dim]
+            vh = v[:, kv * head_dim:(kv + 1) * head_dim]
+            s = qh @ kh.T / np.sqrt(head_dim) + mask
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, hd * head_dim:(hd + 1) * head_dim] = (s / s.sum(axis=1, keepdims=True)) @ vh
+        x = x + out @ g.tensor(p + "attn_output.weight").T
+        h = rms_norm(x, g.tensor(p + "ffn_norm.weight")[0], eps)
+        gate = h @ g.tensor(p + "ffn_gate.weight").T
+        up = h @ g.tensor(p + "ffn_up.weight").T
+        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ g.tensor(p + "ffn_down.weight").T
+    h = rms_norm(x, g.tensor("output_norm.weight")[0], eps)
+    head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
+    return h @ g.tensor(head).T

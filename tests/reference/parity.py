@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Parity of specula's logits with the NumPy reference, per weight type.
+
+Makes a random model with specula-make-model, has specula-dump-logits write the
+logits of every position, computes the same with llama_ref.py, and checks
+max |specula - reference| / max |reference| against the tolerance of the type.
+The reference uses the same dequantized weights, so the tolerances bound only
+float32 arithmetic (accumulation order, exp, rsqrt), not quantization error."""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_ref  # noqa: E402
+
+TOLERANCE = {"f32": 1e-5, "f16": 1e-5, "q8_0": 1e-5, "q4_0": 1e-5}
+TOKENS = [1, 15043, 3186, 29892, 920, 526, 366, 29973, 306, 626, 2691, 29889]
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--make-model", required=True)
+ap.add_argument("--dump-logits", required=True)
+ap.add_argument("--vocab", required=True)
+ap.add_argument("--type", required=True, choices=sorted(TOLERANCE))
+ap.add_argument("--backend", default="cpu")
+args = ap.parse_args()
+
+with tempfile.TemporaryDirectory() as tmp:
+    model = os.path.join(tmp, "model.gguf")
+    out = os.path.join(tmp, "logits.f32")
+    subprocess.run([args.make_model, "--vocab", args.vocab, "-o", model, "--type", args.type, "--n-embd", "128",
+                    "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--n-ff", "256", "--seed", "3"], check=True)
+    subprocess.run([args.dump_logits, model, out, args.backend] + [str(t) for t in TOKENS], check=True)
+    ours = np.fromfile(out, dtype=np.float32).reshape(len(TOKENS), -1).astype(np.float64)
+    ref = llama_ref.forward(model, TOKENS)
+
+err = np.abs(ours - ref).max() / np.abs(ref).max()
+agree = (ours.argmax(axis=1) == ref.argmax(axis=1)).mean()
+print(f"{args.type} on {args.backend}: max |delta| / max |ref| = {err:.3e} (tolerance {TOLERANCE[args.type]:.0e}), "
+      f"argmax agreement {agree:.3f}, max |ref| = {np.abs(ref).max():.3f}")
+sys.exit(0 if err <= TOLERANCE[args.type] and agree == 1.0 else 1)

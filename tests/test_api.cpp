@@ -1,0 +1,320 @@
+// The C ABI: errors as status values, callbacks, determinism, bad files.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <vector>
+
+#include "specula.h"
+#include "test_util.h"
+
+namespace {
+
+std::string model_path() {
+    static const std::string path = [] {
+        specula::RandomLlamaSpec spec;
+        spec.n_embd = 64;
+        spec.n_layer = 2;
+        spec.n_head = 4;
+        spec.n_head_kv = 2;
+        spec.n_ff = 128;
+        spec.n_ctx = 128;
+        return specula::test::make_model("api", spec);
+    }();
+    return path;
+}
+
+std::string write_bytes(const std::string& name, const std::vector<char>& bytes) {
+    const std::string path = (specula::test::temp_dir() / name).string();
+    std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+    return path;
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(f), {}};
+}
+
+class Api : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        specula_backend_params bp = specula_backend_default_params();
+        bp.kind = SPECULA_BACKEND_CPU;
+        ASSERT_EQ(specula_backend_create(&bp, &backend), SPECULA_OK);
+        ASSERT_EQ(specula_model_load(backend, model_path().c_str(), nullptr, &model), SPECULA_OK)
+            << specula_last_error();
+    }
+    void TearDown() override {
+        specula_model_free(model);
+        specula_backend_free(backend);
+    }
+
+    std::vector<int32_t> tokenize(const std::string& text) {
+        std::vector<int32_t> ids(text.size() + 2);
+        size_t n = 0;
+        EXPECT_EQ(
+            specula_tokenize(model, text.data(), text.size(), true, ids.data(), ids.size(), &n),
+            SPECULA_OK);
+        ids.resize(n);
+        return ids;
+    }
+
+    std::vector<int32_t> generate(const specula_session_params& sp, const std::string& prompt,
+                                  int n) {
+        specula_session* s = nullptr;
+        EXPECT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
+        const auto ids = tokenize(prompt);
+        EXPECT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
+        specula_generate_params gp = specula_generate_default_params();
+        gp.max_tokens = n;
+        gp.stop_at_eos = false;
+        std::vector<int32_t> out(static_cast<size_t>(n));
+        size_t got = 0;
+        EXPECT_EQ(specula_generate(s, &gp, out.data(), out.size(), &got), SPECULA_OK);
+        out.resize(got);
+        specula_session_free(s);
+        return out;
+    }
+
+    specula_backend* backend = nullptr;
+    specula_model* model = nullptr;
+};
+
+TEST_F(Api, NullArgumentsAreErrorsWithMessages) {
+    EXPECT_EQ(specula_backend_create(nullptr, nullptr), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_STRNE(specula_last_error(), "");
+    specula_model* m = nullptr;
+    EXPECT_EQ(specula_model_load(nullptr, "x", nullptr, &m), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(specula_model_load(backend, nullptr, nullptr, &m), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(specula_session_eval(nullptr, nullptr, 0), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(specula_generate(nullptr, nullptr, nullptr, 0, nullptr),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    specula_model_free(nullptr);
+    specula_session_free(nullptr);
+    specula_backend_free(nullptr);
+}
+
+TEST_F(Api, DevicesAndInfo) {
+    size_t n = 0;
+    ASSERT_EQ(specula_device_count(&n), SPECULA_OK);
+    ASSERT_GE(n, 1u);
+    specula_device_info d{};
+    ASSERT_EQ(specula_device_get(0, &d), SPECULA_OK);
+    EXPECT_EQ(d.kind, SPECULA_BACKEND_CPU);
+    EXPECT_EQ(specula_device_get(n, &d), SPECULA_ERR_INVALID_ARGUMENT);
+    specula_model_info info{};
+    ASSERT_EQ(specula_model_get_info(model, &info), SPECULA_OK);
+    EXPECT_STREQ(info.architecture, "llama");
+    EXPECT_STREQ(info.tokenizer, "llama");
+    EXPECT_EQ(info.n_vocab, 32000);
+    EXPECT_EQ(info.n_layer, 2);
+    EXPECT_EQ(info.n_head_kv, 2);
+    EXPECT_EQ(info.weight_type, SPECULA_WEIGHT_Q8_0);
+    EXPECT_EQ(info.bos_token, 1);
+}
+
+TEST_F(Api, TokenizeReportsTheNeededSize) {
+    const std::string text = "Hello world, how are you?";
+    size_t n = 0;
+    EXPECT_EQ(specula_tokenize(model, text.data(), text.size(), true, nullptr, 0, &n),
+              SPECULA_ERR_BUFFER_TOO_SMALL);
+    EXPECT_GT(n, 3u);
+    std::vector<int32_t> ids(n);
+    ASSERT_EQ(specula_tokenize(model, text.data(), text.size(), true, ids.data(), ids.size(), &n),
+              SPECULA_OK);
+    std::vector<char> buf(64);
+    size_t len = 0;
+    ASSERT_EQ(specula_detokenize(model, ids.data(), n, buf.data(), buf.size(), &len), SPECULA_OK);
+    EXPECT_EQ(std::string(buf.data(), len), text);
+    EXPECT_EQ(specula_detokenize(model, ids.data(), n, buf.data(), 3, &len),
+              SPECULA_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(len, text.size());
+    const int32_t bad = -5;
+    EXPECT_EQ(specula_detokenize(model, &bad, 1, buf.data(), buf.size(), &len),
+              SPECULA_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(Api, GreedyAndSeededGenerationAreDeterministic) {
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    EXPECT_EQ(generate(sp, "Once upon a time", 12), generate(sp, "Once upon a time", 12));
+    sp.temperature = 1.0f;
+    sp.top_k = 0;
+    sp.top_p = 1.0f;
+    sp.seed = 7;
+    const auto a = generate(sp, "Once upon a time", 12);
+    EXPECT_EQ(a, generate(sp, "Once upon a time", 12));
+    sp.seed = 8;
+    EXPECT_NE(a, generate(sp, "Once upon a time", 12));
+}
+
+TEST_F(Api, GenerateContinuesWhereItStopped) {
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    const auto whole = generate(sp, "The", 10);
+    specula_session* s = nullptr;
+    ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
+    const auto ids = tokenize("The");
+    ASSERT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
+    specula_generate_params gp = specula_generate_default_params();
+    gp.stop_at_eos = false;
+    gp.max_tokens = 4;
+    std::vector<int32_t> parts(10);
+    size_t n1 = 0, n2 = 0;
+    ASSERT_EQ(specula_generate(s, &gp, parts.data(), 4, &n1), SPECULA_OK);
+    gp.max_tokens = 6;
+    ASSERT_EQ(specula_generate(s, &gp, parts.data() + 4, 6, &n2), SPECULA_OK);
+    EXPECT_EQ(parts, whole);
+    specula_session_stats st{};
+    ASSERT_EQ(specula_session_get_stats(s, &st), SPECULA_OK);
+    EXPECT_EQ(st.n_generated, 10u);
+    EXPECT_EQ(st.n_past, ids.size() + 9);  // the last token is sampled but not yet evaluated
+    EXPECT_EQ(st.n_host_waits, st.n_forward_calls);
+
+    ASSERT_EQ(specula_session_reset(s), SPECULA_OK);
+    ASSERT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
+    gp.max_tokens = 10;
+    ASSERT_EQ(specula_generate(s, &gp, parts.data(), 10, &n1), SPECULA_OK);
+    EXPECT_EQ(parts, whole);
+    specula_session_free(s);
+}
+
+TEST_F(Api, CallbacksStreamStopAndAbort) {
+    specula_session_params sp = specula_session_default_params();
+    specula_session* s = nullptr;
+    ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
+    specula_generate_params gp = specula_generate_default_params();
+    EXPECT_EQ(specula_generate(s, &gp, nullptr, 0, nullptr),
+              SPECULA_ERR_INVALID_ARGUMENT);  // no prompt yet
+    const auto ids = tokenize("Hi");
+    ASSERT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
+
+    struct Seen {
+        int count = 0;
+        std::string text;
+    } seen;
+    gp.stop_at_eos = false;
+    gp.max_tokens = 20;
+    gp.on_token = [](int32_t, const char* piece, size_t len, void* user) {
+        auto* s = static_cast<Seen*>(user);
+        s->text.append(piece, len);
+        return ++s->count < 5;
+    };
+    gp.on_token_user_data = &seen;
+    size_t n = 0;
+    ASSERT_EQ(specula_generate(s, &gp, nullptr, 0, &n), SPECULA_OK);
+    EXPECT_EQ(seen.count, 5);
+    EXPECT_EQ(n, 5u);
+
+    int polls = 0;
+    gp.on_token = nullptr;
+    gp.should_abort = [](void* user) { return ++*static_cast<int*>(user) > 3; };
+    gp.should_abort_user_data = &polls;
+    EXPECT_EQ(specula_generate(s, &gp, nullptr, 0, &n), SPECULA_ERR_ABORTED);
+    EXPECT_EQ(n, 3u);
+    specula_session_free(s);
+}
+
+TEST_F(Api, ContextFullIsReported) {
+    specula_session_params sp = specula_session_default_params();
+    sp.n_ctx = 8;
+    specula_session* s = nullptr;
+    ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
+    const auto ids = tokenize("Hi");
+    ASSERT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
+    specula_generate_params gp = specula_generate_default_params();
+    gp.stop_at_eos = false;
+    gp.max_tokens = 50;
+    size_t n = 0;
+    EXPECT_EQ(specula_generate(s, &gp, nullptr, 0, &n), SPECULA_ERR_CONTEXT_FULL);
+    EXPECT_EQ(n, 8 - ids.size() + 1);
+    specula_session_free(s);
+}
+
+TEST_F(Api, BadFilesFailCleanlyAndLeaveLoadedModelsWorking) {
+    const auto good = read_bytes(model_path());
+    specula_model* m = nullptr;
+    EXPECT_EQ(specula_model_load(backend, "/nonexistent/model.gguf", nullptr, &m), SPECULA_ERR_IO);
+    EXPECT_EQ(m, nullptr);
+
+    auto bytes = good;
+    bytes[0] = 'X';
+    EXPECT_EQ(specula_model_load(backend, write_bytes("magic.gguf", bytes).c_str(), nullptr, &m),
+              SPECULA_ERR_FORMAT);
+    EXPECT_NE(std::string(specula_last_error()).find("magic"), std::string::npos);
+
+    for (size_t cut : {size_t(10), good.size() / 3, good.size() - 100}) {
+        bytes.assign(good.begin(), good.begin() + std::ptrdiff_t(cut));
+        EXPECT_EQ(specula_model_load(backend, write_bytes("cut.gguf", bytes).c_str(), nullptr, &m),
+                  SPECULA_ERR_FORMAT)
+            << cut;
+    }
+    EXPECT_EQ(specula_model_load(backend, write_bytes("empty.gguf", {}).c_str(), nullptr, &m),
+              SPECULA_ERR_FORMAT);
+    EXPECT_EQ(specula_model_load(backend, specula::test::temp_dir().c_str(), nullptr, &m),
+              SPECULA_ERR_IO);
+
+    // A vocabulary-only file is valid GGUF but not a model.
+    EXPECT_EQ(specula_model_load(backend, specula::test::data_path("ggml-vocab-gpt-2.gguf").c_str(),
+                                 nullptr, &m),
+              SPECULA_ERR_UNSUPPORTED);
+
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    EXPECT_EQ(generate(sp, "still works", 4).size(), 4u);
+}
+
+TEST_F(Api, ProgressIsReportedAndCanCancel) {
+    struct Progress {
+        int calls = 0;
+        float last = 0;
+        bool cancel = false;
+    } p;
+    specula_model_params mp = specula_model_default_params();
+    mp.progress = [](float f, void* user) {
+        auto* p = static_cast<Progress*>(user);
+        EXPECT_GE(f, p->last);
+        p->last = f;
+        ++p->calls;
+        return !p->cancel;
+    };
+    mp.progress_user_data = &p;
+    specula_model* m = nullptr;
+    ASSERT_EQ(specula_model_load(backend, model_path().c_str(), &mp, &m), SPECULA_OK);
+    EXPECT_GT(p.calls, 10);
+    EXPECT_FLOAT_EQ(p.last, 1.0f);
+    specula_model_free(m);
+    p = Progress{0, 0, true};
+    EXPECT_EQ(specula_model_load(backend, model_path().c_str(), &mp, &m), SPECULA_ERR_ABORTED);
+    EXPECT_EQ(m, nullptr);
+}
+
+TEST_F(Api, MissingBackendsAreReportedAndCpuStillWorks) {
+    specula_backend_params bp = specula_backend_default_params();
+    bp.kind = SPECULA_BACKEND_CUDA;
+    specula_backend* b = nullptr;
+    const specula_status s = specula_backend_create(&bp, &b);
+    if (s == SPECULA_OK) {
+        specula_backend_free(b);
+        GTEST_SKIP() << "a CUDA device is present";
+    }
+    EXPECT_EQ(s, SPECULA_ERR_NO_DEVICE);
+    EXPECT_EQ(b, nullptr);
+    specula_session_params sp = specula_session_default_params();
+    EXPECT_EQ(generate(sp, "cpu", 2).size(), 2u);
+}
+
+TEST_F(Api, LogCallbackReceivesMessages) {
+    std::vector<std::string> messages;
+    specula_set_log_callback(
+        [](specula_log_level, const char* m, void* user) {
+            static_cast<std::vector<std::string>*>(user)->push_back(m);
+        },
+        &messages);
+    specula_model* m = nullptr;
+    EXPECT_NE(specula_model_load(backend, "/nonexistent.gguf", nullptr, &m), SPECULA_OK);
+    specula_set_log_callback(nullptr, nullptr);
+    ASSERT_FALSE(messages.empty());
+    EXPECT_NE(messages.back().find("nonexistent"), std::string::npos);
+}
+
+}  // namespace

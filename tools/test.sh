@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The test command: installs the build dependencies, then builds and runs
+#   1. the whole suite in a Release build,
+#   2. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (Debug),
+#   3. the GGUF fuzzer (libFuzzer) for SPECULA_FUZZ_SECONDS (default 60) on a seed corpus.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup-debian.sh
+jobs=$(nproc)
+
+echo "== release build and tests"
+cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build/release -j "$jobs"
+ctest --test-dir build/release -j "$jobs" --output-on-failure
+
+echo "== sanitizer build and tests (ASan + UBSan)"
+cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSPECULA_SANITIZE=ON >/dev/null
+cmake --build build/sanitize -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build/sanitize -j "$jobs" --output-on-failure
+
+echo "== fuzzing the GGUF reader"
+CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DSPECULA_FUZZ=ON -DSPECULA_SANITIZE=ON -DSPECULA_BUILD_TESTS=OFF >/dev/null
+cmake --build build/fuzz -j "$jobs" --target specula-fuzz-gguf specula-make-model
+corpus=build/fuzz/corpus
+mkdir -p "$corpus"
+for vocab in llama-spm gpt-2; do
+  build/fuzz/tools/specula-make-model --vocab "tests/data/ggml-vocab-$vocab.gguf" -o "$corpus/seed-$vocab.gguf" \
+    --n-embd 32 --n-layer 1 --n-head 2 --n-head-kv 1 --n-ff 32 --n-vocab 300 --type q4_0
+done
+build/fuzz/tools/specula-fuzz-gguf -max_total_time="${SPECULA_FUZZ_SECONDS:-60}" -max_len=65536 \
+  -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
+echo "fuzz: no crash"
