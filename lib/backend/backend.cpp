@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
@@ -16,6 +17,18 @@ Tensor Tensor::row_range(int64_t first, int64_t count) const {
     v.offset += size_t(first) * row_bytes();
     v.rows = count;
     return v;
+}
+
+std::vector<float> rope_table(int n_ctx, int n_rot, float base) {
+    std::vector<float> table(size_t(n_ctx) * size_t(n_rot));
+    for (int pos = 0; pos < n_ctx; ++pos) {
+        for (int j = 0; j < n_rot / 2; ++j) {
+            const double theta = double(pos) * std::pow(double(base), -2.0 * j / n_rot);
+            table[size_t(pos) * size_t(n_rot) + size_t(2 * j)] = float(std::cos(theta));
+            table[size_t(pos) * size_t(n_rot) + size_t(2 * j) + 1] = float(std::sin(theta));
+        }
+    }
+    return table;
 }
 
 std::vector<specula_device_info> enumerate_devices() {

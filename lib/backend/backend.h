@@ -72,10 +72,12 @@ class Backend {
     // type, x is (n x in_features), out (n x out_features). The result of a row does not
     // depend on n (batch invariance, DESIGN §4).
     virtual void matmul(const Tensor& w, const Tensor& x, const Tensor& out) = 0;
-    // Rotates adjacent pairs (x[2j], x[2j+1]) of the first n_rot dims of every head of
-    // row i by positions[i] * base^(-2j/n_rot), in place (GGUF's Q/K layout).
-    virtual void rope(const Tensor& x, const Tensor& positions, int head_dim, int n_rot,
-                      float base) = 0;
+    // Rotates adjacent pairs (x[2j], x[2j+1]) of the first n_rot dims of every head of row
+    // i, in place (GGUF's Q/K layout), by the angle whose cosine and sine are
+    // table[positions[i]][2j] and [2j+1]. The table (see rope_table()) is computed once on the
+    // host in double precision, so every backend rotates by the same float values.
+    virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
+                      int n_rot) = 0;
     // dst = src converted to dst's type (F32 or F16), same shape.
     virtual void copy(const Tensor& src, const Tensor& dst) = 0;
     // Causal grouped-query attention. q: n rows of n_head*head_dim; k_cache, v_cache: context
@@ -89,6 +91,9 @@ class Backend {
     // out = a + b, element-wise (out may alias a).
     virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
 };
+
+// cos/sin of pos * base^(-2j/n_rot) for pos < n_ctx, j < n_rot/2: n_ctx rows of n_rot floats.
+std::vector<float> rope_table(int n_ctx, int n_rot, float base);
 
 // Devices of every compiled-in backend; the cpu is always first.
 std::vector<specula_device_info> enumerate_devices();

@@ -152,6 +152,9 @@ Status LlamaContext::create(const LlamaModel& model, int n_ctx, int max_batch,
         SPECULA_TRY(ctx->allocate(&ctx->k_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx));
         SPECULA_TRY(ctx->allocate(&ctx->v_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx));
     }
+    SPECULA_TRY(ctx->allocate(&ctx->rope_table_, GgmlType::kF32, c.n_rot, n_ctx));
+    const std::vector<float> table = rope_table(n_ctx, c.n_rot, c.rope_base);
+    model.backend_.upload(ctx->rope_table_, table.data());
     const int64_t b = max_batch;
     SPECULA_TRY(ctx->allocate(&ctx->ids_, GgmlType::kI32, b, 1));
     SPECULA_TRY(ctx->allocate(&ctx->positions_, GgmlType::kI32, b, 1));
@@ -201,8 +204,8 @@ Status LlamaContext::forward(std::span<const int32_t> tokens, bool all_rows,
         be.matmul(L.wq, h, q);
         be.matmul(L.wk, h, k);
         be.matmul(L.wv, h, v);
-        be.rope(q, pos_n, c.head_dim, c.n_rot, c.rope_base);
-        be.rope(k, pos_n, c.head_dim, c.n_rot, c.rope_base);
+        be.rope(q, pos_n, rope_table_, c.head_dim, c.n_rot);
+        be.rope(k, pos_n, rope_table_, c.head_dim, c.n_rot);
         be.copy(k, k_cache_[size_t(l)].row_range(n_past_, n));
         be.copy(v, v_cache_[size_t(l)].row_range(n_past_, n));
         be.attention(q, k_cache_[size_t(l)], v_cache_[size_t(l)], attn, c.n_head, c.n_head_kv,

@@ -89,7 +89,7 @@ class LlamaContext {
     int n_ctx_ = 0, max_batch_ = 0, n_past_ = 0;
     std::vector<std::unique_ptr<Buffer>> buffers_;
     std::vector<Tensor> k_cache_, v_cache_;
-    Tensor ids_, positions_, x_, norm_, q_, k_, v_, attn_, gate_, up_, logits_;
+    Tensor rope_table_, ids_, positions_, x_, norm_, q_, k_, v_, attn_, gate_, up_, logits_;
 };
 
 }  // namespace specula

@@ -163,17 +163,16 @@ class CpuBackend final : public Backend {
         });
     }
 
-    void rope(const Tensor& x, const Tensor& positions, int head_dim, int n_rot,
-              float base) override {
+    void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
+              int n_rot) override {
         const auto* pos = reinterpret_cast<const int32_t*>(bytes_of(positions));
         for (int64_t r = 0; r < x.rows; ++r) {
+            const float* cs = row_f32(table, pos[r]);
             float* row = f32(x) + r * x.cols;
-            for (int j = 0; j < n_rot / 2; ++j) {
-                const double theta = double(pos[r]) * std::pow(double(base), -2.0 * j / n_rot);
-                const auto c = float(std::cos(theta)), s = float(std::sin(theta));
-                for (int64_t h = 0; h < x.cols / head_dim; ++h) {
+            for (int64_t h = 0; h < x.cols / head_dim; ++h) {
+                for (int j = 0; j < n_rot / 2; ++j) {
                     float* p = row + h * head_dim + 2 * j;
-                    const float a = p[0], b = p[1];
+                    const float a = p[0], b = p[1], c = cs[2 * j], s = cs[2 * j + 1];
                     p[0] = a * c - b * s;
                     p[1] = a * s + b * c;
                 }
