@@ -4,6 +4,10 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/log.h"
+#ifdef SPECULA_HAVE_VULKAN
+#include "backend/vulkan/vulkan_backend.h"
+#endif
 
 namespace specula {
 
@@ -38,17 +42,35 @@ std::vector<specula_device_info> enumerate_devices() {
     cpu.index = 0;
     std::snprintf(cpu.name, sizeof cpu.name, "cpu");
     devices.push_back(cpu);
+#ifdef SPECULA_HAVE_VULKAN
+    for (const auto& d : enumerate_vulkan_devices()) devices.push_back(d);
+#endif
     return devices;
 }
 
 Status create_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out) {
     switch (params.kind) {
         case SPECULA_BACKEND_CPU:
-        case SPECULA_BACKEND_AUTO:  // no GPU backend is compiled in yet
             *out = create_cpu_backend(params.n_threads);
             return Status::Ok();
+        case SPECULA_BACKEND_AUTO: {
+            // A GPU (or, failing that, a software Vulkan device) before the cpu backend.
+#ifdef SPECULA_HAVE_VULKAN
+            specula_backend_params vk = params;
+            vk.kind = SPECULA_BACKEND_VULKAN;
+            const Status s = create_vulkan_backend(vk, out);
+            if (s.ok()) return s;
+            log(SPECULA_LOG_INFO, "auto backend: Vulkan unavailable (" + s.message() + "), using the cpu");
+#endif
+            *out = create_cpu_backend(params.n_threads);
+            return Status::Ok();
+        }
         case SPECULA_BACKEND_VULKAN:
+#ifdef SPECULA_HAVE_VULKAN
+            return create_vulkan_backend(params, out);
+#else
             return {SPECULA_ERR_NO_DEVICE, "this build of specula has no Vulkan backend"};
+#endif
         case SPECULA_BACKEND_CUDA:
             return {SPECULA_ERR_NO_DEVICE, "this build of specula has no CUDA backend"};
     }

@@ -1,0 +1,715 @@
+#include "backend/vulkan/vulkan_backend.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "backend/vulkan/shaders.h"
+#include "core/log.h"
+#include "platform/vulkan_loader.h"
+
+namespace specula {
+
+namespace {
+
+std::atomic<uint64_t> g_validation_errors{0};
+
+Status vk_check(VkResult r, const std::string& what) {
+    switch (r) {
+        case VK_SUCCESS:
+            return Status::Ok();
+        case VK_ERROR_OUT_OF_HOST_MEMORY:
+        case VK_ERROR_OUT_OF_DEVICE_MEMORY:
+            return OutOfMemory(what + ": out of device memory");
+        case VK_ERROR_DEVICE_LOST:
+            return {SPECULA_ERR_DEVICE_LOST, what + ": the Vulkan device was lost"};
+        case VK_ERROR_INITIALIZATION_FAILED:
+        case VK_ERROR_INCOMPATIBLE_DRIVER:
+        case VK_ERROR_LAYER_NOT_PRESENT:
+        case VK_ERROR_EXTENSION_NOT_PRESENT:
+        case VK_ERROR_FEATURE_NOT_PRESENT:
+            return {SPECULA_ERR_NO_DEVICE, what + ": no usable Vulkan driver (VkResult " + std::to_string(int(r)) + ")"};
+        default:
+            return {SPECULA_ERR_INTERNAL, what + " failed with VkResult " + std::to_string(int(r))};
+    }
+}
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                     VkDebugUtilsMessageTypeFlagsEXT,
+                                                     const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+    if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
+        ++g_validation_errors;
+        log(SPECULA_LOG_ERROR, std::string("vulkan validation: ") + data->pMessage);
+    } else if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+        log(SPECULA_LOG_WARN, std::string("vulkan validation: ") + data->pMessage);
+    }
+    return VK_FALSE;
+}
+
+// One VkInstance per process, created on first use and kept for its lifetime
+// (drivers dislike instances created and destroyed repeatedly).
+struct Instance {
+    VkInstance handle = VK_NULL_HANDLE;
+    VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
+    bool validation = false;
+};
+
+Status instance(const Instance** out) {
+    static std::once_flag once;
+    static Instance inst;
+    static Status status;
+    std::call_once(once, [] {
+        if (!vk::load_library()) {
+            status = {SPECULA_ERR_NO_DEVICE, "no Vulkan loader (libvulkan.so.1) is installed"};
+            return;
+        }
+        const char* env = std::getenv("SPECULA_VULKAN_VALIDATION");
+        bool want_validation = env != nullptr && std::strcmp(env, "1") == 0;
+        if (want_validation) {
+            uint32_t n = 0;
+            vk::vkEnumerateInstanceLayerProperties(&n, nullptr);
+            std::vector<VkLayerProperties> layers(n);
+            vk::vkEnumerateInstanceLayerProperties(&n, layers.data());
+            want_validation = std::any_of(layers.begin(), layers.end(), [](const VkLayerProperties& l) {
+                return std::strcmp(l.layerName, "VK_LAYER_KHRONOS_validation") == 0;
+            });
+            if (!want_validation) log(SPECULA_LOG_WARN, "SPECULA_VULKAN_VALIDATION=1 but the validation layer is not installed");
+        }
+        VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+        app.pApplicationName = "specula";
+        app.pEngineName = "specula";
+        app.apiVersion = VK_API_VERSION_1_1;
+        const char* layer = "VK_LAYER_KHRONOS_validation";
+        const char* ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+        VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+        ci.pApplicationInfo = &app;
+        if (want_validation) {
+            ci.enabledLayerCount = 1;
+            ci.ppEnabledLayerNames = &layer;
+            ci.enabledExtensionCount = 1;
+            ci.ppEnabledExtensionNames = &ext;
+        }
+        status = vk_check(vk::vkCreateInstance(&ci, nullptr, &inst.handle), "vkCreateInstance");
+        if (!status.ok()) return;
+        vk::load_instance_functions(inst.handle);
+        inst.validation = want_validation;
+        if (want_validation && vk::vkCreateDebugUtilsMessengerEXT != nullptr) {
+            VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+            mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+            mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                             VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+            mi.pfnUserCallback = on_validation_message;
+            vk::vkCreateDebugUtilsMessengerEXT(inst.handle, &mi, nullptr, &inst.messenger);
+        }
+    });
+    *out = &inst;
+    return status;
+}
+
+struct PhysicalDevice {
+    VkPhysicalDevice handle = VK_NULL_HANDLE;
+    uint32_t queue_family = 0;
+    specula_device_info info{};
+    int rank = 0;  // lower is preferred
+};
+
+std::vector<PhysicalDevice> physical_devices() {
+    const Instance* inst = nullptr;
+    if (!instance(&inst).ok()) return {};
+    uint32_t n = 0;
+    if (vk::vkEnumeratePhysicalDevices(inst->handle, &n, nullptr) != VK_SUCCESS) return {};
+    std::vector<VkPhysicalDevice> handles(n);
+    vk::vkEnumeratePhysicalDevices(inst->handle, &n, handles.data());
+    std::vector<PhysicalDevice> out;
+    for (VkPhysicalDevice h : handles) {
+        VkPhysicalDeviceProperties props{};
+        vk::vkGetPhysicalDeviceProperties(h, &props);
+        if (props.apiVersion < VK_API_VERSION_1_1) continue;
+        uint32_t nq = 0;
+        vk::vkGetPhysicalDeviceQueueFamilyProperties(h, &nq, nullptr);
+        std::vector<VkQueueFamilyProperties> queues(nq);
+        vk::vkGetPhysicalDeviceQueueFamilyProperties(h, &nq, queues.data());
+        auto q = std::find_if(queues.begin(), queues.end(),
+                              [](const VkQueueFamilyProperties& f) { return f.queueFlags & VK_QUEUE_COMPUTE_BIT; });
+        if (q == queues.end()) continue;
+        PhysicalDevice d;
+        d.handle = h;
+        d.queue_family = uint32_t(q - queues.begin());
+        d.info.kind = SPECULA_BACKEND_VULKAN;
+        std::snprintf(d.info.name, sizeof d.info.name, "%s", props.deviceName);
+        d.info.is_discrete_gpu = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
+        d.info.is_software = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+        VkPhysicalDeviceMemoryProperties mem{};
+        vk::vkGetPhysicalDeviceMemoryProperties(h, &mem);
+        for (uint32_t i = 0; i < mem.memoryHeapCount; ++i)
+            if (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) d.info.memory_bytes += mem.memoryHeaps[i].size;
+        switch (props.deviceType) {
+            case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: d.rank = 0; break;
+            case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: d.rank = 1; break;
+            case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: d.rank = 2; break;
+            case VK_PHYSICAL_DEVICE_TYPE_CPU: d.rank = 3; break;
+            default: d.rank = 4; break;
+        }
+        out.push_back(d);
+    }
+    std::stable_sort(out.begin(), out.end(), [](const PhysicalDevice& a, const PhysicalDevice& b) { return a.rank < b.rank; });
+    for (size_t i = 0; i < out.size(); ++i) out[i].info.index = int32_t(i);
+    return out;
+}
+
+// The logical device and what outlives any one object made from it.
+struct Device {
+    VkDevice handle = VK_NULL_HANDLE;
+    VkPhysicalDeviceMemoryProperties memory{};
+    VkPhysicalDeviceLimits limits{};
+    // Buffers released while recorded commands may still use them: freed once
+    // the device is idle (after the next flush).
+    std::mutex graveyard_mutex;
+    std::vector<std::pair<VkBuffer, VkDeviceMemory>> graveyard;
+
+    void bury(VkBuffer b, VkDeviceMemory m) {
+        std::lock_guard lock(graveyard_mutex);
+        graveyard.emplace_back(b, m);
+    }
+    void free_buried() {
+        std::lock_guard lock(graveyard_mutex);
+        for (auto [b, m] : graveyard) {
+            if (b != VK_NULL_HANDLE) vk::vkDestroyBuffer(handle, b, nullptr);
+            if (m != VK_NULL_HANDLE) vk::vkFreeMemory(handle, m, nullptr);
+        }
+        graveyard.clear();
+    }
+    ~Device() {
+        if (handle != VK_NULL_HANDLE) {
+            vk::vkDeviceWaitIdle(handle);
+            free_buried();
+            vk::vkDestroyDevice(handle, nullptr);
+        }
+    }
+};
+
+class VulkanBuffer final : public Buffer {
+public:
+    VulkanBuffer(std::shared_ptr<Device> device, size_t size) : device_(std::move(device)), size_(size) {}
+    ~VulkanBuffer() override {
+        if (mapped_ != nullptr) vk::vkUnmapMemory(device_->handle, memory_);
+        device_->bury(buffer_, memory_);
+    }
+    VulkanBuffer(const VulkanBuffer&) = delete;
+    VulkanBuffer& operator=(const VulkanBuffer&) = delete;
+
+    // host_visible: mapped, coherent memory for staging; otherwise device-local where possible.
+    Status create(bool host_visible) {
+        VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+        bi.size = std::max<size_t>(size_, 16);
+        bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+        bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+        SPECULA_TRY(vk_check(vk::vkCreateBuffer(device_->handle, &bi, nullptr, &buffer_), "vkCreateBuffer"));
+        VkMemoryRequirements req{};
+        vk::vkGetBufferMemoryRequirements(device_->handle, buffer_, &req);
+        const VkMemoryPropertyFlags want = host_visible
+            ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT | VK_MEMORY_PROPERTY_HOST_CACHED_BIT
+            : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+        const VkMemoryPropertyFlags need = host_visible
+            ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT : 0;
+        uint32_t type = UINT32_MAX;
+        for (VkMemoryPropertyFlags flags : {want, need}) {
+            for (uint32_t i = 0; i < device_->memory.memoryTypeCount && type == UINT32_MAX; ++i)
+                if ((req.memoryTypeBits & (1u << i)) && (device_->memory.memoryTypes[i].propertyFlags & flags) == flags) type = i;
+        }
+        if (type == UINT32_MAX) return {SPECULA_ERR_INTERNAL, "no suitable Vulkan memory type"};
+        VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+        ai.allocationSize = req.size;
+        ai.memoryTypeIndex = type;
+        SPECULA_TRY(vk_check(vk::vkAllocateMemory(device_->handle, &ai, nullptr, &memory_),
+                             "allocating " + std::to_string(req.size) + " bytes of device memory"));
+        SPECULA_TRY(vk_check(vk::vkBindBufferMemory(device_->handle, buffer_, memory_, 0), "vkBindBufferMemory"));
+        if (host_visible) SPECULA_TRY(vk_check(vk::vkMapMemory(device_->handle, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), "vkMapMemory"));
+        return Status::Ok();
+    }
+
+    size_t size() const override { return size_; }
+    VkBuffer handle() const { return buffer_; }
+    uint8_t* mapped() const { return static_cast<uint8_t*>(mapped_); }
+
+private:
+    std::shared_ptr<Device> device_;
+    size_t size_;
+    VkBuffer buffer_ = VK_NULL_HANDLE;
+    VkDeviceMemory memory_ = VK_NULL_HANDLE;
+    void* mapped_ = nullptr;
+};
+
+VulkanBuffer& vbuf(const Tensor& t) { return *static_cast<VulkanBuffer*>(t.buffer); }
+
+const char* weight_suffix(GgmlType t) {
+    switch (t) {
+        case GgmlType::kF32: return "f32";
+        case GgmlType::kF16: return "f16";
+        case GgmlType::kQ8_0: return "q8_0";
+        case GgmlType::kQ4_0: return "q4_0";
+        default: return nullptr;
+    }
+}
+
+// Must match the push-constant block of shaders/common.glsl.
+struct PushConstants {
+    uint32_t off[4] = {0, 0, 0, 0};
+    uint32_t u[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float f[2] = {0, 0};
+};
+
+constexpr uint32_t kMaxBatchColumns = 16;  // MAX_N in shaders/matmul.comp
+constexpr size_t kStagingBytes = 16u << 20;
+constexpr uint32_t kSetsPerPool = 1024;
+
+class VulkanBackend final : public Backend {
+public:
+    ~VulkanBackend() override {
+        if (!device_) return;
+        VkDevice d = device_->handle;
+        vk::vkDeviceWaitIdle(d);
+        staging_.reset();
+        readback_.reset();
+        dummy_.reset();
+        for (auto& [key, p] : pipelines_) vk::vkDestroyPipeline(d, p, nullptr);
+        for (VkDescriptorPool p : pools_) vk::vkDestroyDescriptorPool(d, p, nullptr);
+        if (cache_) vk::vkDestroyPipelineCache(d, cache_, nullptr);
+        if (layout_) vk::vkDestroyPipelineLayout(d, layout_, nullptr);
+        if (set_layout_) vk::vkDestroyDescriptorSetLayout(d, set_layout_, nullptr);
+        if (fence_) vk::vkDestroyFence(d, fence_, nullptr);
+        if (pool_) vk::vkDestroyCommandPool(d, pool_, nullptr);
+    }
+
+    Status init(const PhysicalDevice& phys) {
+        phys_ = phys;
+        info_ = phys.info;
+        device_ = std::make_shared<Device>();
+        VkPhysicalDeviceProperties props{};
+        vk::vkGetPhysicalDeviceProperties(phys.handle, &props);
+        device_->limits = props.limits;
+        vk::vkGetPhysicalDeviceMemoryProperties(phys.handle, &device_->memory);
+
+        const float priority = 1.0f;
+        VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+        qi.queueFamilyIndex = phys.queue_family;
+        qi.queueCount = 1;
+        qi.pQueuePriorities = &priority;
+        VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+        di.queueCreateInfoCount = 1;
+        di.pQueueCreateInfos = &qi;
+        SPECULA_TRY(vk_check(vk::vkCreateDevice(phys.handle, &di, nullptr, &device_->handle), "vkCreateDevice"));
+        VkDevice d = device_->handle;
+        vk::vkGetDeviceQueue(d, phys.queue_family, 0, &queue_);
+
+        VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+        pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+        pi.queueFamilyIndex = phys.queue_family;
+        SPECULA_TRY(vk_check(vk::vkCreateCommandPool(d, &pi, nullptr, &pool_), "vkCreateCommandPool"));
+        VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+        ai.commandPool = pool_;
+        ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+        ai.commandBufferCount = 1;
+        SPECULA_TRY(vk_check(vk::vkAllocateCommandBuffers(d, &ai, &cmd_), "vkAllocateCommandBuffers"));
+        VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+        SPECULA_TRY(vk_check(vk::vkCreateFence(d, &fi, nullptr, &fence_), "vkCreateFence"));
+
+        std::array<VkDescriptorSetLayoutBinding, 4> bindings{};
+        for (uint32_t i = 0; i < 4; ++i) {
+            bindings[i].binding = i;
+            bindings[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+            bindings[i].descriptorCount = 1;
+            bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+        }
+        VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+        li.bindingCount = 4;
+        li.pBindings = bindings.data();
+        SPECULA_TRY(vk_check(vk::vkCreateDescriptorSetLayout(d, &li, nullptr, &set_layout_), "vkCreateDescriptorSetLayout"));
+        VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(PushConstants)};
+        VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+        pli.setLayoutCount = 1;
+        pli.pSetLayouts = &set_layout_;
+        pli.pushConstantRangeCount = 1;
+        pli.pPushConstantRanges = &range;
+        SPECULA_TRY(vk_check(vk::vkCreatePipelineLayout(d, &pli, nullptr, &layout_), "vkCreatePipelineLayout"));
+        VkPipelineCacheCreateInfo ci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+        SPECULA_TRY(vk_check(vk::vkCreatePipelineCache(d, &ci, nullptr, &cache_), "vkCreatePipelineCache"));
+
+        SPECULA_TRY(make_buffer(kStagingBytes, true, &staging_));
+        SPECULA_TRY(make_buffer(16, false, &dummy_));
+        return begin();
+    }
+
+    const specula_device_info& info() const override { return info_; }
+
+    Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
+        SPECULA_TRY(usable());
+        std::unique_ptr<VulkanBuffer> b;
+        SPECULA_TRY(make_buffer(bytes, false, &b));
+        vk::vkCmdFillBuffer(cmd_, b->handle(), 0, VK_WHOLE_SIZE, 0);
+        barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+        *out = std::move(b);
+        return Status::Ok();
+    }
+
+    Status load_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) override {
+        SPECULA_TRY(usable());
+        if (host.size() > device_->limits.maxStorageBufferRange)
+            return Unsupported("a weight tensor of " + std::to_string(host.size()) + " bytes exceeds this device's " +
+                               std::to_string(device_->limits.maxStorageBufferRange) + "-byte storage-buffer range");
+        std::unique_ptr<VulkanBuffer> b;
+        SPECULA_TRY(make_buffer(host.size(), false, &b));
+        for (size_t done = 0; done < host.size(); done += kStagingBytes) {
+            const size_t n = std::min(kStagingBytes, host.size() - done);
+            SPECULA_TRY(flush());  // the staging buffer is free once the previous chunk landed
+            std::memcpy(staging_->mapped(), host.data() + done, n);
+            const VkBufferCopy region{0, done, n};
+            vk::vkCmdCopyBuffer(cmd_, staging_->handle(), b->handle(), 1, &region);
+            barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+        }
+        SPECULA_TRY(flush());
+        *out = std::move(b);
+        return Status::Ok();
+    }
+
+    void upload(const Tensor& dst, const void* src) override {
+        if (!pending_.ok()) return;
+        const size_t bytes = dst.bytes();
+        const size_t at = (staging_used_ + 15) & ~size_t(15);
+        if (bytes > kStagingBytes) {
+            fail(InvalidArgument("an upload of " + std::to_string(bytes) + " bytes exceeds the staging buffer"));
+            return;
+        }
+        if (at + bytes > kStagingBytes) {
+            // The staging space is still read by recorded copies: run them before reusing it.
+            if (Status s = flush(); !s.ok()) return fail(std::move(s));
+            return upload(dst, src);
+        }
+        std::memcpy(staging_->mapped() + at, src, bytes);
+        staging_used_ = at + bytes;
+        const VkBufferCopy region{at, dst.offset, bytes};
+        vk::vkCmdCopyBuffer(cmd_, staging_->handle(), vbuf(dst).handle(), 1, &region);
+        barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+    }
+
+    Status download(const Tensor& src, void* dst) override {
+        SPECULA_TRY(usable());
+        const size_t bytes = src.bytes();
+        if (!readback_ || readback_->size() < bytes) {
+            // Safe to replace: only downloads use it, and each one waits for its copy.
+            readback_.reset();
+            SPECULA_TRY(make_buffer(std::max(bytes, size_t(1) << 20), true, &readback_));
+        }
+        const VkBufferCopy region{src.offset, 0, bytes};
+        vk::vkCmdCopyBuffer(cmd_, vbuf(src).handle(), readback_->handle(), 1, &region);
+        SPECULA_TRY(flush());
+        std::memcpy(dst, readback_->mapped(), bytes);
+        return Status::Ok();
+    }
+
+    Status flush() override {
+        if (lost_) return {SPECULA_ERR_DEVICE_LOST, "the Vulkan device was lost; create a new backend"};
+        Status s = std::move(pending_);
+        pending_ = Status::Ok();
+        VkResult r = vk::vkEndCommandBuffer(cmd_);
+        if (s.ok() && r == VK_SUCCESS && n_recorded_ > 0) {
+            VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+            si.commandBufferCount = 1;
+            si.pCommandBuffers = &cmd_;
+            r = vk::vkQueueSubmit(queue_, 1, &si, fence_);
+            if (r == VK_SUCCESS) {
+                r = vk::vkWaitForFences(device_->handle, 1, &fence_, VK_TRUE, UINT64_MAX);
+                ++host_waits_;
+                vk::vkResetFences(device_->handle, 1, &fence_);
+            }
+        }
+        if (r == VK_ERROR_DEVICE_LOST) lost_ = true;
+        if (!lost_) device_->free_buried();
+        if (s.ok()) s = vk_check(r, "submitting work to the Vulkan device");
+        if (lost_) return s;
+        if (Status b = begin(); s.ok()) s = std::move(b);
+        return s;
+    }
+
+    uint64_t host_waits() const override { return host_waits_; }
+
+    void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+        PushConstants pc;
+        pc.u[0] = uint32_t(table.cols);
+        pc.u[1] = uint32_t(ids.cols * ids.rows);
+        pc.u[2] = uint32_t(table.rows);
+        dispatch_typed("get_rows", table.type, {&table, &ids, &out}, pc, pc.u[1], 64);
+    }
+
+    void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
+        PushConstants pc;
+        pc.u[0] = uint32_t(x.cols);
+        pc.u[1] = uint32_t(x.rows);
+        pc.f[0] = eps;
+        dispatch("rms_norm", {&x, &weight, &out}, pc, uint32_t(x.rows), 64);
+    }
+
+    void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
+        // Threads per row: a power of two up to the workgroup, from the row's block count only
+        // (never from n), so a row is reduced the same way in every batch.
+        constexpr uint32_t kWg = 64;
+        uint32_t per_row = 1;
+        while (per_row < kWg && per_row * 2 <= uint32_t(w.cols / 32)) per_row *= 2;
+        const uint32_t rows_per_group = kWg / per_row;
+        // Batches wider than the shader's column limit go in slices; each column's result is
+        // computed the same way in any slice, so this keeps batch invariance.
+        for (int64_t c0 = 0; c0 < x.rows; c0 += kMaxBatchColumns) {
+            const int64_t n = std::min<int64_t>(kMaxBatchColumns, x.rows - c0);
+            const Tensor xs = x.row_range(c0, n), os = out.row_range(c0, n);
+            PushConstants pc;
+            pc.u[0] = uint32_t(w.cols);
+            pc.u[1] = uint32_t(w.rows);
+            pc.u[2] = uint32_t(n);
+            pc.u[3] = uint32_t(out.cols);
+            dispatch_typed("matmul", w.type, {&w, &xs, &os}, pc,
+                           uint32_t((w.rows + rows_per_group - 1) / rows_per_group), kWg, per_row);
+        }
+    }
+
+    void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim, int n_rot) override {
+        PushConstants pc;
+        pc.u[0] = uint32_t(x.cols);
+        pc.u[1] = uint32_t(x.rows);
+        pc.u[2] = uint32_t(head_dim);
+        pc.u[3] = uint32_t(n_rot);
+        const uint64_t pairs = uint64_t(x.rows) * uint64_t(x.cols / head_dim) * uint64_t(n_rot / 2);
+        dispatch("rope", {&x, &positions, &table}, pc, uint32_t((pairs + 63) / 64), 64);
+    }
+
+    void copy(const Tensor& src, const Tensor& dst) override {
+        if (dst.type != GgmlType::kF32) return fail(Unsupported("the Vulkan backend keeps KV caches in F32"));
+        elementwise(2, src, src, dst);
+    }
+
+    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out, int n_head,
+                   int n_head_kv, int head_dim, float scale, int pos0) override {
+        constexpr uint32_t kWg = 128;
+        if (head_dim > int(2 * kWg)) return fail(Unsupported("the Vulkan attention shader supports head sizes up to 256"));
+        if (k_cache.type != GgmlType::kF32) return fail(Unsupported("the Vulkan backend keeps KV caches in F32"));
+        PushConstants pc;
+        pc.u[0] = uint32_t(n_head);
+        pc.u[1] = uint32_t(n_head_kv);
+        pc.u[2] = uint32_t(head_dim);
+        pc.u[3] = uint32_t(pos0);
+        pc.u[4] = uint32_t(q.rows);
+        pc.f[0] = scale;
+        dispatch("attention", {&q, &k_cache, &v_cache, &out}, pc, uint32_t(q.rows * n_head), kWg);
+    }
+
+    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override { elementwise(1, gate, up, out); }
+    void add(const Tensor& a, const Tensor& b, const Tensor& out) override { elementwise(0, a, b, out); }
+
+private:
+    Status usable() const {
+        if (lost_) return {SPECULA_ERR_DEVICE_LOST, "the Vulkan device was lost; create a new backend"};
+        return Status::Ok();
+    }
+
+    void fail(Status s) {
+        if (pending_.ok()) pending_ = std::move(s);
+    }
+
+    Status make_buffer(size_t bytes, bool host_visible, std::unique_ptr<VulkanBuffer>* out) {
+        auto b = std::make_unique<VulkanBuffer>(device_, bytes);
+        SPECULA_TRY(b->create(host_visible));
+        *out = std::move(b);
+        return Status::Ok();
+    }
+
+    Status begin() {
+        for (VkDescriptorPool p : pools_) vk::vkResetDescriptorPool(device_->handle, p, 0);
+        pool_index_ = 0;
+        staging_used_ = 0;
+        n_recorded_ = 0;
+        SPECULA_TRY(vk_check(vk::vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer"));
+        VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+        bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+        return vk_check(vk::vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
+    }
+
+    // Everything written before (by shaders or copies) is visible to everything after.
+    void barrier(VkPipelineStageFlags src_stage, VkAccessFlags src_access) {
+        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+        mb.srcAccessMask = src_access;
+        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                           VK_ACCESS_TRANSFER_WRITE_BIT;
+        vk::vkCmdPipelineBarrier(cmd_, src_stage, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                                 0, 1, &mb, 0, nullptr, 0, nullptr);
+        ++n_recorded_;
+    }
+
+    // Specialization constants: 0 = workgroup size, 1 = a shader-specific split (see the shader).
+    Status pipeline(const std::string& name, std::array<uint32_t, 2> spec_values, VkPipeline* out) {
+        const std::string key = name + "/" + std::to_string(spec_values[0]) + "/" + std::to_string(spec_values[1]);
+        if (auto it = pipelines_.find(key); it != pipelines_.end()) {
+            *out = it->second;
+            return Status::Ok();
+        }
+        const EmbeddedShader* shader = nullptr;
+        for (size_t i = 0; i < vulkan_shader_count; ++i)
+            if (name == vulkan_shaders[i].name) shader = &vulkan_shaders[i];
+        if (shader == nullptr) return {SPECULA_ERR_INTERNAL, "no embedded shader named " + name};
+        VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+        mi.codeSize = shader->bytes;
+        mi.pCode = shader->code;
+        VkShaderModule module = VK_NULL_HANDLE;
+        SPECULA_TRY(vk_check(vk::vkCreateShaderModule(device_->handle, &mi, nullptr, &module), "vkCreateShaderModule"));
+        const std::array<VkSpecializationMapEntry, 2> entries{{{0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}}};
+        const VkSpecializationInfo spec{2, entries.data(), sizeof spec_values, spec_values.data()};
+        VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+        ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
+        ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+        ci.stage.module = module;
+        ci.stage.pName = "main";
+        ci.stage.pSpecializationInfo = &spec;
+        ci.layout = layout_;
+        const VkResult r = vk::vkCreateComputePipelines(device_->handle, cache_, 1, &ci, nullptr, out);
+        vk::vkDestroyShaderModule(device_->handle, module, nullptr);
+        SPECULA_TRY(vk_check(r, "creating the pipeline of " + name));
+        pipelines_[key] = *out;
+        return Status::Ok();
+    }
+
+    Status descriptor_set(VkDescriptorSet* out) {
+        for (;; ++pool_index_) {
+            if (pool_index_ == pools_.size()) {
+                const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4 * kSetsPerPool};
+                VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+                pi.maxSets = kSetsPerPool;
+                pi.poolSizeCount = 1;
+                pi.pPoolSizes = &size;
+                VkDescriptorPool pool = VK_NULL_HANDLE;
+                SPECULA_TRY(vk_check(vk::vkCreateDescriptorPool(device_->handle, &pi, nullptr, &pool), "vkCreateDescriptorPool"));
+                pools_.push_back(pool);
+            }
+            VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+            ai.descriptorPool = pools_[pool_index_];
+            ai.descriptorSetCount = 1;
+            ai.pSetLayouts = &set_layout_;
+            const VkResult r = vk::vkAllocateDescriptorSets(device_->handle, &ai, out);
+            if (r == VK_SUCCESS) return Status::Ok();
+            if (r != VK_ERROR_OUT_OF_POOL_MEMORY && r != VK_ERROR_FRAGMENTED_POOL)
+                return vk_check(r, "vkAllocateDescriptorSets");
+        }
+    }
+
+    void dispatch_typed(const char* op, GgmlType type, std::array<const Tensor*, 4> t, PushConstants pc,
+                        uint32_t groups, uint32_t wg, uint32_t split = 1) {
+        const char* suffix = weight_suffix(type);
+        if (suffix == nullptr) return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
+        dispatch(std::string(op) + "_" + suffix, t, pc, groups, wg, split);
+    }
+
+    void dispatch(const std::string& shader, std::array<const Tensor*, 4> tensors, PushConstants pc, uint32_t groups,
+                  uint32_t wg, uint32_t split = 1) {
+        if (!pending_.ok() || lost_ || groups == 0) return;
+        VkPipeline p = VK_NULL_HANDLE;
+        VkDescriptorSet set = VK_NULL_HANDLE;
+        if (Status s = pipeline(shader, {wg, split}, &p); !s.ok()) return fail(std::move(s));
+        if (Status s = descriptor_set(&set); !s.ok()) return fail(std::move(s));
+        std::array<VkDescriptorBufferInfo, 4> infos{};
+        std::array<VkWriteDescriptorSet, 4> writes{};
+        for (size_t i = 0; i < 4; ++i) {
+            const Tensor* t = tensors[i];
+            const VulkanBuffer& b = t ? vbuf(*t) : *dummy_;
+            if (t && t->offset + t->bytes() > device_->limits.maxStorageBufferRange)
+                return fail(Unsupported("a tensor lies beyond this device's storage-buffer range"));
+            infos[i] = {b.handle(), 0, std::min<VkDeviceSize>(std::max<size_t>(b.size(), 16), device_->limits.maxStorageBufferRange)};
+            pc.off[i] = t ? uint32_t(t->offset) : 0;
+            writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+            writes[i].dstSet = set;
+            writes[i].dstBinding = uint32_t(i);
+            writes[i].descriptorCount = 1;
+            writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+            writes[i].pBufferInfo = &infos[i];
+        }
+        vk::vkUpdateDescriptorSets(device_->handle, 4, writes.data(), 0, nullptr);
+        vk::vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+        vk::vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set, 0, nullptr);
+        vk::vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, &pc);
+        // Large grids fold into y; shaders recover the linear index (group_index()).
+        const uint32_t max_x = device_->limits.maxComputeWorkGroupCount[0];
+        const uint32_t x = std::min(groups, max_x), y = (groups + x - 1) / x;
+        vk::vkCmdDispatch(cmd_, x, y, 1);
+        barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT);
+    }
+
+    void elementwise(uint32_t op, const Tensor& a, const Tensor& b, const Tensor& out) {
+        PushConstants pc;
+        const uint64_t n = uint64_t(a.cols) * uint64_t(a.rows);
+        pc.u[0] = uint32_t(n);
+        pc.u[1] = op;
+        dispatch("elementwise", {&a, &b, &out}, pc, uint32_t((n + 255) / 256), 256);
+    }
+
+    PhysicalDevice phys_;
+    specula_device_info info_{};
+    std::shared_ptr<Device> device_;
+    VkQueue queue_ = VK_NULL_HANDLE;
+    VkCommandPool pool_ = VK_NULL_HANDLE;
+    VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+    VkFence fence_ = VK_NULL_HANDLE;
+    VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
+    VkPipelineLayout layout_ = VK_NULL_HANDLE;
+    VkPipelineCache cache_ = VK_NULL_HANDLE;
+    std::map<std::string, VkPipeline> pipelines_;
+    std::vector<VkDescriptorPool> pools_;
+    size_t pool_index_ = 0;
+    std::unique_ptr<VulkanBuffer> staging_, readback_, dummy_;
+    size_t staging_used_ = 0;
+    size_t n_recorded_ = 0;
+    Status pending_;
+    bool lost_ = false;
+    uint64_t host_waits_ = 0;
+};
+
+}  // namespace
+
+std::vector<specula_device_info> enumerate_vulkan_devices() {
+    std::vector<specula_device_info> out;
+    for (const auto& d : physical_devices()) out.push_back(d.info);
+    return out;
+}
+
+Status create_vulkan_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out) {
+    const Instance* inst = nullptr;
+    SPECULA_TRY(instance(&inst));
+    const auto devices = physical_devices();
+    if (devices.empty()) return {SPECULA_ERR_NO_DEVICE, "no Vulkan 1.1 device with a compute queue was found"};
+    const PhysicalDevice* chosen = &devices[0];
+    if (params.device_index >= 0) {
+        if (size_t(params.device_index) >= devices.size())
+            return {SPECULA_ERR_NO_DEVICE, "Vulkan device index " + std::to_string(params.device_index) + " does not exist (" +
+                                               std::to_string(devices.size()) + " found)"};
+        chosen = &devices[size_t(params.device_index)];
+    } else if (params.device_name != nullptr && params.device_name[0] != '\0') {
+        auto it = std::find_if(devices.begin(), devices.end(), [&](const PhysicalDevice& d) {
+            return std::strstr(d.info.name, params.device_name) != nullptr;
+        });
+        if (it == devices.end()) return {SPECULA_ERR_NO_DEVICE, std::string("no Vulkan device named like '") + params.device_name + "'"};
+        chosen = &*it;
+    }
+    auto backend = std::make_unique<VulkanBackend>();
+    SPECULA_TRY(backend->init(*chosen));
+    *out = std::move(backend);
+    return Status::Ok();
+}
+
+uint64_t vulkan_validation_error_count() { return g_validation_errors.load(); }
+
+bool vulkan_validation_enabled() {
+    const Instance* inst = nullptr;
+    return instance(&inst).ok() && inst->validation;
+}
+
+}  // namespace specula

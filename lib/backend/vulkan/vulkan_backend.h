@@ -1,0 +1,23 @@
+// The Vulkan backend: compute shaders from shaders/, one command buffer per
+// forward pass, one host wait per flush.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace specula {
+
+// Vulkan devices with a compute queue, best first (discrete, integrated,
+// virtual, then software). Empty when no loader or driver is installed.
+std::vector<specula_device_info> enumerate_vulkan_devices();
+Status create_vulkan_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out);
+
+// Messages of severity "error" that the Khronos validation layer reported in
+// this process. The layer is enabled when SPECULA_VULKAN_VALIDATION=1.
+uint64_t vulkan_validation_error_count();
+bool vulkan_validation_enabled();
+
+}  // namespace specula

@@ -1,0 +1,78 @@
+#version 450
+// Causal grouped-query attention for one (query row, head) per workgroup.
+// Keys are processed in tiles of WG with an online softmax (running max and
+// sum, rescaled per tile) in a fixed order, so the result does not depend on
+// how many rows were submitted together.
+//   binding 0: q (n x n_head*head_dim), 1: k cache, 2: v cache (rows of n_head_kv*head_dim),
+//   3: out (like q)
+//   u0 = n_head, u1 = n_head_kv, u2 = head_dim (<= 2 * WG), u3 = pos0, u4 = rows; f0 = scale
+#include "common.glsl"
+
+layout(constant_id = 0) const uint WG = 128u;
+
+shared float q_s[2u * WG];
+shared float tile[WG];
+shared float red[WG];
+
+float reduce(float v, bool take_max) {
+    const uint tid = gl_LocalInvocationID.x;
+    red[tid] = v;
+    barrier();
+    for (uint stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (tid < stride) red[tid] = take_max ? max(red[tid], red[tid + stride]) : red[tid] + red[tid + stride];
+        barrier();
+    }
+    const float r = red[0];
+    barrier();
+    return r;
+}
+
+void main() {
+    const uint job = group_index();
+    const uint n_head = pc.u0, hd = pc.u2;
+    if (job >= pc.u4 * n_head) return;
+    const uint row = job / n_head, head = job % n_head;
+    const uint kv_head = head / (n_head / pc.u1);
+    const uint kv_cols = pc.u1 * hd;
+    const uint n_keys = pc.u3 + row + 1u;
+    const uint tid = gl_LocalInvocationID.x;
+    const uint q_at = pc.off0 / 4u + row * n_head * hd + head * hd;
+    for (uint d = tid; d < hd; d += WG) q_s[d] = uintBitsToFloat(b0[q_at + d]);
+    barrier();
+
+    float m = -1.0 / 0.0, l = 0.0;
+    float acc0 = 0.0, acc1 = 0.0;  // dims tid and tid + WG
+    for (uint t0 = 0u; t0 < n_keys; t0 += WG) {
+        const uint t = t0 + tid;
+        float s = -1.0 / 0.0;
+        if (t < n_keys) {
+            const uint k_at = pc.off1 / 4u + t * kv_cols + kv_head * hd;
+            float dot_qk = 0.0;
+            for (uint d = 0u; d < hd; ++d) dot_qk = fma(q_s[d], uintBitsToFloat(b1[k_at + d]), dot_qk);
+            s = dot_qk * pc.f0;
+        }
+        const float m_new = max(m, reduce(s, true));
+        const float p = t < n_keys ? exp(s - m_new) : 0.0;
+        tile[tid] = p;
+        const float tile_sum = reduce(p, false);  // its barriers also publish tile[]
+        const float correction = exp(m - m_new);
+        l = l * correction + tile_sum;
+        const uint count = min(WG, n_keys - t0);
+        const uint v_at = pc.off2 / 4u + t0 * kv_cols + kv_head * hd;
+        if (tid < hd) {
+            float a = 0.0;
+            for (uint i = 0u; i < count; ++i) a = fma(tile[i], uintBitsToFloat(b2[v_at + i * kv_cols + tid]), a);
+            acc0 = acc0 * correction + a;
+        }
+        if (tid + WG < hd) {
+            float a = 0.0;
+            for (uint i = 0u; i < count; ++i) a = fma(tile[i], uintBitsToFloat(b2[v_at + i * kv_cols + tid + WG]), a);
+            acc1 = acc1 * correction + a;
+        }
+        m = m_new;
+        barrier();  // tile[] is rewritten by the next iteration
+    }
+    const uint o_at = pc.off3 / 4u + row * n_head * hd + head * hd;
+    if (tid < hd) b3[o_at + tid] = floatBitsToUint(acc0 / l);
+    if (tid + WG < hd) b3[o_at + tid + WG] = floatBitsToUint(acc1 / l);
+}

@@ -1,0 +1,75 @@
+// Shared by every compute shader: four storage buffers seen as 32-bit words
+// (no 8/16-bit storage needed), one push-constant block, and readers for the
+// GGUF weight layouts. Offsets in the push constants are in bytes.
+#extension GL_EXT_control_flow_attributes : enable
+
+layout(local_size_x_id = 0) in;
+
+layout(std430, binding = 0) buffer Buffer0 { uint b0[]; };
+layout(std430, binding = 1) buffer Buffer1 { uint b1[]; };
+layout(std430, binding = 2) buffer Buffer2 { uint b2[]; };
+layout(std430, binding = 3) buffer Buffer3 { uint b3[]; };
+
+layout(push_constant) uniform PushConstants {
+    uint off0, off1, off2, off3;  // byte offsets of the tensors in bindings 0..3
+    uint u0, u1, u2, u3, u4, u5, u6, u7;
+    float f0, f1;
+} pc;
+
+// The linear index of this workgroup when a large grid is folded into x and y.
+uint group_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
+
+#define F32_AT(buf, off, i) uintBitsToFloat(buf[(off) / 4u + (i)])
+
+// Byte and half-word reads from word arrays (weights are little-endian).
+#define BYTE_AT(buf, byte) ((buf[(byte) >> 2] >> (((byte) & 3u) << 3)) & 0xFFu)
+#define HALF_AT(buf, byte) unpackHalf2x16((buf[(byte) >> 2] >> (((byte) & 2u) << 3)) & 0xFFFFu).x
+
+// Weight element types: each shader that reads weights is compiled once per type
+// with one of these defined, and reads 32 consecutive weights of a row at a time.
+#if defined(WEIGHT_F32)
+const uint BLOCK_BYTES = 128u;
+#elif defined(WEIGHT_F16)
+const uint BLOCK_BYTES = 64u;
+#elif defined(WEIGHT_Q8_0)
+const uint BLOCK_BYTES = 34u;
+#elif defined(WEIGHT_Q4_0)
+const uint BLOCK_BYTES = 18u;
+#endif
+
+#if defined(WEIGHT_F32) || defined(WEIGHT_F16) || defined(WEIGHT_Q8_0) || defined(WEIGHT_Q4_0)
+// Four bytes of binding 0 starting at an even byte offset (blocks of 34 and 18
+// bytes leave their quants 2-byte aligned): one or two word loads.
+uint quant_word(uint byte) {
+    const uint i = byte >> 2;
+    return (byte & 2u) == 0u ? b0[i] : (b0[i] >> 16) | (b0[i + 1u] << 16);
+}
+
+// The 32 weights of one block starting at byte `at` of binding 0.
+void load_block(uint at, out float w[32]) {
+#if defined(WEIGHT_F32)
+    [[unroll]] for (uint j = 0u; j < 32u; ++j) w[j] = uintBitsToFloat(b0[at / 4u + j]);
+#elif defined(WEIGHT_F16)
+    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+        const vec2 h = unpackHalf2x16(b0[at / 4u + j]);
+        w[2u * j] = h.x;
+        w[2u * j + 1u] = h.y;
+    }
+#elif defined(WEIGHT_Q8_0)
+    const float d = HALF_AT(b0, at);
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+        const int q = int(quant_word(at + 2u + 4u * i));
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) w[4u * i + k] = d * float(bitfieldExtract(q, int(8u * k), 8));
+    }
+#elif defined(WEIGHT_Q4_0)
+    const float d = HALF_AT(b0, at);
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+        const uint q = quant_word(at + 2u + 4u * i);
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
+            w[4u * i + k] = d * float(int(bitfieldExtract(q, int(8u * k), 4)) - 8);
+            w[4u * i + k + 16u] = d * float(int(bitfieldExtract(q, int(8u * k + 4u), 4)) - 8);
+        }
+    }
+#endif
+}
+#endif

@@ -1,0 +1,21 @@
+#version 450
+// out[i] = table[ids[i]] as f32.
+//   binding 0: table (weight type), 1: ids (i32), 2: out (f32)
+//   u0 = cols, u1 = number of ids, u2 = table rows
+#include "common.glsl"
+
+layout(constant_id = 0) const uint WG = 64u;
+
+void main() {
+    const uint i = group_index();
+    if (i >= pc.u1) return;
+    const uint cols = pc.u0;
+    const uint id = min(b1[pc.off1 / 4u + i], pc.u2 - 1u);  // ids are validated on the host; never read out of bounds
+    const uint row_bytes = cols / 32u * BLOCK_BYTES;
+    for (uint blk = gl_LocalInvocationID.x; blk < cols / 32u; blk += WG) {
+        float w[32];
+        load_block(pc.off0 + id * row_bytes + blk * BLOCK_BYTES, w);
+        [[unroll]] for (uint j = 0u; j < 32u; ++j)
+            b2[pc.off2 / 4u + i * cols + blk * 32u + j] = floatBitsToUint(w[j]);
+    }
+}
