@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
     specula_session_params sp = specula_session_default_params();
     sp.n_ctx = 256;
     specula_status s = specula_backend_create(&bp, &backend);
+    if (s == SPECULA_ERR_NO_DEVICE) {
+        std::fprintf(stderr, "specula-dump-logits: skipped: %s\n", specula_last_error());
+        return 77;
+    }
     if (s == SPECULA_OK) s = specula_model_load(backend, argv[1], nullptr, &model);
     if (s == SPECULA_OK) s = specula_model_get_info(model, &info);
     if (s == SPECULA_OK) s = specula_session_create(model, &sp, &session);

@@ -206,7 +206,9 @@ public:
     // host_visible: mapped, coherent memory for staging; otherwise device-local where possible.
     Status create(bool host_visible) {
         VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-        bi.size = std::max<size_t>(size_, 16);
+        // Whole 16-byte words: shaders read the buffer as 32-bit words, and a quantized
+        // tensor's last block may end inside one.
+        bi.size = capacity();
         bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
         bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
         SPECULA_TRY(vk_check(vk::vkCreateBuffer(device_->handle, &bi, nullptr, &buffer_), "vkCreateBuffer"));
@@ -234,6 +236,7 @@ public:
     }
 
     size_t size() const override { return size_; }
+    size_t capacity() const { return std::max<size_t>((size_ + 15) & ~size_t(15), 16); }
     VkBuffer handle() const { return buffer_; }
     uint8_t* mapped() const { return static_cast<uint8_t*>(mapped_); }
 
@@ -624,7 +627,7 @@ private:
             const VulkanBuffer& b = t ? vbuf(*t) : *dummy_;
             if (t && t->offset + t->bytes() > device_->limits.maxStorageBufferRange)
                 return fail(Unsupported("a tensor lies beyond this device's storage-buffer range"));
-            infos[i] = {b.handle(), 0, std::min<VkDeviceSize>(std::max<size_t>(b.size(), 16), device_->limits.maxStorageBufferRange)};
+            infos[i] = {b.handle(), 0, std::min<VkDeviceSize>(b.capacity(), device_->limits.maxStorageBufferRange)};
             pc.off[i] = t ? uint32_t(t->offset) : 0;
             writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
             writes[i].dstSet = set;

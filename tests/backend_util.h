@@ -1,0 +1,56 @@
+// Backends under test besides the cpu reference: every compiled-in GPU
+// backend with a device present. Tests on a missing backend skip, saying why.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#ifdef SPECULA_HAVE_VULKAN
+#include "backend/vulkan/vulkan_backend.h"
+#endif
+
+namespace specula::test {
+
+inline const char* backend_name(specula_backend_kind kind) {
+    return kind == SPECULA_BACKEND_VULKAN ? "vulkan" : kind == SPECULA_BACKEND_CUDA ? "cuda" : "cpu";
+}
+
+// The backend, or nullptr with *why set when it cannot be created here.
+inline std::unique_ptr<Backend> try_backend(specula_backend_kind kind, std::string* why) {
+    specula_backend_params p = specula_backend_default_params();
+    p.kind = kind;
+    std::unique_ptr<Backend> b;
+    const Status s = create_backend(p, &b);
+    if (!s.ok()) *why = std::string("no ") + backend_name(kind) + " device: " + s.message();
+    return b;
+}
+
+#define SPECULA_BACKEND_OR_SKIP(var, kind)                                 \
+    std::string var##_why;                                                 \
+    std::unique_ptr<::specula::Backend> var = ::specula::test::try_backend(kind, &var##_why); \
+    if (!var) GTEST_SKIP() << var##_why
+
+#ifdef SPECULA_HAVE_VULKAN
+// With SPECULA_VULKAN_VALIDATION=1 (CTest sets it for these tests) every test
+// fails if the Khronos validation layer reported an error.
+class VulkanValidationCheck : public ::testing::Environment {
+public:
+    void SetUp() override {
+        const char* env = std::getenv("SPECULA_VULKAN_VALIDATION");
+        if (env != nullptr && std::string(env) == "1" && !enumerate_vulkan_devices().empty()) {
+            EXPECT_TRUE(vulkan_validation_enabled()) << "validation was requested but the layer did not load";
+        }
+    }
+    void TearDown() override {
+        EXPECT_EQ(vulkan_validation_error_count(), 0u) << "the Vulkan validation layer reported errors (see the log)";
+    }
+};
+inline ::testing::Environment* const vulkan_validation_check =
+    ::testing::AddGlobalTestEnvironment(new VulkanValidationCheck);  // gtest owns it
+#endif
+
+}  // namespace specula::test

@@ -1,0 +1,153 @@
+// The whole Llama model on each GPU backend against the cpu reference:
+// logits parity per weight type, batch invariance on the device, greedy
+// generation token for token, one host wait per forward.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend_util.h"
+#include "models/llama.h"
+#include "specula.h"
+#include "test_util.h"
+
+using namespace specula;
+
+namespace {
+
+std::string model_file(GgmlType type) {
+    RandomLlamaSpec spec;
+    spec.n_embd = 128;
+    spec.n_layer = 2;
+    spec.n_head = 4;
+    spec.n_head_kv = 2;
+    spec.n_ff = 256;
+    spec.n_ctx = 256;
+    spec.weight_type = type;
+    spec.seed = 11;
+    return test::make_model(std::string("backends-") + ggml_type_name(type), spec);
+}
+
+std::unique_ptr<LlamaModel> load(Backend& backend, const std::string& path) {
+    std::unique_ptr<MappedFile> file;
+    EXPECT_TRUE(MappedFile::open(path, &file).ok());
+    std::unique_ptr<LlamaModel> m;
+    const Status s = LlamaModel::load(backend, std::move(file), nullptr, &m);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return m;
+}
+
+const std::vector<int32_t> kTokens = {1, 15043, 3186, 29892, 920, 526, 366, 29973, 306, 626};
+
+struct Case {
+    specula_backend_kind kind;
+    GgmlType type;
+};
+
+class ModelOnBackend : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ModelOnBackend, LogitsMatchTheCpu) {
+    SPECULA_BACKEND_OR_SKIP(gpu, GetParam().kind);
+    auto cpu = create_cpu_backend(2);
+    const std::string path = model_file(GetParam().type);
+    auto mg = load(*gpu, path), mc = load(*cpu, path);
+    std::unique_ptr<LlamaContext> cg, cc;
+    ASSERT_TRUE(LlamaContext::create(*mg, 64, 16, &cg).ok());
+    ASSERT_TRUE(LlamaContext::create(*mc, 64, 16, &cc).ok());
+    std::vector<float> lg, lc;
+    ASSERT_TRUE(cg->forward(kTokens, true, &lg).ok());
+    ASSERT_TRUE(cc->forward(kTokens, true, &lc).ok());
+    double max_ref = 0, max_err = 0;
+    for (size_t i = 0; i < lc.size(); ++i) {
+        max_ref = std::max(max_ref, double(std::fabs(lc[i])));
+        max_err = std::max(max_err, double(std::fabs(lc[i] - lg[i])));
+    }
+    EXPECT_LE(max_err, 1e-4 * max_ref) << "max |gpu - cpu| " << max_err << " of max |cpu| " << max_ref;
+}
+
+// DESIGN §4 on the device: a position's logits are bit-identical alone and in a batch.
+TEST_P(ModelOnBackend, BatchInvariance) {
+    SPECULA_BACKEND_OR_SKIP(gpu, GetParam().kind);
+    auto m = load(*gpu, model_file(GetParam().type));
+    std::unique_ptr<LlamaContext> one, batch;
+    ASSERT_TRUE(LlamaContext::create(*m, 64, 16, &one).ok());
+    ASSERT_TRUE(LlamaContext::create(*m, 64, 16, &batch).ok());
+    std::vector<float> sequential, logits;
+    for (int32_t t : kTokens) {
+        ASSERT_TRUE(one->forward(std::span(&t, 1), true, &logits).ok());
+        sequential.insert(sequential.end(), logits.begin(), logits.end());
+    }
+    // A prefix of 2, then a verification-sized batch of 8.
+    std::vector<float> head, tail;
+    ASSERT_TRUE(batch->forward(std::span(kTokens).first(2), true, &head).ok());
+    ASSERT_TRUE(batch->forward(std::span(kTokens).subspan(2, 8), true, &tail).ok());
+    head.insert(head.end(), tail.begin(), tail.end());
+    ASSERT_EQ(head.size(), sequential.size());
+    EXPECT_EQ(std::memcmp(head.data(), sequential.data(), head.size() * sizeof(float)), 0);
+}
+
+std::vector<specula_backend_kind> gpu_kinds() { return {SPECULA_BACKEND_VULKAN, SPECULA_BACKEND_CUDA}; }
+
+std::vector<Case> cases() {
+    std::vector<Case> c;
+    for (auto k : gpu_kinds())
+        for (auto t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) c.push_back({k, t});
+    return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, ModelOnBackend, ::testing::ValuesIn(cases()), [](const auto& info) {
+    return std::string(test::backend_name(info.param.kind)) + "_" + ggml_type_name(info.param.type);
+});
+
+// Greedy generation through the C API: the same 64 tokens as the cpu, one host wait per forward.
+class GenerateOnBackend : public ::testing::TestWithParam<specula_backend_kind> {};
+
+std::vector<int32_t> greedy(specula_backend_kind kind, const std::string& path, specula_session_stats* stats,
+                            specula_status* status) {
+    specula_backend_params bp = specula_backend_default_params();
+    bp.kind = kind;
+    specula_backend* backend = nullptr;
+    specula_model* model = nullptr;
+    specula_session* session = nullptr;
+    std::vector<int32_t> out(64);
+    size_t n = 0;
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    sp.n_ctx = 128;
+    specula_generate_params gp = specula_generate_default_params();
+    gp.max_tokens = 64;
+    gp.stop_at_eos = false;
+    *status = specula_backend_create(&bp, &backend);
+    if (*status == SPECULA_OK) *status = specula_model_load(backend, path.c_str(), nullptr, &model);
+    if (*status == SPECULA_OK) *status = specula_session_create(model, &sp, &session);
+    if (*status == SPECULA_OK) *status = specula_session_eval(session, kTokens.data(), 4);
+    if (*status == SPECULA_OK) *status = specula_generate(session, &gp, out.data(), out.size(), &n);
+    if (*status == SPECULA_OK) *status = specula_session_get_stats(session, stats);
+    specula_session_free(session);
+    specula_model_free(model);
+    specula_backend_free(backend);
+    out.resize(n);
+    return out;
+}
+
+TEST_P(GenerateOnBackend, Greedy64TokensMatchTheCpu) {
+    SPECULA_BACKEND_OR_SKIP(probe, GetParam());
+    probe.reset();
+    const std::string path = model_file(GgmlType::kQ8_0);
+    specula_session_stats sg{}, sc{};
+    specula_status s = SPECULA_OK;
+    const auto tokens_gpu = greedy(GetParam(), path, &sg, &s);
+    ASSERT_EQ(s, SPECULA_OK) << specula_last_error();
+    const auto tokens_cpu = greedy(SPECULA_BACKEND_CPU, path, &sc, &s);
+    ASSERT_EQ(s, SPECULA_OK) << specula_last_error();
+    ASSERT_EQ(tokens_gpu.size(), 64u);
+    EXPECT_EQ(tokens_gpu, tokens_cpu);
+    EXPECT_EQ(sg.n_forward_calls, 1 + 63u);  // the prompt, then one forward per generated token but the last
+    EXPECT_EQ(sg.n_host_waits, sg.n_forward_calls);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GenerateOnBackend, ::testing::ValuesIn(gpu_kinds()),
+                         [](const auto& info) { return std::string(test::backend_name(info.param)); });
+
+}  // namespace
