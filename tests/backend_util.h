@@ -16,7 +16,9 @@
 namespace specula::test {
 
 inline const char* backend_name(specula_backend_kind kind) {
-    return kind == SPECULA_BACKEND_VULKAN ? "vulkan" : kind == SPECULA_BACKEND_CUDA ? "cuda" : "cpu";
+    return kind == SPECULA_BACKEND_VULKAN ? "vulkan"
+           : kind == SPECULA_BACKEND_CUDA ? "cuda"
+                                          : "cpu";
 }
 
 // The backend, or nullptr with *why set when it cannot be created here.
@@ -29,8 +31,8 @@ inline std::unique_ptr<Backend> try_backend(specula_backend_kind kind, std::stri
     return b;
 }
 
-#define SPECULA_BACKEND_OR_SKIP(var, kind)                                 \
-    std::string var##_why;                                                 \
+#define SPECULA_BACKEND_OR_SKIP(var, kind)                                                    \
+    std::string var##_why;                                                                    \
     std::unique_ptr<::specula::Backend> var = ::specula::test::try_backend(kind, &var##_why); \
     if (!var) GTEST_SKIP() << var##_why
 
@@ -38,15 +40,17 @@ inline std::unique_ptr<Backend> try_backend(specula_backend_kind kind, std::stri
 // With SPECULA_VULKAN_VALIDATION=1 (CTest sets it for these tests) every test
 // fails if the Khronos validation layer reported an error.
 class VulkanValidationCheck : public ::testing::Environment {
-public:
+  public:
     void SetUp() override {
         const char* env = std::getenv("SPECULA_VULKAN_VALIDATION");
         if (env != nullptr && std::string(env) == "1" && !enumerate_vulkan_devices().empty()) {
-            EXPECT_TRUE(vulkan_validation_enabled()) << "validation was requested but the layer did not load";
+            EXPECT_TRUE(vulkan_validation_enabled())
+                << "validation was requested but the layer did not load";
         }
     }
     void TearDown() override {
-        EXPECT_EQ(vulkan_validation_error_count(), 0u) << "the Vulkan validation layer reported errors (see the log)";
+        EXPECT_EQ(vulkan_validation_error_count(), 0u)
+            << "the Vulkan validation layer reported errors (see the log)";
     }
 };
 inline ::testing::Environment* const vulkan_validation_check =

@@ -23,7 +23,8 @@ struct Pair {
     std::vector<std::unique_ptr<Buffer>> keep;
 
     // The same bytes on both backends.
-    std::pair<Tensor, Tensor> tensor(GgmlType type, int64_t cols, int64_t rows, const std::vector<uint8_t>& bytes) {
+    std::pair<Tensor, Tensor> tensor(GgmlType type, int64_t cols, int64_t rows,
+                                     const std::vector<uint8_t>& bytes) {
         Tensor t{nullptr, 0, type, cols, rows};
         std::unique_ptr<Buffer> a, b;
         EXPECT_TRUE(cpu->allocate(t.bytes(), &a).ok());
@@ -41,14 +42,16 @@ struct Pair {
     }
 };
 
-std::vector<uint8_t> random_bytes(GgmlType type, int64_t cols, int64_t rows, uint32_t seed, float scale = 1.0f) {
+std::vector<uint8_t> random_bytes(GgmlType type, int64_t cols, int64_t rows, uint32_t seed,
+                                  float scale = 1.0f) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, scale);
     std::vector<float> row(static_cast<size_t>(cols));
     const size_t row_bytes = Tensor{nullptr, 0, type, cols, 1}.row_bytes();
     std::vector<uint8_t> out(row_bytes * size_t(rows));
     for (int64_t r = 0; r < rows; ++r) {
-        for (float& x : row) x = dist(rng);
+        for (float& x : row)
+            x = dist(rng);
         quantize_row(type, row.data(), out.data() + size_t(r) * row_bytes, size_t(cols));
     }
     return out;
@@ -72,11 +75,12 @@ void expect_close(Pair& p, const std::pair<Tensor, Tensor>& t, double tolerance 
         max_err = std::max(max_err, double(std::fabs(a[i] - b[i])));
     }
     EXPECT_GT(max_ref, 0.0);
-    EXPECT_LE(max_err, tolerance * max_ref) << "max |gpu - cpu| = " << max_err << ", max |cpu| = " << max_ref;
+    EXPECT_LE(max_err, tolerance * max_ref)
+        << "max |gpu - cpu| = " << max_err << ", max |cpu| = " << max_ref;
 }
 
 class BackendOps : public ::testing::TestWithParam<specula_backend_kind> {
-protected:
+  protected:
     void SetUp() override {
         std::string why;
         p.gpu = test::try_backend(GetParam(), &why);
@@ -88,12 +92,14 @@ protected:
 
 TEST_P(BackendOps, MatmulEveryTypeAndBatch) {
     for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
-        for (int64_t cols : {32, 96, 256}) {   // 96: Q4_0/Q8_0 rows that start 2-byte aligned
+        for (int64_t cols : {32, 96, 256}) {       // 96: Q4_0/Q8_0 rows that start 2-byte aligned
             for (int64_t n : {1, 3, 8, 16, 19}) {  // 19: wider than one shader pass
-                SCOPED_TRACE(std::string(ggml_type_name(type)) + " cols " + std::to_string(cols) + " n " + std::to_string(n));
+                SCOPED_TRACE(std::string(ggml_type_name(type)) + " cols " + std::to_string(cols) +
+                             " n " + std::to_string(n));
                 const int64_t rows = 45;
                 auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 1));
-                auto x = p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 2));
+                auto x =
+                    p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 2));
                 auto out = p.tensor(GgmlType::kF32, rows, n, {});
                 p.cpu->matmul(w.first, x.first, out.first);
                 p.gpu->matmul(w.second, x.second, out.second);
@@ -136,7 +142,8 @@ TEST_P(BackendOps, NormRopeAndElementwise) {
     // 4 heads of 64, rotating 48 of each head's dims, at scattered positions.
     const auto table = rope_table(100, 48, 10000.0f);
     auto tab = p.tensor(GgmlType::kF32, 48, 100, as_bytes(table));
-    auto pos = p.tensor(GgmlType::kI32, 7, 1, as_bytes(std::vector<int32_t>{0, 1, 2, 50, 99, 3, 77}));
+    auto pos =
+        p.tensor(GgmlType::kI32, 7, 1, as_bytes(std::vector<int32_t>{0, 1, 2, 50, 99, 3, 77}));
     p.cpu->rope(x.first, pos.first, tab.first, 64, 48);
     p.gpu->rope(x.second, pos.second, tab.second, 64, 48);
     expect_close(p, x);
@@ -146,18 +153,26 @@ TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {
     for (int head_dim : {32, 64, 128}) {
         const int n_head = 8, n_head_kv = 2, ctx = 300, pos0 = 150, n = 9;
         SCOPED_TRACE("head_dim " + std::to_string(head_dim));
-        auto q = p.tensor(GgmlType::kF32, n_head * head_dim, n, random_bytes(GgmlType::kF32, n_head * head_dim, n, 7));
-        auto k = p.tensor(GgmlType::kF32, n_head_kv * head_dim, ctx, random_bytes(GgmlType::kF32, n_head_kv * head_dim, ctx, 8));
-        auto v = p.tensor(GgmlType::kF32, n_head_kv * head_dim, ctx, random_bytes(GgmlType::kF32, n_head_kv * head_dim, ctx, 9));
+        auto q = p.tensor(GgmlType::kF32, n_head * head_dim, n,
+                          random_bytes(GgmlType::kF32, n_head * head_dim, n, 7));
+        auto k = p.tensor(GgmlType::kF32, n_head_kv * head_dim, ctx,
+                          random_bytes(GgmlType::kF32, n_head_kv * head_dim, ctx, 8));
+        auto v = p.tensor(GgmlType::kF32, n_head_kv * head_dim, ctx,
+                          random_bytes(GgmlType::kF32, n_head_kv * head_dim, ctx, 9));
         auto out = p.tensor(GgmlType::kF32, n_head * head_dim, n, {});
         const float scale = 1.0f / std::sqrt(float(head_dim));
-        p.cpu->attention(q.first, k.first, v.first, out.first, n_head, n_head_kv, head_dim, scale, pos0);
-        p.gpu->attention(q.second, k.second, v.second, out.second, n_head, n_head_kv, head_dim, scale, pos0);
+        p.cpu->attention(q.first, k.first, v.first, out.first, n_head, n_head_kv, head_dim, scale,
+                         pos0);
+        p.gpu->attention(q.second, k.second, v.second, out.second, n_head, n_head_kv, head_dim,
+                         scale, pos0);
         expect_close(p, out);
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, BackendOps, ::testing::Values(SPECULA_BACKEND_VULKAN, SPECULA_BACKEND_CUDA),
-                         [](const auto& info) { return std::string(test::backend_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Gpu, BackendOps,
+                         ::testing::Values(SPECULA_BACKEND_VULKAN, SPECULA_BACKEND_CUDA),
+                         [](const auto& info) {
+                             return std::string(test::backend_name(info.param));
+                         });
 
 }  // namespace

@@ -23,14 +23,20 @@ std::vector<uint8_t> small_file() {
     w.set_f32("k.f32", 0.5f);
     w.set({"k.f64"}, {GgufType::kFloat64, GgufType::kUint8, 0.1});
     w.set_bool("k.bool", true);
-    w.set({"k.strings"}, {GgufType::kArray, GgufType::kString, GgufArray(std::vector<std::string>{"a", "", "ü"})});
-    w.set({"k.floats"}, {GgufType::kArray, GgufType::kFloat32, GgufArray(std::vector<double>{1.0, -2.5})});
-    w.set({"k.ints"}, {GgufType::kArray, GgufType::kInt32, GgufArray(std::vector<int64_t>{1, -2, 3})});
-    w.set({"k.bools"}, {GgufType::kArray, GgufType::kBool, GgufArray(std::vector<bool>{true, false})});
+    w.set({"k.strings"},
+          {GgufType::kArray, GgufType::kString, GgufArray(std::vector<std::string>{"a", "", "ü"})});
+    w.set({"k.floats"},
+          {GgufType::kArray, GgufType::kFloat32, GgufArray(std::vector<double>{1.0, -2.5})});
+    w.set({"k.ints"},
+          {GgufType::kArray, GgufType::kInt32, GgufArray(std::vector<int64_t>{1, -2, 3})});
+    w.set({"k.bools"},
+          {GgufType::kArray, GgufType::kBool, GgufArray(std::vector<bool>{true, false})});
     GgufValue inner{GgufType::kArray, GgufType::kUint16, GgufArray(std::vector<uint64_t>{7, 8})};
-    w.set({"k.nested"}, {GgufType::kArray, GgufType::kArray, GgufArray(std::vector<GgufValue>{inner, inner})});
+    w.set({"k.nested"},
+          {GgufType::kArray, GgufType::kArray, GgufArray(std::vector<GgufValue>{inner, inner})});
     std::vector<float> f(64);
-    for (size_t i = 0; i < f.size(); ++i) f[i] = float(i) - 30.0f;
+    for (size_t i = 0; i < f.size(); ++i)
+        f[i] = float(i) - 30.0f;
     std::vector<uint8_t> q8(2 * sizeof(BlockQ8_0));
     quantize_row(GgmlType::kQ8_0, f.data(), q8.data(), 64);
     std::vector<uint8_t> f32(8 * 4);
@@ -54,7 +60,10 @@ size_t find(const std::vector<uint8_t>& bytes, const std::string& needle) {
 TEST(Gguf, RoundTripsEveryMetadataType) {
     const auto bytes = small_file();
     GgufFile f;
-    { const Status s = GgufFile::parse(bytes, &f); ASSERT_TRUE(s.ok()) << s.message(); }
+    {
+        const Status s = GgufFile::parse(bytes, &f);
+        ASSERT_TRUE(s.ok()) << s.message();
+    }
     EXPECT_EQ(f.version(), 3u);
     EXPECT_EQ(f.alignment(), 64u);
     int64_t i = 0;
@@ -92,10 +101,13 @@ TEST(Gguf, RoundTripsEveryMetadataType) {
     std::vector<int64_t> ints;
     ASSERT_TRUE(f.get_int_array("k.ints", &ints).ok());
     EXPECT_EQ(ints, (std::vector<int64_t>{1, -2, 3}));
-    const auto& nested = std::get<std::vector<GgufValue>>(std::get<GgufArray>(f.find("k.nested")->value));
+    const auto& nested =
+        std::get<std::vector<GgufValue>>(std::get<GgufArray>(f.find("k.nested")->value));
     ASSERT_EQ(nested.size(), 2u);
-    EXPECT_EQ(std::get<std::vector<uint64_t>>(std::get<GgufArray>(nested[1].value)), (std::vector<uint64_t>{7, 8}));
-    EXPECT_EQ(std::get<std::vector<bool>>(std::get<GgufArray>(f.find("k.bools")->value)), (std::vector<bool>{true, false}));
+    EXPECT_EQ(std::get<std::vector<uint64_t>>(std::get<GgufArray>(nested[1].value)),
+              (std::vector<uint64_t>{7, 8}));
+    EXPECT_EQ(std::get<std::vector<bool>>(std::get<GgufArray>(f.find("k.bools")->value)),
+              (std::vector<bool>{true, false}));
 
     ASSERT_EQ(f.tensors().size(), 2u);
     const GgufTensorInfo* a = f.find_tensor("tensor_a");
@@ -157,7 +169,8 @@ TEST(Gguf, AbsurdCountsAreRejectedBeforeAllocating) {
     std::memcpy(bytes.data() + 16, &huge, 8);  // metadata count
     EXPECT_EQ(parse(bytes).code(), SPECULA_ERR_FORMAT);
     bytes = small_file();
-    const size_t at = find(bytes, "k.strings") + 9 + 4 + 4;  // array length after key, type, element type
+    const size_t at =
+        find(bytes, "k.strings") + 9 + 4 + 4;  // array length after key, type, element type
     std::memcpy(bytes.data() + at, &huge, 8);
     EXPECT_EQ(parse(bytes).code(), SPECULA_ERR_FORMAT);
 }

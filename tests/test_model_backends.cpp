@@ -63,7 +63,8 @@ TEST_P(ModelOnBackend, LogitsMatchTheCpu) {
         max_ref = std::max(max_ref, double(std::fabs(lc[i])));
         max_err = std::max(max_err, double(std::fabs(lc[i] - lg[i])));
     }
-    EXPECT_LE(max_err, 1e-4 * max_ref) << "max |gpu - cpu| " << max_err << " of max |cpu| " << max_ref;
+    EXPECT_LE(max_err, 1e-4 * max_ref)
+        << "max |gpu - cpu| " << max_err << " of max |cpu| " << max_ref;
 }
 
 // DESIGN §4 on the device: a position's logits are bit-identical alone and in a batch.
@@ -87,12 +88,15 @@ TEST_P(ModelOnBackend, BatchInvariance) {
     EXPECT_EQ(std::memcmp(head.data(), sequential.data(), head.size() * sizeof(float)), 0);
 }
 
-std::vector<specula_backend_kind> gpu_kinds() { return {SPECULA_BACKEND_VULKAN, SPECULA_BACKEND_CUDA}; }
+std::vector<specula_backend_kind> gpu_kinds() {
+    return {SPECULA_BACKEND_VULKAN, SPECULA_BACKEND_CUDA};
+}
 
 std::vector<Case> cases() {
     std::vector<Case> c;
     for (auto k : gpu_kinds())
-        for (auto t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) c.push_back({k, t});
+        for (auto t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0})
+            c.push_back({k, t});
     return c;
 }
 
@@ -103,8 +107,8 @@ INSTANTIATE_TEST_SUITE_P(Gpu, ModelOnBackend, ::testing::ValuesIn(cases()), [](c
 // Greedy generation through the C API: the same 64 tokens as the cpu, one host wait per forward.
 class GenerateOnBackend : public ::testing::TestWithParam<specula_backend_kind> {};
 
-std::vector<int32_t> greedy(specula_backend_kind kind, const std::string& path, specula_session_stats* stats,
-                            specula_status* status) {
+std::vector<int32_t> greedy(specula_backend_kind kind, const std::string& path,
+                            specula_session_stats* stats, specula_status* status) {
     specula_backend_params bp = specula_backend_default_params();
     bp.kind = kind;
     specula_backend* backend = nullptr;
@@ -143,11 +147,14 @@ TEST_P(GenerateOnBackend, Greedy64TokensMatchTheCpu) {
     ASSERT_EQ(s, SPECULA_OK) << specula_last_error();
     ASSERT_EQ(tokens_gpu.size(), 64u);
     EXPECT_EQ(tokens_gpu, tokens_cpu);
-    EXPECT_EQ(sg.n_forward_calls, 1 + 63u);  // the prompt, then one forward per generated token but the last
+    EXPECT_EQ(sg.n_forward_calls,
+              1 + 63u);  // the prompt, then one forward per generated token but the last
     EXPECT_EQ(sg.n_host_waits, sg.n_forward_calls);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GenerateOnBackend, ::testing::ValuesIn(gpu_kinds()),
-                         [](const auto& info) { return std::string(test::backend_name(info.param)); });
+                         [](const auto& info) {
+                             return std::string(test::backend_name(info.param));
+                         });
 
 }  // namespace

@@ -26,15 +26,16 @@ TEST(Fp16, RoundsToNearestEven) {
     EXPECT_EQ(half_to_float(0x3c00), 1.0f);
     EXPECT_EQ(float_to_half(1.0f + 0x1.0p-11f), 0x3c00);  // halfway, even stays
     EXPECT_EQ(float_to_half(1.0f + 0x1.8p-11f), 0x3c01);
-    EXPECT_EQ(float_to_half(65520.0f), 0x7c00);            // overflows to infinity
-    EXPECT_EQ(float_to_half(0x1.0p-25f), 0x0000);          // halfway to the smallest subnormal: even
+    EXPECT_EQ(float_to_half(65520.0f), 0x7c00);    // overflows to infinity
+    EXPECT_EQ(float_to_half(0x1.0p-25f), 0x0000);  // halfway to the smallest subnormal: even
     EXPECT_EQ(float_to_half(0x1.8p-25f), 0x0001);
     EXPECT_EQ(half_to_float(0x0001), 0x1.0p-24f);
 }
 
 TEST(Quant, Q8_0MatchesItsDefinition) {
     std::vector<float> x(64);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * 3.0f;
+    for (size_t i = 0; i < x.size(); ++i)
+        x[i] = std::sin(float(i)) * 3.0f;
     std::vector<BlockQ8_0> q(2);
     quantize_row(GgmlType::kQ8_0, x.data(), q.data(), 64);
     std::vector<float> y(64);
@@ -55,7 +56,8 @@ TEST(Quant, Q4_0NibbleLayout) {
     // Element j lives in the low nibble of byte j, element j+16 in the high nibble.
     BlockQ4_0 b{};
     b.scale = float_to_half(0.5f);
-    for (int j = 0; j < 16; ++j) b.quants[j] = uint8_t(j | ((15 - j) << 4));
+    for (int j = 0; j < 16; ++j)
+        b.quants[j] = uint8_t(j | ((15 - j) << 4));
     std::vector<float> y(32);
     dequantize_row(GgmlType::kQ4_0, &b, y.data(), 32);
     for (int j = 0; j < 16; ++j) {
@@ -66,24 +68,28 @@ TEST(Quant, Q4_0NibbleLayout) {
 
 TEST(Quant, Q4_0RoundTripError) {
     std::vector<float> x(32);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = float(i) - 20.0f;
+    for (size_t i = 0; i < x.size(); ++i)
+        x[i] = float(i) - 20.0f;
     BlockQ4_0 b{};
     quantize_row(GgmlType::kQ4_0, x.data(), &b, 32);
     std::vector<float> y(32);
     dequantize_row(GgmlType::kQ4_0, &b, y.data(), 32);
     const float d = std::fabs(half_to_float(b.scale));
     EXPECT_EQ(y[0], -20.0f);  // the extreme value maps exactly to -8 d
-    for (size_t i = 0; i < 32; ++i) EXPECT_LE(std::fabs(y[i] - x[i]), d * 0.5f + 1e-4f) << i;
+    for (size_t i = 0; i < 32; ++i)
+        EXPECT_LE(std::fabs(y[i] - x[i]), d * 0.5f + 1e-4f) << i;
 }
 
 // Known-answer vectors of the Random123 reference implementation (kat_vectors).
 TEST(Philox, KnownAnswers) {
     EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}),
               (PhiloxCounter{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
-    EXPECT_EQ(philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
-              (PhiloxCounter{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
-    EXPECT_EQ(philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
-              (PhiloxCounter{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+    EXPECT_EQ(
+        philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
+        (PhiloxCounter{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+    EXPECT_EQ(
+        philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
+        (PhiloxCounter{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
 }
 
 TEST(Philox, UniformsAreInsideTheOpenInterval) {
@@ -102,5 +108,6 @@ TEST(Philox, UniformsAreInsideTheOpenInterval) {
     EXPECT_NEAR(sum / n, 0.5, 0.005);
     EXPECT_GT(distinct.size(), size_t(n * 0.99));
     // Streams are independent draws for the same coordinates.
-    EXPECT_NE(philox_uniform(42, RandomStream::kDraft, 3, 1, 7), philox_uniform(42, RandomStream::kResidual, 3, 1, 7));
+    EXPECT_NE(philox_uniform(42, RandomStream::kDraft, 3, 1, 7),
+              philox_uniform(42, RandomStream::kResidual, 3, 1, 7));
 }

@@ -40,12 +40,14 @@ std::vector<VocabCase> load_cases(const std::string& vocab) {
     for (auto& c : cases) {
         std::getline(lines, line);
         std::istringstream ids(line);
-        for (int32_t id; ids >> id;) c.expected.push_back(id);
+        for (int32_t id; ids >> id;)
+            c.expected.push_back(id);
     }
     return cases;
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& vocab, std::unique_ptr<MappedFile>* file) {
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& vocab,
+                                          std::unique_ptr<MappedFile>* file) {
     EXPECT_TRUE(MappedFile::open(test::data_path(vocab), file).ok());
     GgufFile gguf;
     EXPECT_TRUE(GgufFile::parse((*file)->bytes(), &gguf).ok());
@@ -63,14 +65,16 @@ TEST_P(VocabTest, MatchesLlamaCppVectors) {
     ASSERT_TRUE(tok);
     const auto cases = load_cases(GetParam());
     ASSERT_EQ(cases.size(), 46u);
-    for (const auto& c : cases) EXPECT_EQ(tok->encode(c.text, false), c.expected) << "input: [" << c.text << "]";
+    for (const auto& c : cases)
+        EXPECT_EQ(tok->encode(c.text, false), c.expected) << "input: [" << c.text << "]";
 }
 
 TEST_P(VocabTest, DecodeInvertsEncode) {
     std::unique_ptr<MappedFile> file;
     auto tok = load_tokenizer(GetParam(), &file);
     ASSERT_TRUE(tok);
-    for (const auto& c : load_cases(GetParam())) EXPECT_EQ(tok->decode(tok->encode(c.text, false)), c.text);
+    for (const auto& c : load_cases(GetParam()))
+        EXPECT_EQ(tok->decode(tok->encode(c.text, false)), c.text);
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabularies, VocabTest,
@@ -85,7 +89,7 @@ TEST(Tokenizer, SentencePieceAddsBosAndFallsBackToBytes) {
     ASSERT_GE(ids.size(), 2u);
     EXPECT_EQ(ids[0], tok->bos());
     EXPECT_EQ(tok->piece(ids.back()), "\x01");  // <0x01> byte token
-    EXPECT_EQ(tok->piece(tok->bos()), "");     // control tokens print nothing
+    EXPECT_EQ(tok->piece(tok->bos()), "");      // control tokens print nothing
 }
 
 TEST(Tokenizer, InvalidUtf8SurvivesRoundTrip) {

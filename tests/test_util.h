@@ -8,7 +8,9 @@
 
 namespace specula::test {
 
-inline std::string data_path(const std::string& name) { return std::string(SPECULA_TEST_DATA_DIR) + "/" + name; }
+inline std::string data_path(const std::string& name) {
+    return std::string(SPECULA_TEST_DATA_DIR) + "/" + name;
+}
 
 inline std::filesystem::path temp_dir() {
     auto dir = std::filesystem::temp_directory_path() / "specula-tests";

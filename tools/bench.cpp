@@ -1,131 +1,237 @@
-// specula-bench: prompt-processing and decode throughput of a model on a
-// backend, through the public C API (the path applications take).
+// specula-bench: prompt-processing and decode throughput through the public C
+// API (the path applications take), and the cost of a verification forward of
+// n = 1, 4, 8, 16 positions (what a speculative step asks of the target).
+// Several backends given together are measured in one run, side by side.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
+#include "models/llama.h"
 #include "specula.h"
 
 namespace {
 
-struct Run {
-    double prompt_tps = 0, decode_tps = 0;
-};
+using Clock = std::chrono::steady_clock;
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+const std::map<std::string, specula_backend_kind> kKinds = {{"auto", SPECULA_BACKEND_AUTO},
+                                                            {"cpu", SPECULA_BACKEND_CPU},
+                                                            {"vulkan", SPECULA_BACKEND_VULKAN},
+                                                            {"cuda", SPECULA_BACKEND_CUDA}};
+
+struct Options {
+    std::string model;
+    int n_prompt = 128, n_decode = 64, reps = 3, threads = 0, context = 256;
+    std::vector<int> verify_sizes = {1, 4, 8, 16};
+};
+
+struct Result {
+    std::string backend;
+    double prompt_tps = 0, decode_tps = 0;
+    std::map<int, double> verify_ms;  // n -> median ms of one forward of n positions
+    std::string error;
+};
+
+const char* weight_name(specula_weight_type t) {
+    switch (t) {
+        case SPECULA_WEIGHT_Q8_0:
+            return "Q8_0";
+        case SPECULA_WEIGHT_Q4_0:
+            return "Q4_0";
+        case SPECULA_WEIGHT_F16:
+            return "F16";
+        default:
+            return "F32";
+    }
+}
+
+// Prompt and decode tokens/s through the C API.
+bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_model_info* info) {
+    specula_backend_params bp = specula_backend_default_params();
+    bp.kind = kind;
+    bp.n_threads = o.threads;
+    specula_backend* backend = nullptr;
+    specula_model* model = nullptr;
+    specula_status s = specula_backend_create(&bp, &backend);
+    if (s == SPECULA_OK) s = specula_model_load(backend, o.model.c_str(), nullptr, &model);
+    if (s == SPECULA_OK) s = specula_model_get_info(model, info);
+    specula_device_info dev{};
+    if (s == SPECULA_OK) s = specula_backend_get_info(backend, &dev);
+    r->backend = dev.name;
+    std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
+    for (size_t i = 0; i < prompt.size() && s == SPECULA_OK; ++i)
+        prompt[i] = int32_t((i * 7919 + 13) % size_t(info->n_vocab));
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    sp.n_ctx = uint32_t(o.n_prompt + o.n_decode + 8);
+    specula_generate_params gp = specula_generate_default_params();
+    gp.max_tokens = o.n_decode;
+    gp.stop_at_eos = false;
+    std::vector<double> pp, tg;
+    for (int rep = 0; rep < o.reps && s == SPECULA_OK; ++rep) {
+        specula_session* session = nullptr;
+        specula_session_stats st{};
+        s = specula_session_create(model, &sp, &session);
+        if (s == SPECULA_OK) s = specula_session_eval(session, prompt.data(), prompt.size());
+        if (s == SPECULA_OK) s = specula_generate(session, &gp, nullptr, 0, nullptr);
+        if (s == SPECULA_OK) s = specula_session_get_stats(session, &st);
+        specula_session_free(session);
+        pp.push_back(double(st.n_prompt_tokens) / st.prompt_seconds);
+        tg.push_back(double(st.n_generated) / st.generate_seconds);
+    }
+    if (s != SPECULA_OK)
+        r->error = std::string(specula_status_name(s)) + ": " + specula_last_error();
+    r->prompt_tps = median(pp);
+    r->decode_tps = median(tg);
+    specula_model_free(model);
+    specula_backend_free(backend);
+    return s == SPECULA_OK;
+}
+
+// The verification forward: n positions with all n logits rows, after a context
+// of `context` tokens, rolled back after each repetition.
+bool run_verify(const Options& o, specula_backend_kind kind, Result* r) {
+    using namespace specula;
+    specula_backend_params bp = specula_backend_default_params();
+    bp.kind = kind;
+    bp.n_threads = o.threads;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<MappedFile> file;
+    std::unique_ptr<LlamaModel> model;
+    std::unique_ptr<LlamaContext> ctx;
+    Status s = create_backend(bp, &backend);
+    if (s.ok()) s = MappedFile::open(o.model, &file);
+    if (s.ok()) s = LlamaModel::load(*backend, std::move(file), nullptr, &model);
+    if (s.ok()) s = LlamaContext::create(*model, o.context + 32, 16, &ctx);
+    std::vector<int32_t> tokens(static_cast<size_t>(o.context));
+    for (size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = int32_t((i * 104729 + 7) % size_t(model ? model->config().n_vocab : 1));
+    std::vector<float> logits;
+    for (size_t i = 0; s.ok() && i < tokens.size(); i += 16)
+        s = ctx->forward(std::span(tokens).subspan(i, std::min<size_t>(16, tokens.size() - i)),
+                         false, &logits);
+    for (int n : o.verify_sizes) {
+        std::vector<double> ms;
+        for (int rep = 0; s.ok() && rep < std::max(o.reps, 3); ++rep) {
+            const auto t0 = Clock::now();
+            s = ctx->forward(std::span(tokens).first(size_t(n)), true, &logits);
+            ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+            ctx->truncate(o.context);
+        }
+        r->verify_ms[n] = median(ms);
+    }
+    if (!s.ok()) r->error = s.message();
+    return s.ok();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string model_path, backend_name = "auto", json_path;
-    int n_prompt = 128, n_decode = 64, reps = 3, threads = 0;
-    CLI::App app{"specula-bench: prompt and decode tokens/s"};
-    app.add_option("-m,--model", model_path)->required();
-    app.add_option("--backend", backend_name)
-        ->check(CLI::IsMember({"auto", "cpu", "vulkan", "cuda"}));
-    app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (one batched evaluation)");
-    app.add_option("-n,--n-decode", n_decode, "generated tokens (greedy, one forward each)");
-    app.add_option("-r,--reps", reps, "repetitions; the median is reported");
-    app.add_option("--threads", threads);
+    Options o;
+    std::string backends = "auto", json_path;
+    CLI::App app{"specula-bench: prompt, decode and verification-batch throughput"};
+    app.add_option("-m,--model", o.model)->required();
+    app.add_option("--backend", backends,
+                   "one or more of auto, cpu, vulkan, cuda, comma-separated (measured in one run)");
+    app.add_option("-p,--n-prompt", o.n_prompt, "prompt tokens (one batched evaluation)");
+    app.add_option("-n,--n-decode", o.n_decode, "generated tokens (greedy, one forward each)");
+    app.add_option("-r,--reps", o.reps, "repetitions; the median is reported");
+    app.add_option("-c,--context", o.context, "context length before each verification forward");
+    app.add_option("--verify", o.verify_sizes, "verification batch sizes (0 to skip)")
+        ->delimiter(',');
+    app.add_option("--threads", o.threads);
     app.add_option("--json", json_path,
                    "also write the results as JSON to this file ('-' for stdout)");
     CLI11_PARSE(app, argc, argv);
+    o.verify_sizes.erase(std::remove_if(o.verify_sizes.begin(), o.verify_sizes.end(),
+                                        [](int n) { return n <= 0 || n > 16; }),
+                         o.verify_sizes.end());
 
-    const std::map<std::string, specula_backend_kind> kinds = {{"auto", SPECULA_BACKEND_AUTO},
-                                                               {"cpu", SPECULA_BACKEND_CPU},
-                                                               {"vulkan", SPECULA_BACKEND_VULKAN},
-                                                               {"cuda", SPECULA_BACKEND_CUDA}};
-    specula_backend_params bp = specula_backend_default_params();
-    bp.kind = kinds.at(backend_name);
-    bp.n_threads = threads;
-    specula_backend* backend = nullptr;
-    specula_model* model = nullptr;
-    auto die = [&](const char* what, specula_status s) {
-        std::fprintf(stderr, "specula-bench: %s: %s (%s)\n", what, specula_last_error(),
-                     specula_status_name(s));
-        specula_model_free(model);
-        specula_backend_free(backend);
-        return 1;
-    };
-    specula_status s = specula_backend_create(&bp, &backend);
-    if (s != SPECULA_OK) return die("backend", s);
-    if ((s = specula_model_load(backend, model_path.c_str(), nullptr, &model)) != SPECULA_OK)
-        return die("load", s);
+    std::vector<Result> results;
     specula_model_info info{};
-    specula_device_info dev{};
-    (void)specula_model_get_info(model, &info);
-    (void)specula_backend_get_info(backend, &dev);
-
-    std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
-    for (size_t i = 0; i < prompt.size(); ++i)
-        prompt[i] = int32_t((i * 7919 + 13) % size_t(info.n_vocab));
-    specula_session_params sp = specula_session_default_params();
-    sp.temperature = 0.0f;
-    sp.n_ctx = uint32_t(n_prompt + n_decode + 8);
-    specula_generate_params gp = specula_generate_default_params();
-    gp.max_tokens = n_decode;
-    gp.stop_at_eos = false;
-
-    std::vector<double> pp, tg;
-    for (int r = 0; r < reps; ++r) {
-        specula_session* session = nullptr;
-        if ((s = specula_session_create(model, &sp, &session)) != SPECULA_OK)
-            return die("session", s);
-        specula_session_stats st{};
-        if ((s = specula_session_eval(session, prompt.data(), prompt.size())) == SPECULA_OK &&
-            (s = specula_generate(session, &gp, nullptr, 0, nullptr)) == SPECULA_OK)
-            s = specula_session_get_stats(session, &st);
-        specula_session_free(session);
-        if (s != SPECULA_OK) return die("run", s);
-        pp.push_back(double(st.n_prompt_tokens) / st.prompt_seconds);
-        tg.push_back(double(st.n_generated) / st.generate_seconds);
+    std::stringstream names(backends);
+    for (std::string name; std::getline(names, name, ',');) {
+        if (!kKinds.count(name)) {
+            std::fprintf(stderr, "specula-bench: unknown backend '%s'\n", name.c_str());
+            return 2;
+        }
+        Result r;
+        if (run_api(o, kKinds.at(name), &r, &info) && !o.verify_sizes.empty())
+            run_verify(o, kKinds.at(name), &r);
+        if (!r.error.empty())
+            std::fprintf(stderr, "specula-bench: %s: %s\n", name.c_str(), r.error.c_str());
+        results.push_back(r);
     }
-    const double pp_tps = median(pp), tg_tps = median(tg);
-    const double gb_per_token = double(info.weight_bytes) / 1e9;
 
-    std::printf("| model | params | weights | backend | test | tokens/s |\n");
-    std::printf("|---|---|---|---|---|---|\n");
-    const char* wt = info.weight_type == SPECULA_WEIGHT_Q8_0   ? "Q8_0"
-                     : info.weight_type == SPECULA_WEIGHT_Q4_0 ? "Q4_0"
-                     : info.weight_type == SPECULA_WEIGHT_F16  ? "F16"
-                                                               : "F32";
-    std::printf("| %s | %.1fM | %s %.0f MB | %s | pp%d | %.2f |\n", info.name,
-                double(info.n_params) / 1e6, wt, double(info.weight_bytes) / 1e6, dev.name,
-                n_prompt, pp_tps);
-    std::printf("| %s | %.1fM | %s %.0f MB | %s | tg%d | %.2f |\n", info.name,
-                double(info.n_params) / 1e6, wt, double(info.weight_bytes) / 1e6, dev.name,
-                n_decode, tg_tps);
-    std::printf("decode reads %.3f GB of weights per token: %.2f GB/s effective\n", gb_per_token,
-                gb_per_token * tg_tps);
+    std::printf("model: %s, %.1fM params, %s, %.0f MB of weights\n\n", info.name,
+                double(info.n_params) / 1e6, weight_name(info.weight_type),
+                double(info.weight_bytes) / 1e6);
+    std::printf("| backend | pp%d tok/s | tg%d tok/s | weight GB/s at decode |", o.n_prompt,
+                o.n_decode);
+    for (int n : o.verify_sizes)
+        std::printf(" verify n=%d ms (x n=1) |", n);
+    std::printf("\n|---|---|---|---|");
+    for (size_t i = 0; i < o.verify_sizes.size(); ++i)
+        std::printf("---|");
+    std::printf("\n");
+    for (const Result& r : results) {
+        std::printf("| %s | %.2f | %.2f | %.2f |", r.backend.c_str(), r.prompt_tps, r.decode_tps,
+                    double(info.weight_bytes) / 1e9 * r.decode_tps);
+        for (int n : o.verify_sizes) {
+            const double base = r.verify_ms.count(1) ? r.verify_ms.at(1) : 0.0;
+            const double v = r.verify_ms.count(n) ? r.verify_ms.at(n) : 0.0;
+            std::printf(" %.2f (%.2fx) |", v, base > 0 ? v / base : 0.0);
+        }
+        std::printf("\n");
+    }
+    if (results.size() > 1 && results[0].decode_tps > 0) {
+        std::printf("\nratios to %s, measured in this run:", results[0].backend.c_str());
+        for (size_t i = 1; i < results.size(); ++i)
+            std::printf(" %s decode %.3fx, prompt %.3fx;", results[i].backend.c_str(),
+                        results[i].decode_tps / results[0].decode_tps,
+                        results[i].prompt_tps / results[0].prompt_tps);
+        std::printf("\n");
+    }
 
     if (!json_path.empty()) {
         nlohmann::json j = {{"model", info.name},
                             {"n_params", info.n_params},
-                            {"weight_type", wt},
+                            {"weight_type", weight_name(info.weight_type)},
                             {"weight_bytes", info.weight_bytes},
-                            {"backend", dev.name},
-                            {"n_prompt", n_prompt},
-                            {"n_decode", n_decode},
-                            {"reps", reps},
-                            {"prompt_tokens_per_s", pp_tps},
-                            {"decode_tokens_per_s", tg_tps},
-                            {"prompt_runs", pp},
-                            {"decode_runs", tg}};
+                            {"n_prompt", o.n_prompt},
+                            {"n_decode", o.n_decode},
+                            {"reps", o.reps},
+                            {"context", o.context},
+                            {"results", nlohmann::json::array()}};
+        for (const Result& r : results) {
+            nlohmann::json v = nlohmann::json::object();
+            for (const auto& [n, ms] : r.verify_ms)
+                v[std::to_string(n)] = ms;
+            j["results"].push_back({{"backend", r.backend},
+                                    {"prompt_tokens_per_s", r.prompt_tps},
+                                    {"decode_tokens_per_s", r.decode_tps},
+                                    {"verify_ms", v},
+                                    {"error", r.error}});
+        }
         if (json_path == "-") {
             std::printf("%s\n", j.dump(2).c_str());
         } else {
             std::ofstream(json_path) << j.dump(2) << "\n";
         }
     }
-    specula_model_free(model);
-    specula_backend_free(backend);
+    for (const Result& r : results)
+        if (!r.error.empty()) return 1;
     return 0;
 }

@@ -33,15 +33,16 @@ Status vk_check(VkResult r, const std::string& what) {
         case VK_ERROR_LAYER_NOT_PRESENT:
         case VK_ERROR_EXTENSION_NOT_PRESENT:
         case VK_ERROR_FEATURE_NOT_PRESENT:
-            return {SPECULA_ERR_NO_DEVICE, what + ": no usable Vulkan driver (VkResult " + std::to_string(int(r)) + ")"};
+            return {SPECULA_ERR_NO_DEVICE,
+                    what + ": no usable Vulkan driver (VkResult " + std::to_string(int(r)) + ")"};
         default:
             return {SPECULA_ERR_INTERNAL, what + " failed with VkResult " + std::to_string(int(r))};
     }
 }
 
-VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
-                                                     VkDebugUtilsMessageTypeFlagsEXT,
-                                                     const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(
+    VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
+    const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
     if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
         ++g_validation_errors;
         log(SPECULA_LOG_ERROR, std::string("vulkan validation: ") + data->pMessage);
@@ -75,10 +76,13 @@ Status instance(const Instance** out) {
             vk::vkEnumerateInstanceLayerProperties(&n, nullptr);
             std::vector<VkLayerProperties> layers(n);
             vk::vkEnumerateInstanceLayerProperties(&n, layers.data());
-            want_validation = std::any_of(layers.begin(), layers.end(), [](const VkLayerProperties& l) {
-                return std::strcmp(l.layerName, "VK_LAYER_KHRONOS_validation") == 0;
-            });
-            if (!want_validation) log(SPECULA_LOG_WARN, "SPECULA_VULKAN_VALIDATION=1 but the validation layer is not installed");
+            want_validation =
+                std::any_of(layers.begin(), layers.end(), [](const VkLayerProperties& l) {
+                    return std::strcmp(l.layerName, "VK_LAYER_KHRONOS_validation") == 0;
+                });
+            if (!want_validation)
+                log(SPECULA_LOG_WARN,
+                    "SPECULA_VULKAN_VALIDATION=1 but the validation layer is not installed");
         }
         VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
         app.pApplicationName = "specula";
@@ -99,9 +103,12 @@ Status instance(const Instance** out) {
         vk::load_instance_functions(inst.handle);
         inst.validation = want_validation;
         if (want_validation && vk::vkCreateDebugUtilsMessengerEXT != nullptr) {
-            VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
-            mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
-            mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+            VkDebugUtilsMessengerCreateInfoEXT mi{
+                VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+            mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT |
+                                 VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+            mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                             VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
                              VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
             mi.pfnUserCallback = on_validation_message;
             vk::vkCreateDebugUtilsMessengerEXT(inst.handle, &mi, nullptr, &inst.messenger);
@@ -134,8 +141,9 @@ std::vector<PhysicalDevice> physical_devices() {
         vk::vkGetPhysicalDeviceQueueFamilyProperties(h, &nq, nullptr);
         std::vector<VkQueueFamilyProperties> queues(nq);
         vk::vkGetPhysicalDeviceQueueFamilyProperties(h, &nq, queues.data());
-        auto q = std::find_if(queues.begin(), queues.end(),
-                              [](const VkQueueFamilyProperties& f) { return f.queueFlags & VK_QUEUE_COMPUTE_BIT; });
+        auto q = std::find_if(queues.begin(), queues.end(), [](const VkQueueFamilyProperties& f) {
+            return f.queueFlags & VK_QUEUE_COMPUTE_BIT;
+        });
         if (q == queues.end()) continue;
         PhysicalDevice d;
         d.handle = h;
@@ -147,18 +155,32 @@ std::vector<PhysicalDevice> physical_devices() {
         VkPhysicalDeviceMemoryProperties mem{};
         vk::vkGetPhysicalDeviceMemoryProperties(h, &mem);
         for (uint32_t i = 0; i < mem.memoryHeapCount; ++i)
-            if (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) d.info.memory_bytes += mem.memoryHeaps[i].size;
+            if (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+                d.info.memory_bytes += mem.memoryHeaps[i].size;
         switch (props.deviceType) {
-            case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: d.rank = 0; break;
-            case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: d.rank = 1; break;
-            case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: d.rank = 2; break;
-            case VK_PHYSICAL_DEVICE_TYPE_CPU: d.rank = 3; break;
-            default: d.rank = 4; break;
+            case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+                d.rank = 0;
+                break;
+            case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+                d.rank = 1;
+                break;
+            case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+                d.rank = 2;
+                break;
+            case VK_PHYSICAL_DEVICE_TYPE_CPU:
+                d.rank = 3;
+                break;
+            default:
+                d.rank = 4;
+                break;
         }
         out.push_back(d);
     }
-    std::stable_sort(out.begin(), out.end(), [](const PhysicalDevice& a, const PhysicalDevice& b) { return a.rank < b.rank; });
-    for (size_t i = 0; i < out.size(); ++i) out[i].info.index = int32_t(i);
+    std::stable_sort(out.begin(), out.end(), [](const PhysicalDevice& a, const PhysicalDevice& b) {
+        return a.rank < b.rank;
+    });
+    for (size_t i = 0; i < out.size(); ++i)
+        out[i].info.index = int32_t(i);
     return out;
 }
 
@@ -194,8 +216,9 @@ struct Device {
 };
 
 class VulkanBuffer final : public Buffer {
-public:
-    VulkanBuffer(std::shared_ptr<Device> device, size_t size) : device_(std::move(device)), size_(size) {}
+  public:
+    VulkanBuffer(std::shared_ptr<Device> device, size_t size)
+        : device_(std::move(device)), size_(size) {}
     ~VulkanBuffer() override {
         if (mapped_ != nullptr) vk::vkUnmapMemory(device_->handle, memory_);
         device_->bury(buffer_, memory_);
@@ -209,20 +232,26 @@ public:
         // Whole 16-byte words: shaders read the buffer as 32-bit words, and a quantized
         // tensor's last block may end inside one.
         bi.size = capacity();
-        bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+        bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                   VK_BUFFER_USAGE_TRANSFER_DST_BIT;
         bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-        SPECULA_TRY(vk_check(vk::vkCreateBuffer(device_->handle, &bi, nullptr, &buffer_), "vkCreateBuffer"));
+        SPECULA_TRY(vk_check(vk::vkCreateBuffer(device_->handle, &bi, nullptr, &buffer_),
+                             "vkCreateBuffer"));
         VkMemoryRequirements req{};
         vk::vkGetBufferMemoryRequirements(device_->handle, buffer_, &req);
-        const VkMemoryPropertyFlags want = host_visible
-            ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT | VK_MEMORY_PROPERTY_HOST_CACHED_BIT
-            : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
-        const VkMemoryPropertyFlags need = host_visible
-            ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT : 0;
+        const VkMemoryPropertyFlags want = host_visible ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
+                                                              VK_MEMORY_PROPERTY_HOST_COHERENT_BIT |
+                                                              VK_MEMORY_PROPERTY_HOST_CACHED_BIT
+                                                        : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+        const VkMemoryPropertyFlags need = host_visible ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
+                                                              VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+                                                        : 0;
         uint32_t type = UINT32_MAX;
         for (VkMemoryPropertyFlags flags : {want, need}) {
             for (uint32_t i = 0; i < device_->memory.memoryTypeCount && type == UINT32_MAX; ++i)
-                if ((req.memoryTypeBits & (1u << i)) && (device_->memory.memoryTypes[i].propertyFlags & flags) == flags) type = i;
+                if ((req.memoryTypeBits & (1u << i)) &&
+                    (device_->memory.memoryTypes[i].propertyFlags & flags) == flags)
+                    type = i;
         }
         if (type == UINT32_MAX) return {SPECULA_ERR_INTERNAL, "no suitable Vulkan memory type"};
         VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
@@ -230,8 +259,12 @@ public:
         ai.memoryTypeIndex = type;
         SPECULA_TRY(vk_check(vk::vkAllocateMemory(device_->handle, &ai, nullptr, &memory_),
                              "allocating " + std::to_string(req.size) + " bytes of device memory"));
-        SPECULA_TRY(vk_check(vk::vkBindBufferMemory(device_->handle, buffer_, memory_, 0), "vkBindBufferMemory"));
-        if (host_visible) SPECULA_TRY(vk_check(vk::vkMapMemory(device_->handle, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), "vkMapMemory"));
+        SPECULA_TRY(vk_check(vk::vkBindBufferMemory(device_->handle, buffer_, memory_, 0),
+                             "vkBindBufferMemory"));
+        if (host_visible)
+            SPECULA_TRY(
+                vk_check(vk::vkMapMemory(device_->handle, memory_, 0, VK_WHOLE_SIZE, 0, &mapped_),
+                         "vkMapMemory"));
         return Status::Ok();
     }
 
@@ -240,7 +273,7 @@ public:
     VkBuffer handle() const { return buffer_; }
     uint8_t* mapped() const { return static_cast<uint8_t*>(mapped_); }
 
-private:
+  private:
     std::shared_ptr<Device> device_;
     size_t size_;
     VkBuffer buffer_ = VK_NULL_HANDLE;
@@ -248,15 +281,22 @@ private:
     void* mapped_ = nullptr;
 };
 
-VulkanBuffer& vbuf(const Tensor& t) { return *static_cast<VulkanBuffer*>(t.buffer); }
+VulkanBuffer& vbuf(const Tensor& t) {
+    return *static_cast<VulkanBuffer*>(t.buffer);
+}
 
 const char* weight_suffix(GgmlType t) {
     switch (t) {
-        case GgmlType::kF32: return "f32";
-        case GgmlType::kF16: return "f16";
-        case GgmlType::kQ8_0: return "q8_0";
-        case GgmlType::kQ4_0: return "q4_0";
-        default: return nullptr;
+        case GgmlType::kF32:
+            return "f32";
+        case GgmlType::kF16:
+            return "f16";
+        case GgmlType::kQ8_0:
+            return "q8_0";
+        case GgmlType::kQ4_0:
+            return "q4_0";
+        default:
+            return nullptr;
     }
 }
 
@@ -272,7 +312,7 @@ constexpr size_t kStagingBytes = 16u << 20;
 constexpr uint32_t kSetsPerPool = 1024;
 
 class VulkanBackend final : public Backend {
-public:
+  public:
     ~VulkanBackend() override {
         if (!device_) return;
         VkDevice d = device_->handle;
@@ -280,8 +320,10 @@ public:
         staging_.reset();
         readback_.reset();
         dummy_.reset();
-        for (auto& [key, p] : pipelines_) vk::vkDestroyPipeline(d, p, nullptr);
-        for (VkDescriptorPool p : pools_) vk::vkDestroyDescriptorPool(d, p, nullptr);
+        for (auto& [key, p] : pipelines_)
+            vk::vkDestroyPipeline(d, p, nullptr);
+        for (VkDescriptorPool p : pools_)
+            vk::vkDestroyDescriptorPool(d, p, nullptr);
         if (cache_) vk::vkDestroyPipelineCache(d, cache_, nullptr);
         if (layout_) vk::vkDestroyPipelineLayout(d, layout_, nullptr);
         if (set_layout_) vk::vkDestroyDescriptorSetLayout(d, set_layout_, nullptr);
@@ -306,19 +348,22 @@ public:
         VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
         di.queueCreateInfoCount = 1;
         di.pQueueCreateInfos = &qi;
-        SPECULA_TRY(vk_check(vk::vkCreateDevice(phys.handle, &di, nullptr, &device_->handle), "vkCreateDevice"));
+        SPECULA_TRY(vk_check(vk::vkCreateDevice(phys.handle, &di, nullptr, &device_->handle),
+                             "vkCreateDevice"));
         VkDevice d = device_->handle;
         vk::vkGetDeviceQueue(d, phys.queue_family, 0, &queue_);
 
         VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
         pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
         pi.queueFamilyIndex = phys.queue_family;
-        SPECULA_TRY(vk_check(vk::vkCreateCommandPool(d, &pi, nullptr, &pool_), "vkCreateCommandPool"));
+        SPECULA_TRY(
+            vk_check(vk::vkCreateCommandPool(d, &pi, nullptr, &pool_), "vkCreateCommandPool"));
         VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
         ai.commandPool = pool_;
         ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
         ai.commandBufferCount = 1;
-        SPECULA_TRY(vk_check(vk::vkAllocateCommandBuffers(d, &ai, &cmd_), "vkAllocateCommandBuffers"));
+        SPECULA_TRY(
+            vk_check(vk::vkAllocateCommandBuffers(d, &ai, &cmd_), "vkAllocateCommandBuffers"));
         VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
         SPECULA_TRY(vk_check(vk::vkCreateFence(d, &fi, nullptr, &fence_), "vkCreateFence"));
 
@@ -332,16 +377,19 @@ public:
         VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
         li.bindingCount = 4;
         li.pBindings = bindings.data();
-        SPECULA_TRY(vk_check(vk::vkCreateDescriptorSetLayout(d, &li, nullptr, &set_layout_), "vkCreateDescriptorSetLayout"));
+        SPECULA_TRY(vk_check(vk::vkCreateDescriptorSetLayout(d, &li, nullptr, &set_layout_),
+                             "vkCreateDescriptorSetLayout"));
         VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(PushConstants)};
         VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
         pli.setLayoutCount = 1;
         pli.pSetLayouts = &set_layout_;
         pli.pushConstantRangeCount = 1;
         pli.pPushConstantRanges = &range;
-        SPECULA_TRY(vk_check(vk::vkCreatePipelineLayout(d, &pli, nullptr, &layout_), "vkCreatePipelineLayout"));
+        SPECULA_TRY(vk_check(vk::vkCreatePipelineLayout(d, &pli, nullptr, &layout_),
+                             "vkCreatePipelineLayout"));
         VkPipelineCacheCreateInfo ci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
-        SPECULA_TRY(vk_check(vk::vkCreatePipelineCache(d, &ci, nullptr, &cache_), "vkCreatePipelineCache"));
+        SPECULA_TRY(
+            vk_check(vk::vkCreatePipelineCache(d, &ci, nullptr, &cache_), "vkCreatePipelineCache"));
 
         SPECULA_TRY(make_buffer(kStagingBytes, true, &staging_));
         SPECULA_TRY(make_buffer(16, false, &dummy_));
@@ -363,8 +411,10 @@ public:
     Status load_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) override {
         SPECULA_TRY(usable());
         if (host.size() > device_->limits.maxStorageBufferRange)
-            return Unsupported("a weight tensor of " + std::to_string(host.size()) + " bytes exceeds this device's " +
-                               std::to_string(device_->limits.maxStorageBufferRange) + "-byte storage-buffer range");
+            return Unsupported("a weight tensor of " + std::to_string(host.size()) +
+                               " bytes exceeds this device's " +
+                               std::to_string(device_->limits.maxStorageBufferRange) +
+                               "-byte storage-buffer range");
         std::unique_ptr<VulkanBuffer> b;
         SPECULA_TRY(make_buffer(host.size(), false, &b));
         for (size_t done = 0; done < host.size(); done += kStagingBytes) {
@@ -385,7 +435,8 @@ public:
         const size_t bytes = dst.bytes();
         const size_t at = (staging_used_ + 15) & ~size_t(15);
         if (bytes > kStagingBytes) {
-            fail(InvalidArgument("an upload of " + std::to_string(bytes) + " bytes exceeds the staging buffer"));
+            fail(InvalidArgument("an upload of " + std::to_string(bytes) +
+                                 " bytes exceeds the staging buffer"));
             return;
         }
         if (at + bytes > kStagingBytes) {
@@ -416,7 +467,8 @@ public:
     }
 
     Status flush() override {
-        if (lost_) return {SPECULA_ERR_DEVICE_LOST, "the Vulkan device was lost; create a new backend"};
+        if (lost_)
+            return {SPECULA_ERR_DEVICE_LOST, "the Vulkan device was lost; create a new backend"};
         Status s = std::move(pending_);
         pending_ = Status::Ok();
         VkResult r = vk::vkEndCommandBuffer(cmd_);
@@ -446,7 +498,7 @@ public:
         pc.u[0] = uint32_t(table.cols);
         pc.u[1] = uint32_t(ids.cols * ids.rows);
         pc.u[2] = uint32_t(table.rows);
-        dispatch_typed("get_rows", table.type, {&table, &ids, &out}, pc, pc.u[1], 64);
+        dispatch_typed("get_rows", table.type, {&table, &ids, &out}, pc, pc.u[1], {64, 1, 1});
     }
 
     void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
@@ -454,7 +506,7 @@ public:
         pc.u[0] = uint32_t(x.cols);
         pc.u[1] = uint32_t(x.rows);
         pc.f[0] = eps;
-        dispatch("rms_norm", {&x, &weight, &out}, pc, uint32_t(x.rows), 64);
+        dispatch("rms_norm", {&x, &weight, &out}, pc, uint32_t(x.rows), {64, 1, 1});
     }
 
     void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
@@ -462,7 +514,8 @@ public:
         // (never from n), so a row is reduced the same way in every batch.
         constexpr uint32_t kWg = 64;
         uint32_t per_row = 1;
-        while (per_row < kWg && per_row * 2 <= uint32_t(w.cols / 32)) per_row *= 2;
+        while (per_row < kWg && per_row * 2 <= uint32_t(w.cols / 32))
+            per_row *= 2;
         const uint32_t rows_per_group = kWg / per_row;
         // Batches wider than the shader's column limit go in slices; each column's result is
         // computed the same way in any slice, so this keeps batch invariance.
@@ -472,33 +525,37 @@ public:
             PushConstants pc;
             pc.u[0] = uint32_t(w.cols);
             pc.u[1] = uint32_t(w.rows);
-            pc.u[2] = uint32_t(n);
             pc.u[3] = uint32_t(out.cols);
             dispatch_typed("matmul", w.type, {&w, &xs, &os}, pc,
-                           uint32_t((w.rows + rows_per_group - 1) / rows_per_group), kWg, per_row);
+                           uint32_t((w.rows + rows_per_group - 1) / rows_per_group),
+                           {kWg, per_row, uint32_t(n)});
         }
     }
 
-    void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim, int n_rot) override {
+    void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
+              int n_rot) override {
         PushConstants pc;
         pc.u[0] = uint32_t(x.cols);
         pc.u[1] = uint32_t(x.rows);
         pc.u[2] = uint32_t(head_dim);
         pc.u[3] = uint32_t(n_rot);
         const uint64_t pairs = uint64_t(x.rows) * uint64_t(x.cols / head_dim) * uint64_t(n_rot / 2);
-        dispatch("rope", {&x, &positions, &table}, pc, uint32_t((pairs + 63) / 64), 64);
+        dispatch("rope", {&x, &positions, &table}, pc, uint32_t((pairs + 63) / 64), {64, 1, 1});
     }
 
     void copy(const Tensor& src, const Tensor& dst) override {
-        if (dst.type != GgmlType::kF32) return fail(Unsupported("the Vulkan backend keeps KV caches in F32"));
+        if (dst.type != GgmlType::kF32)
+            return fail(Unsupported("the Vulkan backend keeps KV caches in F32"));
         elementwise(2, src, src, dst);
     }
 
-    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out, int n_head,
-                   int n_head_kv, int head_dim, float scale, int pos0) override {
+    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                   int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
         constexpr uint32_t kWg = 128;
-        if (head_dim > int(2 * kWg)) return fail(Unsupported("the Vulkan attention shader supports head sizes up to 256"));
-        if (k_cache.type != GgmlType::kF32) return fail(Unsupported("the Vulkan backend keeps KV caches in F32"));
+        if (head_dim > int(2 * kWg))
+            return fail(Unsupported("the Vulkan attention shader supports head sizes up to 256"));
+        if (k_cache.type != GgmlType::kF32)
+            return fail(Unsupported("the Vulkan backend keeps KV caches in F32"));
         PushConstants pc;
         pc.u[0] = uint32_t(n_head);
         pc.u[1] = uint32_t(n_head_kv);
@@ -506,15 +563,21 @@ public:
         pc.u[3] = uint32_t(pos0);
         pc.u[4] = uint32_t(q.rows);
         pc.f[0] = scale;
-        dispatch("attention", {&q, &k_cache, &v_cache, &out}, pc, uint32_t(q.rows * n_head), kWg);
+        dispatch("attention", {&q, &k_cache, &v_cache, &out}, pc, uint32_t(q.rows * n_head),
+                 {kWg, 1, 1});
     }
 
-    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override { elementwise(1, gate, up, out); }
-    void add(const Tensor& a, const Tensor& b, const Tensor& out) override { elementwise(0, a, b, out); }
+    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+        elementwise(1, gate, up, out);
+    }
+    void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+        elementwise(0, a, b, out);
+    }
 
-private:
+  private:
     Status usable() const {
-        if (lost_) return {SPECULA_ERR_DEVICE_LOST, "the Vulkan device was lost; create a new backend"};
+        if (lost_)
+            return {SPECULA_ERR_DEVICE_LOST, "the Vulkan device was lost; create a new backend"};
         return Status::Ok();
     }
 
@@ -530,7 +593,8 @@ private:
     }
 
     Status begin() {
-        for (VkDescriptorPool p : pools_) vk::vkResetDescriptorPool(device_->handle, p, 0);
+        for (VkDescriptorPool p : pools_)
+            vk::vkResetDescriptorPool(device_->handle, p, 0);
         pool_index_ = 0;
         staging_used_ = 0;
         n_recorded_ = 0;
@@ -544,16 +608,22 @@ private:
     void barrier(VkPipelineStageFlags src_stage, VkAccessFlags src_access) {
         VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
         mb.srcAccessMask = src_access;
-        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                           VK_ACCESS_TRANSFER_WRITE_BIT;
-        vk::vkCmdPipelineBarrier(cmd_, src_stage, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                                 0, 1, &mb, 0, nullptr, 0, nullptr);
+        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                           VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+        vk::vkCmdPipelineBarrier(
+            cmd_, src_stage, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+            0, 1, &mb, 0, nullptr, 0, nullptr);
         ++n_recorded_;
     }
 
-    // Specialization constants: 0 = workgroup size, 1 = a shader-specific split (see the shader).
-    Status pipeline(const std::string& name, std::array<uint32_t, 2> spec_values, VkPipeline* out) {
-        const std::string key = name + "/" + std::to_string(spec_values[0]) + "/" + std::to_string(spec_values[1]);
+    // Specialization constants: 0 = workgroup size, 1 and 2 shader-specific (see the shader).
+    using Spec = std::array<uint32_t, 3>;
+    Status pipeline(const std::string& name, Spec spec_values, VkPipeline* out) {
+        std::string key = name;
+        for (uint32_t v : spec_values) {
+            key.push_back('/');
+            key.append(std::to_string(v));
+        }
         if (auto it = pipelines_.find(key); it != pipelines_.end()) {
             *out = it->second;
             return Status::Ok();
@@ -566,9 +636,12 @@ private:
         mi.codeSize = shader->bytes;
         mi.pCode = shader->code;
         VkShaderModule module = VK_NULL_HANDLE;
-        SPECULA_TRY(vk_check(vk::vkCreateShaderModule(device_->handle, &mi, nullptr, &module), "vkCreateShaderModule"));
-        const std::array<VkSpecializationMapEntry, 2> entries{{{0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}}};
-        const VkSpecializationInfo spec{2, entries.data(), sizeof spec_values, spec_values.data()};
+        SPECULA_TRY(vk_check(vk::vkCreateShaderModule(device_->handle, &mi, nullptr, &module),
+                             "vkCreateShaderModule"));
+        std::array<VkSpecializationMapEntry, 3> entries{};
+        for (uint32_t i = 0; i < 3; ++i)
+            entries[i] = {i, uint32_t(i * sizeof(uint32_t)), sizeof(uint32_t)};
+        const VkSpecializationInfo spec{3, entries.data(), sizeof spec_values, spec_values.data()};
         VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
         ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
         ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
@@ -576,7 +649,8 @@ private:
         ci.stage.pName = "main";
         ci.stage.pSpecializationInfo = &spec;
         ci.layout = layout_;
-        const VkResult r = vk::vkCreateComputePipelines(device_->handle, cache_, 1, &ci, nullptr, out);
+        const VkResult r =
+            vk::vkCreateComputePipelines(device_->handle, cache_, 1, &ci, nullptr, out);
         vk::vkDestroyShaderModule(device_->handle, module, nullptr);
         SPECULA_TRY(vk_check(r, "creating the pipeline of " + name));
         pipelines_[key] = *out;
@@ -586,13 +660,16 @@ private:
     Status descriptor_set(VkDescriptorSet* out) {
         for (;; ++pool_index_) {
             if (pool_index_ == pools_.size()) {
-                const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 4 * kSetsPerPool};
+                const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                4 * kSetsPerPool};
                 VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
                 pi.maxSets = kSetsPerPool;
                 pi.poolSizeCount = 1;
                 pi.pPoolSizes = &size;
                 VkDescriptorPool pool = VK_NULL_HANDLE;
-                SPECULA_TRY(vk_check(vk::vkCreateDescriptorPool(device_->handle, &pi, nullptr, &pool), "vkCreateDescriptorPool"));
+                SPECULA_TRY(
+                    vk_check(vk::vkCreateDescriptorPool(device_->handle, &pi, nullptr, &pool),
+                             "vkCreateDescriptorPool"));
                 pools_.push_back(pool);
             }
             VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
@@ -606,19 +683,20 @@ private:
         }
     }
 
-    void dispatch_typed(const char* op, GgmlType type, std::array<const Tensor*, 4> t, PushConstants pc,
-                        uint32_t groups, uint32_t wg, uint32_t split = 1) {
+    void dispatch_typed(const char* op, GgmlType type, std::array<const Tensor*, 4> t,
+                        PushConstants pc, uint32_t groups, Spec spec) {
         const char* suffix = weight_suffix(type);
-        if (suffix == nullptr) return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
-        dispatch(std::string(op) + "_" + suffix, t, pc, groups, wg, split);
+        if (suffix == nullptr)
+            return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
+        dispatch(std::string(op) + "_" + suffix, t, pc, groups, spec);
     }
 
-    void dispatch(const std::string& shader, std::array<const Tensor*, 4> tensors, PushConstants pc, uint32_t groups,
-                  uint32_t wg, uint32_t split = 1) {
+    void dispatch(const std::string& shader, std::array<const Tensor*, 4> tensors, PushConstants pc,
+                  uint32_t groups, Spec spec) {
         if (!pending_.ok() || lost_ || groups == 0) return;
         VkPipeline p = VK_NULL_HANDLE;
         VkDescriptorSet set = VK_NULL_HANDLE;
-        if (Status s = pipeline(shader, {wg, split}, &p); !s.ok()) return fail(std::move(s));
+        if (Status s = pipeline(shader, spec, &p); !s.ok()) return fail(std::move(s));
         if (Status s = descriptor_set(&set); !s.ok()) return fail(std::move(s));
         std::array<VkDescriptorBufferInfo, 4> infos{};
         std::array<VkWriteDescriptorSet, 4> writes{};
@@ -627,7 +705,9 @@ private:
             const VulkanBuffer& b = t ? vbuf(*t) : *dummy_;
             if (t && t->offset + t->bytes() > device_->limits.maxStorageBufferRange)
                 return fail(Unsupported("a tensor lies beyond this device's storage-buffer range"));
-            infos[i] = {b.handle(), 0, std::min<VkDeviceSize>(b.capacity(), device_->limits.maxStorageBufferRange)};
+            infos[i] = {
+                b.handle(), 0,
+                std::min<VkDeviceSize>(b.capacity(), device_->limits.maxStorageBufferRange)};
             pc.off[i] = t ? uint32_t(t->offset) : 0;
             writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
             writes[i].dstSet = set;
@@ -638,7 +718,8 @@ private:
         }
         vk::vkUpdateDescriptorSets(device_->handle, 4, writes.data(), 0, nullptr);
         vk::vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
-        vk::vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set, 0, nullptr);
+        vk::vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set, 0,
+                                    nullptr);
         vk::vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, &pc);
         // Large grids fold into y; shaders recover the linear index (group_index()).
         const uint32_t max_x = device_->limits.maxComputeWorkGroupCount[0];
@@ -652,7 +733,7 @@ private:
         const uint64_t n = uint64_t(a.cols) * uint64_t(a.rows);
         pc.u[0] = uint32_t(n);
         pc.u[1] = op;
-        dispatch("elementwise", {&a, &b, &out}, pc, uint32_t((n + 255) / 256), 256);
+        dispatch("elementwise", {&a, &b, &out}, pc, uint32_t((n + 255) / 256), {256, 1, 1});
     }
 
     PhysicalDevice phys_;
@@ -680,7 +761,8 @@ private:
 
 std::vector<specula_device_info> enumerate_vulkan_devices() {
     std::vector<specula_device_info> out;
-    for (const auto& d : physical_devices()) out.push_back(d.info);
+    for (const auto& d : physical_devices())
+        out.push_back(d.info);
     return out;
 }
 
@@ -688,18 +770,22 @@ Status create_vulkan_backend(const specula_backend_params& params, std::unique_p
     const Instance* inst = nullptr;
     SPECULA_TRY(instance(&inst));
     const auto devices = physical_devices();
-    if (devices.empty()) return {SPECULA_ERR_NO_DEVICE, "no Vulkan 1.1 device with a compute queue was found"};
+    if (devices.empty())
+        return {SPECULA_ERR_NO_DEVICE, "no Vulkan 1.1 device with a compute queue was found"};
     const PhysicalDevice* chosen = &devices[0];
     if (params.device_index >= 0) {
         if (size_t(params.device_index) >= devices.size())
-            return {SPECULA_ERR_NO_DEVICE, "Vulkan device index " + std::to_string(params.device_index) + " does not exist (" +
-                                               std::to_string(devices.size()) + " found)"};
+            return {SPECULA_ERR_NO_DEVICE,
+                    "Vulkan device index " + std::to_string(params.device_index) +
+                        " does not exist (" + std::to_string(devices.size()) + " found)"};
         chosen = &devices[size_t(params.device_index)];
     } else if (params.device_name != nullptr && params.device_name[0] != '\0') {
         auto it = std::find_if(devices.begin(), devices.end(), [&](const PhysicalDevice& d) {
             return std::strstr(d.info.name, params.device_name) != nullptr;
         });
-        if (it == devices.end()) return {SPECULA_ERR_NO_DEVICE, std::string("no Vulkan device named like '") + params.device_name + "'"};
+        if (it == devices.end())
+            return {SPECULA_ERR_NO_DEVICE,
+                    std::string("no Vulkan device named like '") + params.device_name + "'"};
         chosen = &*it;
     }
     auto backend = std::make_unique<VulkanBackend>();
@@ -708,7 +794,9 @@ Status create_vulkan_backend(const specula_backend_params& params, std::unique_p
     return Status::Ok();
 }
 
-uint64_t vulkan_validation_error_count() { return g_validation_errors.load(); }
+uint64_t vulkan_validation_error_count() {
+    return g_validation_errors.load();
+}
 
 bool vulkan_validation_enabled() {
     const Instance* inst = nullptr;
