@@ -10,7 +10,7 @@
 
 #include "backend/backend.h"
 #include "core/log.h"
-#include "decode/sampling.h"
+#include "decode/generator.h"
 #include "models/llama.h"
 
 using namespace specula;
@@ -26,11 +26,9 @@ struct specula_model {
 struct specula_session {
     specula_model* model = nullptr;
     specula_session_params params{};
-    std::unique_ptr<LlamaContext> ctx;
-    std::vector<float> logits;  // of the last evaluated position
-    int32_t pending = -1;       // a generated token not yet fed to the model
-    uint32_t step = 0;          // the random stream's step counter
-    specula_session_stats stats{};
+    std::unique_ptr<LlamaContext> target, draft;
+    std::unique_ptr<Generator> generator;
+    specula_session_stats stats{};  // the prompt and timing part; the rest comes from the generator
 };
 
 namespace {
@@ -66,26 +64,14 @@ double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Feeds tokens in chunks of the context's batch size, keeping the last logits.
-Status evaluate(specula_session* s, std::span<const int32_t> tokens) {
+// Runs `body` and charges the host waits and target forwards it caused to the session.
+template <typename F>
+Status counted(specula_session* s, F&& body) {
     Backend& be = s->model->impl->backend();
     const uint64_t waits0 = be.host_waits();
-    for (size_t i = 0; i < tokens.size(); i += size_t(s->ctx->max_batch())) {
-        const size_t n = std::min(tokens.size() - i, size_t(s->ctx->max_batch()));
-        SPECULA_TRY(s->ctx->forward(tokens.subspan(i, n), false, &s->logits));
-        ++s->stats.n_forward_calls;
-    }
+    Status st = body();
     s->stats.n_host_waits += be.host_waits() - waits0;
-    s->stats.n_past = uint32_t(s->ctx->n_past());
-    return Status::Ok();
-}
-
-Status flush_pending(specula_session* s) {
-    if (s->pending < 0) return Status::Ok();
-    const int32_t t = s->pending;
-    SPECULA_TRY(evaluate(s, std::span(&t, 1)));
-    s->pending = -1;
-    return Status::Ok();
+    return st;
 }
 
 template <size_t N>
@@ -312,6 +298,10 @@ specula_session_params specula_session_default_params(void) {
     p.temperature = 0.8f;
     p.top_k = 40;
     p.top_p = 0.95f;
+    p.draft = nullptr;
+    p.gamma_policy = SPECULA_GAMMA_HEURISTIC;
+    p.gamma = 5;
+    p.gamma_max = 8;
     return p;
 }
 
@@ -339,59 +329,79 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         const specula_session_params p = params ? *params : specula_session_default_params();
         if (!(p.temperature >= 0.0f) || !(p.top_p > 0.0f) || p.top_p > 1.0f || p.top_k < 0)
             return InvalidArgument("temperature must be >= 0, top_p in (0, 1], top_k >= 0");
+        if (p.gamma < 1 || p.gamma > kMaxGamma || p.gamma_max < 1 || p.gamma_max > kMaxGamma)
+            return InvalidArgument("gamma and gamma_max must lie in 1.." + std::to_string(kMaxGamma));
+        if (p.gamma_policy != SPECULA_GAMMA_FIXED && p.gamma_policy != SPECULA_GAMMA_HEURISTIC &&
+            p.gamma_policy != SPECULA_GAMMA_ANALYTIC)
+            return InvalidArgument("unknown gamma policy");
         auto s = std::make_unique<specula_session>();
         s->model = model;
         s->params = p;
-        const int n_ctx = p.n_ctx > 0 ? int(std::min<uint32_t>(p.n_ctx, 1u << 24))
-                                      : model->impl->config().n_ctx_train;
+        const int n_ctx = p.n_ctx > 0 ? int(std::min<uint32_t>(p.n_ctx, 1u << 24)) : model->impl->config().n_ctx_train;
         constexpr int kMaxBatch = 64;
-        SPECULA_TRY(LlamaContext::create(*model->impl, n_ctx, kMaxBatch, &s->ctx));
+        SPECULA_TRY(LlamaContext::create(*model->impl, n_ctx, kMaxBatch, &s->target));
+        if (p.draft != nullptr) {
+            const LlamaModel& draft = *p.draft->impl;
+            if (&draft.backend() != &model->impl->backend())
+                return InvalidArgument("the draft model must be loaded on the target's backend");
+            if (!draft.tokenizer().same_vocabulary(model->impl->tokenizer()))
+                return Status(SPECULA_ERR_VOCAB_MISMATCH,
+                              "the draft model's tokenizer differs from the target's: their token ids do not mean the same text");
+            SPECULA_TRY(LlamaContext::create(draft, n_ctx, kMaxBatch, &s->draft));
+        }
+        Generator::Config config;
+        config.sampling = {p.temperature, p.top_k, p.top_p, p.seed};
+        config.policy = p.gamma_policy == SPECULA_GAMMA_FIXED    ? GammaPolicy::kFixed
+                        : p.gamma_policy == SPECULA_GAMMA_ANALYTIC ? GammaPolicy::kAnalytic
+                                                                   : GammaPolicy::kHeuristic;
+        config.gamma = p.gamma;
+        config.gamma_max = p.gamma_max;
+        s->generator = std::make_unique<Generator>(*s->target, s->draft.get(), config);
         *out = s.release();
         return Status::Ok();
     });
 }
 
-void specula_session_free(specula_session* session) {
-    delete session;
-}
+void specula_session_free(specula_session* session) { delete session; }
 
 specula_status specula_session_reset(specula_session* session) {
     return guarded([&] {
         SPECULA_TRY(need(session, "session"));
-        session->ctx->truncate(0);
-        session->logits.clear();
-        session->pending = -1;
-        session->step = 0;
+        session->generator->reset();
         session->stats = specula_session_stats{};
         return Status::Ok();
     });
 }
 
-specula_status specula_session_eval(specula_session* session, const int32_t* tokens,
-                                    size_t n_tokens) {
+specula_status specula_session_eval(specula_session* session, const int32_t* tokens, size_t n_tokens) {
     return guarded([&] {
         SPECULA_TRY(need(session, "session"));
         if (tokens == nullptr && n_tokens > 0) return InvalidArgument("tokens is NULL");
+        const int n_vocab = session->model->impl->config().n_vocab;
+        for (size_t i = 0; i < n_tokens; ++i)
+            if (tokens[i] < 0 || tokens[i] >= n_vocab)
+                return InvalidArgument("token id " + std::to_string(tokens[i]) + " is outside the vocabulary");
+        if (session->generator->committed().size() + n_tokens > size_t(session->target->n_ctx()))
+            return Status(SPECULA_ERR_CONTEXT_FULL, "the prompt does not fit the context of " +
+                                                        std::to_string(session->target->n_ctx()) + " tokens");
         const auto t0 = Clock::now();
-        SPECULA_TRY(flush_pending(session));
-        SPECULA_TRY(evaluate(session, std::span(tokens, n_tokens)));
+        Status s = counted(session, [&] { return session->generator->append(std::span(tokens, n_tokens)); });
         session->stats.n_prompt_tokens += n_tokens;
         session->stats.prompt_seconds += seconds_since(t0);
-        return Status::Ok();
+        return s;
     });
 }
 
-specula_status specula_session_get_logits(specula_session* session, float* logits,
-                                          size_t capacity) {
+specula_status specula_session_get_logits(specula_session* session, float* logits, size_t capacity) {
     return guarded([&] {
         SPECULA_TRY(need(session, "session"));
         SPECULA_TRY(need(logits, "logits"));
-        SPECULA_TRY(flush_pending(session));
-        if (session->logits.empty()) return InvalidArgument("no position has been evaluated yet");
-        if (capacity < session->logits.size())
-            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
-                          "logits need " + std::to_string(session->logits.size()) + " floats");
-        std::copy(session->logits.begin(), session->logits.end(), logits);
+        const size_t n_vocab = size_t(session->model->impl->config().n_vocab);
+        if (capacity < n_vocab)
+            return Status(SPECULA_ERR_BUFFER_TOO_SMALL, "logits need " + std::to_string(n_vocab) + " floats");
+        std::vector<float> row;
+        SPECULA_TRY(counted(session, [&] { return session->generator->last_logits(&row); }));
+        std::copy(row.begin(), row.end(), logits);
         return Status::Ok();
     });
 }
@@ -412,22 +422,23 @@ specula_status specula_generate(specula_session* session, const specula_generate
             ~Timer() { s.stats.generate_seconds += seconds_since(t0); }
         } timer{s, t0};
         const Tokenizer& tok = s.model->impl->tokenizer();
-        const SamplingParams sp{s.params.temperature, s.params.top_k, s.params.top_p,
-                                s.params.seed};
-        for (int i = 0; i < g.max_tokens; ++i) {
+        std::vector<int32_t> step_tokens;
+        while (count < size_t(g.max_tokens)) {
             if (g.should_abort != nullptr && g.should_abort(g.should_abort_user_data))
                 return Status(SPECULA_ERR_ABORTED, "generation was aborted by the abort callback");
-            SPECULA_TRY(flush_pending(session));
-            if (s.logits.empty()) return InvalidArgument("evaluate a prompt before generating");
-            const int32_t t = sample_token(s.logits, sp, s.step++);
-            if (g.stop_at_eos && t == tok.eos()) break;
-            if (count < capacity) tokens[count] = t;
-            ++count;
-            ++s.stats.n_generated;
-            s.pending = t;
-            if (g.on_token != nullptr) {
-                const std::string piece = tok.piece(t);
-                if (!g.on_token(t, piece.data(), piece.size(), g.on_token_user_data)) break;
+            step_tokens.clear();
+            SPECULA_TRY(counted(session, [&] { return s.generator->step(g.max_tokens - int(count), &step_tokens); }));
+            for (int32_t t : step_tokens) {
+                // A token after the end (EOS, or the callback said stop) is dropped; the
+                // session's context keeps it, as it keeps every committed token.
+                if (g.stop_at_eos && t == tok.eos()) return Status::Ok();
+                if (count < capacity) tokens[count] = t;
+                ++count;
+                ++s.stats.n_generated;
+                if (g.on_token != nullptr) {
+                    const std::string piece = tok.piece(t);
+                    if (!g.on_token(t, piece.data(), piece.size(), g.on_token_user_data)) return Status::Ok();
+                }
             }
         }
         return Status::Ok();
@@ -436,12 +447,27 @@ specula_status specula_generate(specula_session* session, const specula_generate
     return status;
 }
 
-specula_status specula_session_get_stats(const specula_session* session,
-                                         specula_session_stats* stats) {
+specula_status specula_session_get_stats(const specula_session* session, specula_session_stats* stats) {
     return guarded([&] {
         SPECULA_TRY(need(session, "session"));
         SPECULA_TRY(need(stats, "stats"));
         *stats = session->stats;
+        const GeneratorStats& g = session->generator->stats();
+        stats->n_past = uint32_t(session->target->n_past());
+        stats->n_forward_calls = session->target->forward_calls();
+        stats->n_steps = g.steps;
+        stats->n_drafted = g.drafted;
+        stats->n_accepted = g.accepted;
+        stats->acceptance_rate = g.drafted > 0 ? double(g.accepted) / double(g.drafted) : 0.0;
+        stats->tokens_per_step = g.steps > 0 ? double(g.emitted) / double(g.steps) : 0.0;
+        for (int i = 0; i < SPECULA_MAX_GAMMA; ++i) {
+            stats->drafted_at[i] = g.drafted_at[size_t(i)];
+            stats->accepted_at[i] = g.accepted_at[size_t(i)];
+        }
+        stats->draft_seconds = g.draft_seconds;
+        stats->target_seconds = g.target_seconds;
+        stats->verify_seconds = g.verify_seconds;
+        stats->last_gamma = g.last_gamma;
         return Status::Ok();
     });
 }

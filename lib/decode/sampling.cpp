@@ -62,21 +62,27 @@ std::vector<TokenProb> processed_distribution(std::span<const float> logits,
     return out;
 }
 
-int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint32_t step,
-                     RandomStream stream) {
-    if (p.temperature <= 0.0f) return argmax(logits);
+int32_t exponential_race(std::span<const TokenProb> candidates, uint64_t seed, RandomStream stream,
+                         uint32_t step, uint32_t row) {
     int32_t best = -1;
-    float best_score = -INFINITY;
-    for (const TokenProb& tp : processed_distribution(logits, p)) {
-        // p / E with E = -log(u) > 0: u lies strictly inside (0, 1).
-        const float e = -std::log(philox_uniform(p.seed, stream, step, 0, uint32_t(tp.token)));
-        const float score = tp.prob / e;
+    float best_score = 0.0f;
+    for (const TokenProb& c : candidates) {
+        if (!(c.prob > 0.0f)) continue;
+        // E = -log(u) > 0 because u lies strictly inside (0, 1).
+        const float e = -std::log(philox_uniform(seed, stream, step, row, uint32_t(c.token)));
+        const float score = c.prob / e;
         if (best < 0 || score > best_score) {
-            best = tp.token;
+            best = c.token;
             best_score = score;
         }
     }
     return best;
+}
+
+int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint32_t step,
+                     RandomStream stream, uint32_t row) {
+    if (p.temperature <= 0.0f) return argmax(logits);
+    return exponential_race(processed_distribution(logits, p), p.seed, stream, step, row);
 }
 
 }  // namespace specula

@@ -35,8 +35,15 @@ int32_t argmax(std::span<const float> logits);
 std::vector<TokenProb> processed_distribution(std::span<const float> logits,
                                               const SamplingParams& p);
 
-// Greedy when temperature <= 0, else one exponential-race draw at `step`.
+// A token with probability prob / sum(prob) over the candidates with prob > 0
+// (no need to normalise): argmax prob(x) / E_x with E_x = -log u and u from
+// Philox at (seed, stream, step, row, x). Ties go to the earlier candidate; -1
+// when no candidate has positive weight.
+int32_t exponential_race(std::span<const TokenProb> candidates, uint64_t seed, RandomStream stream,
+                         uint32_t step, uint32_t row);
+
+// Greedy when temperature <= 0, else one race over the processed distribution.
 int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint32_t step,
-                     RandomStream stream = RandomStream::kSample);
+                     RandomStream stream = RandomStream::kSample, uint32_t row = 0);
 
 }  // namespace specula

@@ -177,12 +177,25 @@ SPECULA_API specula_status specula_detokenize(const specula_model* model, const 
 
 /* --------------------------------------------------------------- sessions */
 
+typedef enum specula_gamma_policy {
+    SPECULA_GAMMA_FIXED = 0,     /* always `gamma` drafts per step */
+    SPECULA_GAMMA_HEURISTIC = 1, /* start at `gamma`; +2 after a fully accepted step, -1 otherwise */
+    SPECULA_GAMMA_ANALYTIC = 2   /* the γ maximising Leviathan et al. Thm 3.8 for the measured α and cost ratio */
+} specula_gamma_policy;
+
 typedef struct specula_session_params {
     uint32_t n_ctx;    /* context length; 0 = the model's training context */
     uint64_t seed;     /* the Philox key: same seed + same logits = same tokens on every backend */
     float temperature; /* 0 = greedy */
     int32_t top_k;     /* 0 = off */
     float top_p;       /* 1 = off */
+    /* Speculative decoding: a draft model on the same backend with the same
+     * vocabulary (else SPECULA_ERR_VOCAB_MISMATCH). NULL decodes with the target alone.
+     * The output distribution is the target's either way. */
+    specula_model* draft;
+    specula_gamma_policy gamma_policy;
+    int32_t gamma;     /* drafts per step (fixed), or the starting value (1..15) */
+    int32_t gamma_max; /* upper bound of the adaptive policies (1..15) */
 } specula_session_params;
 
 /* Streams each generated token; `piece` holds its bytes (a UTF-8 character
@@ -201,14 +214,28 @@ typedef struct specula_generate_params {
     void* should_abort_user_data;
 } specula_generate_params;
 
+#define SPECULA_MAX_GAMMA 15
+
 typedef struct specula_session_stats {
     uint32_t n_past;          /* tokens in the context */
     uint64_t n_prompt_tokens; /* evaluated through specula_session_eval */
     uint64_t n_generated;     /* produced by specula_generate */
-    uint64_t n_forward_calls; /* forward passes of the target */
+    uint64_t n_forward_calls; /* forward passes of the target, prompt chunks included */
     uint64_t n_host_waits;    /* times the host waited on the device */
     double prompt_seconds;
     double generate_seconds;
+    /* generation steps: one target forward each, after γ draft forwards */
+    uint64_t n_steps;
+    uint64_t n_drafted;       /* draft tokens proposed (0 without a draft) */
+    uint64_t n_accepted;      /* draft tokens accepted */
+    double acceptance_rate;   /* n_accepted / n_drafted: the papers' α */
+    double tokens_per_step;   /* generated tokens per target forward */
+    uint64_t drafted_at[SPECULA_MAX_GAMMA]; /* per draft position */
+    uint64_t accepted_at[SPECULA_MAX_GAMMA];
+    double draft_seconds; /* where generation time went */
+    double target_seconds;
+    double verify_seconds;
+    int32_t last_gamma;
 } specula_session_stats;
 
 typedef struct specula_session specula_session;

@@ -227,6 +227,7 @@ Status LlamaContext::forward(std::span<const int32_t> tokens, bool all_rows,
     logits->resize(size_t(rows) * size_t(c.n_vocab));
     SPECULA_TRY(be.download(out, logits->data()));
     n_past_ += n;
+    ++forward_calls_;
     return Status::Ok();
 }
 

@@ -70,9 +70,11 @@ class LlamaContext {
     static Status create(const LlamaModel& model, int n_ctx, int max_batch,
                          std::unique_ptr<LlamaContext>* out);
 
+    const LlamaModel& model() const { return model_; }
     int n_ctx() const { return n_ctx_; }
     int max_batch() const { return max_batch_; }
     int n_past() const { return n_past_; }
+    uint64_t forward_calls() const { return forward_calls_; }
     // Forgets positions >= n (a length counter: no data moves).
     void truncate(int n) { n_past_ = std::min(n_past_, std::max(0, n)); }
 
@@ -87,6 +89,7 @@ class LlamaContext {
 
     const LlamaModel& model_;
     int n_ctx_ = 0, max_batch_ = 0, n_past_ = 0;
+    uint64_t forward_calls_ = 0;
     std::vector<std::unique_ptr<Buffer>> buffers_;
     std::vector<Tensor> k_cache_, v_cache_;
     Tensor rope_table_, ids_, positions_, x_, norm_, q_, k_, v_, attn_, gate_, up_, logits_;

@@ -1,0 +1,87 @@
+// Token generation for a session: plain decoding with the target alone, or
+// speculative decoding with a draft model (DESIGN §5). Both are one loop:
+// each step drafts γ tokens (γ = 0 without a draft), runs the target once on
+// the last committed token plus the drafts, verifies, commits n + 1 tokens and
+// rolls both KV caches back to what was committed.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "decode/sampling.h"
+#include "models/llama.h"
+
+namespace specula {
+
+constexpr int kMaxGamma = 15;  // γ + 1 target positions fit one verification batch of 16
+
+enum class GammaPolicy {
+    kFixed,      // always `gamma`
+    kHeuristic,  // start at 5; +2 after a step that accepted every draft, -1 otherwise; at least 1
+    kAnalytic,   // argmax over γ of Leviathan et al. Theorem 3.8 with the measured α and cost ratio c
+};
+
+struct GeneratorStats {
+    uint64_t steps = 0;
+    uint64_t target_calls = 0;  // target forwards (prompt chunks excluded)
+    uint64_t draft_calls = 0;
+    uint64_t drafted = 0;
+    uint64_t accepted = 0;
+    uint64_t emitted = 0;
+    std::array<uint64_t, kMaxGamma> drafted_at{};   // per draft position
+    std::array<uint64_t, kMaxGamma> accepted_at{};
+    double draft_seconds = 0, target_seconds = 0, verify_seconds = 0;
+    int last_gamma = 0;
+};
+
+class Generator {
+public:
+    struct Config {
+        SamplingParams sampling;
+        GammaPolicy policy = GammaPolicy::kHeuristic;
+        int gamma = 5;      // the fixed γ, and the start of the adaptive policies
+        int gamma_max = 8;  // upper bound of the adaptive policies (<= kMaxGamma)
+    };
+
+    // `draft` may be null (plain decoding). Both contexts must be empty.
+    Generator(LlamaContext& target, LlamaContext* draft, const Config& config);
+
+    // Appends tokens to the committed sequence (the prompt). Every token but the last
+    // is evaluated now, in batches; the last is evaluated by the next step.
+    Status append(std::span<const int32_t> tokens);
+    // One step: appends 1..γ+1 tokens to `out` (at most max_tokens, at least 1).
+    Status step(int max_tokens, std::vector<int32_t>* out);
+    // Drops every committed token and all state.
+    void reset();
+
+    // The target's logits after the committed sequence (evaluates the pending token if needed).
+    Status last_logits(std::vector<float>* out);
+
+    const std::vector<int32_t>& committed() const { return committed_; }
+    const GeneratorStats& stats() const { return stats_; }
+    int next_gamma() const;
+
+private:
+    // Feeds committed tokens a context has not seen, except the last `keep` ones.
+    Status catch_up(LlamaContext& ctx, size_t keep, std::vector<float>* logits);
+    void commit(std::span<const int32_t> tokens);
+    void adapt_gamma(int n_accepted, int gamma);
+
+    LlamaContext& target_;
+    LlamaContext* draft_;
+    Config config_;
+    std::vector<int32_t> committed_;
+    uint32_t step_ = 0;
+    int heuristic_gamma_;
+    double target_call_seconds_ = 0, draft_call_seconds_ = 0;  // running means for the analytic policy
+    GeneratorStats stats_;
+};
+
+// Leviathan et al. Theorem 3.8: the expected speedup of γ drafts per step with
+// acceptance rate alpha and draft/target cost ratio c.
+double expected_speedup(double alpha, double c, int gamma);
+
+}  // namespace specula

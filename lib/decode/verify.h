@@ -1,0 +1,37 @@
+// The speculative acceptance test and residual resampling (Leviathan et al.
+// Algorithm 1; Chen et al. Theorem 1), host reference. Given the target's
+// γ+1 logits rows, the draft's γ rows and the γ drafted tokens, it returns how
+// many drafts are accepted and the one token that follows them, so that the
+// emitted tokens are distributed exactly as the target's processed
+// distribution. GPU verify kernels must return the same n and token for the
+// same logits and seed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "decode/sampling.h"
+
+namespace specula {
+
+struct VerifyResult {
+    int n_accepted = 0;  // 0..γ
+    int32_t token = -1;  // the resampled token (n < γ) or the bonus token (n == γ)
+};
+
+// The draft model's token for draft position `row` of a step: sample_token on
+// stream kDraft, so draft noise is never reused by verify.
+inline int32_t draft_token(std::span<const float> draft_logits, const SamplingParams& p, uint32_t step,
+                           uint32_t row) {
+    return sample_token(draft_logits, p, step, RandomStream::kDraft, row);
+}
+
+// target_logits: (γ+1) rows of n_vocab; draft_logits: γ rows; drafts: γ tokens.
+// Greedy (temperature <= 0): accept while argmax p_c == x_c; the token is argmax p_n.
+// Sampled: accept x_c when u_c * q_c(x_c) < p_c(x_c) with u_c from stream kAccept at
+// (step, c); on the first rejection draw from max(0, p_n - q_n), else draw the bonus
+// token from p_γ; both draws are exponential races on stream kResidual at (step, n).
+VerifyResult verify(std::span<const float> target_logits, std::span<const float> draft_logits,
+                    std::span<const int32_t> drafts, int n_vocab, const SamplingParams& p, uint32_t step);
+
+}  // namespace specula
