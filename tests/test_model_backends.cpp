@@ -147,8 +147,7 @@ TEST_P(GenerateOnBackend, Greedy64TokensMatchTheCpu) {
     ASSERT_EQ(s, SPECULA_OK) << specula_last_error();
     ASSERT_EQ(tokens_gpu.size(), 64u);
     EXPECT_EQ(tokens_gpu, tokens_cpu);
-    EXPECT_EQ(sg.n_forward_calls,
-              1 + 63u);  // the prompt, then one forward per generated token but the last
+    EXPECT_EQ(sg.n_forward_calls, 1 + 64u);  // the prompt but its last token, then one per token
     EXPECT_EQ(sg.n_host_waits, sg.n_forward_calls);
 }
 
