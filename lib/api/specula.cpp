@@ -330,14 +330,16 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         if (!(p.temperature >= 0.0f) || !(p.top_p > 0.0f) || p.top_p > 1.0f || p.top_k < 0)
             return InvalidArgument("temperature must be >= 0, top_p in (0, 1], top_k >= 0");
         if (p.gamma < 1 || p.gamma > kMaxGamma || p.gamma_max < 1 || p.gamma_max > kMaxGamma)
-            return InvalidArgument("gamma and gamma_max must lie in 1.." + std::to_string(kMaxGamma));
+            return InvalidArgument("gamma and gamma_max must lie in 1.." +
+                                   std::to_string(kMaxGamma));
         if (p.gamma_policy != SPECULA_GAMMA_FIXED && p.gamma_policy != SPECULA_GAMMA_HEURISTIC &&
             p.gamma_policy != SPECULA_GAMMA_ANALYTIC)
             return InvalidArgument("unknown gamma policy");
         auto s = std::make_unique<specula_session>();
         s->model = model;
         s->params = p;
-        const int n_ctx = p.n_ctx > 0 ? int(std::min<uint32_t>(p.n_ctx, 1u << 24)) : model->impl->config().n_ctx_train;
+        const int n_ctx = p.n_ctx > 0 ? int(std::min<uint32_t>(p.n_ctx, 1u << 24))
+                                      : model->impl->config().n_ctx_train;
         constexpr int kMaxBatch = 64;
         SPECULA_TRY(LlamaContext::create(*model->impl, n_ctx, kMaxBatch, &s->target));
         if (p.draft != nullptr) {
@@ -346,12 +348,13 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
                 return InvalidArgument("the draft model must be loaded on the target's backend");
             if (!draft.tokenizer().same_vocabulary(model->impl->tokenizer()))
                 return Status(SPECULA_ERR_VOCAB_MISMATCH,
-                              "the draft model's tokenizer differs from the target's: their token ids do not mean the same text");
+                              "the draft model's tokenizer differs from the target's: their token "
+                              "ids do not mean the same text");
             SPECULA_TRY(LlamaContext::create(draft, n_ctx, kMaxBatch, &s->draft));
         }
         Generator::Config config;
         config.sampling = {p.temperature, p.top_k, p.top_p, p.seed};
-        config.policy = p.gamma_policy == SPECULA_GAMMA_FIXED    ? GammaPolicy::kFixed
+        config.policy = p.gamma_policy == SPECULA_GAMMA_FIXED      ? GammaPolicy::kFixed
                         : p.gamma_policy == SPECULA_GAMMA_ANALYTIC ? GammaPolicy::kAnalytic
                                                                    : GammaPolicy::kHeuristic;
         config.gamma = p.gamma;
@@ -362,7 +365,9 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
     });
 }
 
-void specula_session_free(specula_session* session) { delete session; }
+void specula_session_free(specula_session* session) {
+    delete session;
+}
 
 specula_status specula_session_reset(specula_session* session) {
     return guarded([&] {
@@ -373,32 +378,38 @@ specula_status specula_session_reset(specula_session* session) {
     });
 }
 
-specula_status specula_session_eval(specula_session* session, const int32_t* tokens, size_t n_tokens) {
+specula_status specula_session_eval(specula_session* session, const int32_t* tokens,
+                                    size_t n_tokens) {
     return guarded([&] {
         SPECULA_TRY(need(session, "session"));
         if (tokens == nullptr && n_tokens > 0) return InvalidArgument("tokens is NULL");
         const int n_vocab = session->model->impl->config().n_vocab;
         for (size_t i = 0; i < n_tokens; ++i)
             if (tokens[i] < 0 || tokens[i] >= n_vocab)
-                return InvalidArgument("token id " + std::to_string(tokens[i]) + " is outside the vocabulary");
+                return InvalidArgument("token id " + std::to_string(tokens[i]) +
+                                       " is outside the vocabulary");
         if (session->generator->committed().size() + n_tokens > size_t(session->target->n_ctx()))
             return Status(SPECULA_ERR_CONTEXT_FULL, "the prompt does not fit the context of " +
-                                                        std::to_string(session->target->n_ctx()) + " tokens");
+                                                        std::to_string(session->target->n_ctx()) +
+                                                        " tokens");
         const auto t0 = Clock::now();
-        Status s = counted(session, [&] { return session->generator->append(std::span(tokens, n_tokens)); });
+        Status s = counted(session,
+                           [&] { return session->generator->append(std::span(tokens, n_tokens)); });
         session->stats.n_prompt_tokens += n_tokens;
         session->stats.prompt_seconds += seconds_since(t0);
         return s;
     });
 }
 
-specula_status specula_session_get_logits(specula_session* session, float* logits, size_t capacity) {
+specula_status specula_session_get_logits(specula_session* session, float* logits,
+                                          size_t capacity) {
     return guarded([&] {
         SPECULA_TRY(need(session, "session"));
         SPECULA_TRY(need(logits, "logits"));
         const size_t n_vocab = size_t(session->model->impl->config().n_vocab);
         if (capacity < n_vocab)
-            return Status(SPECULA_ERR_BUFFER_TOO_SMALL, "logits need " + std::to_string(n_vocab) + " floats");
+            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
+                          "logits need " + std::to_string(n_vocab) + " floats");
         std::vector<float> row;
         SPECULA_TRY(counted(session, [&] { return session->generator->last_logits(&row); }));
         std::copy(row.begin(), row.end(), logits);
@@ -427,7 +438,9 @@ specula_status specula_generate(specula_session* session, const specula_generate
             if (g.should_abort != nullptr && g.should_abort(g.should_abort_user_data))
                 return Status(SPECULA_ERR_ABORTED, "generation was aborted by the abort callback");
             step_tokens.clear();
-            SPECULA_TRY(counted(session, [&] { return s.generator->step(g.max_tokens - int(count), &step_tokens); }));
+            SPECULA_TRY(counted(session, [&] {
+                return s.generator->step(g.max_tokens - int(count), &step_tokens);
+            }));
             for (int32_t t : step_tokens) {
                 // A token after the end (EOS, or the callback said stop) is dropped; the
                 // session's context keeps it, as it keeps every committed token.
@@ -437,7 +450,8 @@ specula_status specula_generate(specula_session* session, const specula_generate
                 ++s.stats.n_generated;
                 if (g.on_token != nullptr) {
                     const std::string piece = tok.piece(t);
-                    if (!g.on_token(t, piece.data(), piece.size(), g.on_token_user_data)) return Status::Ok();
+                    if (!g.on_token(t, piece.data(), piece.size(), g.on_token_user_data))
+                        return Status::Ok();
                 }
             }
         }
@@ -447,7 +461,8 @@ specula_status specula_generate(specula_session* session, const specula_generate
     return status;
 }
 
-specula_status specula_session_get_stats(const specula_session* session, specula_session_stats* stats) {
+specula_status specula_session_get_stats(const specula_session* session,
+                                         specula_session_stats* stats) {
     return guarded([&] {
         SPECULA_TRY(need(session, "session"));
         SPECULA_TRY(need(stats, "stats"));

@@ -11,12 +11,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 }  // namespace
 
 double expected_speedup(double alpha, double c, int gamma) {
-    const double tokens = alpha >= 1.0 ? gamma + 1.0 : (1.0 - std::pow(alpha, gamma + 1)) / (1.0 - alpha);
+    const double tokens =
+        alpha >= 1.0 ? gamma + 1.0 : (1.0 - std::pow(alpha, gamma + 1)) / (1.0 - alpha);
     return tokens / (gamma * c + 1.0);
 }
 
@@ -65,10 +68,13 @@ Status Generator::last_logits(std::vector<float>* out) {
 int Generator::next_gamma() const {
     if (draft_ == nullptr) return 0;
     switch (config_.policy) {
-        case GammaPolicy::kFixed: return config_.gamma;
-        case GammaPolicy::kHeuristic: return heuristic_gamma_;
+        case GammaPolicy::kFixed:
+            return config_.gamma;
+        case GammaPolicy::kHeuristic:
+            return heuristic_gamma_;
         case GammaPolicy::kAnalytic: {
-            if (stats_.drafted < 16 || target_call_seconds_ <= 0) return config_.gamma;  // not measured yet
+            if (stats_.drafted < 16 || target_call_seconds_ <= 0)
+                return config_.gamma;  // not measured yet
             const double alpha = std::min(double(stats_.accepted) / double(stats_.drafted), 0.999);
             const double c = draft_call_seconds_ / target_call_seconds_;
             int best = 1;
@@ -91,8 +97,10 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
     if (max_tokens < 1) return InvalidArgument("a step emits at least one token");
     const int L = int(committed_.size());
     if (L > target_.n_ctx())
-        return {SPECULA_ERR_CONTEXT_FULL, "the context of " + std::to_string(target_.n_ctx()) + " tokens is full"};
-    // γ drafts need γ more target positions (and γ - 1 more draft positions) after the last committed token.
+        return {SPECULA_ERR_CONTEXT_FULL,
+                "the context of " + std::to_string(target_.n_ctx()) + " tokens is full"};
+    // γ drafts need γ more target positions (and γ - 1 more draft positions) after the last
+    // committed token.
     int gamma = std::min({next_gamma(), max_tokens - 1, target_.n_ctx() - L});
     if (draft_) gamma = std::min(gamma, draft_->n_ctx() - L + 1);
     gamma = std::max(gamma, 0);
@@ -112,7 +120,8 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
         const double dt = seconds_since(t0);
         stats_.draft_seconds += dt;
         stats_.draft_calls += uint64_t(gamma);
-        draft_call_seconds_ = draft_call_seconds_ > 0 ? 0.9 * draft_call_seconds_ + 0.1 * dt / gamma : dt / gamma;
+        draft_call_seconds_ =
+            draft_call_seconds_ > 0 ? 0.9 * draft_call_seconds_ + 0.1 * dt / gamma : dt / gamma;
     }
 
     const auto t1 = Clock::now();

@@ -16,12 +16,14 @@
 
 namespace specula {
 
-constexpr int kMaxGamma = 15;  // γ + 1 target positions fit one verification batch of 16
+constexpr int kMaxGamma =
+    SPECULA_MAX_GAMMA;  // the target then evaluates up to 17 positions at once
 
 enum class GammaPolicy {
     kFixed,      // always `gamma`
     kHeuristic,  // start at 5; +2 after a step that accepted every draft, -1 otherwise; at least 1
-    kAnalytic,   // argmax over γ of Leviathan et al. Theorem 3.8 with the measured α and cost ratio c
+    kAnalytic,  // argmax over γ of Leviathan et al. Theorem 3.8 with the measured α and cost ratio
+                // c
 };
 
 struct GeneratorStats {
@@ -31,14 +33,14 @@ struct GeneratorStats {
     uint64_t drafted = 0;
     uint64_t accepted = 0;
     uint64_t emitted = 0;
-    std::array<uint64_t, kMaxGamma> drafted_at{};   // per draft position
+    std::array<uint64_t, kMaxGamma> drafted_at{};  // per draft position
     std::array<uint64_t, kMaxGamma> accepted_at{};
     double draft_seconds = 0, target_seconds = 0, verify_seconds = 0;
     int last_gamma = 0;
 };
 
 class Generator {
-public:
+  public:
     struct Config {
         SamplingParams sampling;
         GammaPolicy policy = GammaPolicy::kHeuristic;
@@ -64,7 +66,7 @@ public:
     const GeneratorStats& stats() const { return stats_; }
     int next_gamma() const;
 
-private:
+  private:
     // Feeds committed tokens a context has not seen, except the last `keep` ones.
     Status catch_up(LlamaContext& ctx, size_t keep, std::vector<float>* logits);
     void commit(std::span<const int32_t> tokens);
@@ -76,7 +78,8 @@ private:
     std::vector<int32_t> committed_;
     uint32_t step_ = 0;
     int heuristic_gamma_;
-    double target_call_seconds_ = 0, draft_call_seconds_ = 0;  // running means for the analytic policy
+    double target_call_seconds_ = 0,
+           draft_call_seconds_ = 0;  // running means for the analytic policy
     GeneratorStats stats_;
 };
 

@@ -10,7 +10,8 @@ namespace {
 // The processed distribution as a dense vector over the vocabulary.
 std::vector<float> dense(std::span<const float> logits, const SamplingParams& p) {
     std::vector<float> d(logits.size(), 0.0f);
-    for (const TokenProb& tp : processed_distribution(logits, p)) d[size_t(tp.token)] = tp.prob;
+    for (const TokenProb& tp : processed_distribution(logits, p))
+        d[size_t(tp.token)] = tp.prob;
     return d;
 }
 
@@ -21,14 +22,16 @@ std::vector<TokenProb> sparse(const std::vector<float>& weights) {
     return out;
 }
 
-int32_t residual_draw(const std::vector<float>& weights, const SamplingParams& p, uint32_t step, int row) {
+int32_t residual_draw(const std::vector<float>& weights, const SamplingParams& p, uint32_t step,
+                      int row) {
     return exponential_race(sparse(weights), p.seed, RandomStream::kResidual, step, uint32_t(row));
 }
 
 }  // namespace
 
 VerifyResult verify(std::span<const float> target_logits, std::span<const float> draft_logits,
-                    std::span<const int32_t> drafts, int n_vocab, const SamplingParams& p, uint32_t step) {
+                    std::span<const int32_t> drafts, int n_vocab, const SamplingParams& p,
+                    uint32_t step) {
     const size_t V = size_t(n_vocab);
     const int gamma = int(drafts.size());
     auto target_row = [&](int c) { return target_logits.subspan(size_t(c) * V, V); };
@@ -36,7 +39,9 @@ VerifyResult verify(std::span<const float> target_logits, std::span<const float>
     VerifyResult r;
 
     if (p.temperature <= 0.0f) {
-        while (r.n_accepted < gamma && argmax(target_row(r.n_accepted)) == drafts[size_t(r.n_accepted)]) ++r.n_accepted;
+        while (r.n_accepted < gamma &&
+               argmax(target_row(r.n_accepted)) == drafts[size_t(r.n_accepted)])
+            ++r.n_accepted;
         r.token = argmax(target_row(r.n_accepted));
         return r;
     }
@@ -54,7 +59,8 @@ VerifyResult verify(std::span<const float> target_logits, std::span<const float>
     if (r.n_accepted < gamma) {
         // Rejected: p_row and q_row hold row n. Draw from the residual max(0, p - q).
         std::vector<float> residual(V);
-        for (size_t x = 0; x < V; ++x) residual[x] = std::max(0.0f, p_row[x] - q_row[x]);
+        for (size_t x = 0; x < V; ++x)
+            residual[x] = std::max(0.0f, p_row[x] - q_row[x]);
         r.token = residual_draw(residual, p, step, r.n_accepted);
         // An all-zero residual needs p == q, under which no rejection happens; rounding
         // could still produce one, and then p itself is the right distribution.

@@ -21,8 +21,8 @@ struct VerifyResult {
 
 // The draft model's token for draft position `row` of a step: sample_token on
 // stream kDraft, so draft noise is never reused by verify.
-inline int32_t draft_token(std::span<const float> draft_logits, const SamplingParams& p, uint32_t step,
-                           uint32_t row) {
+inline int32_t draft_token(std::span<const float> draft_logits, const SamplingParams& p,
+                           uint32_t step, uint32_t row) {
     return sample_token(draft_logits, p, step, RandomStream::kDraft, row);
 }
 
@@ -32,6 +32,7 @@ inline int32_t draft_token(std::span<const float> draft_logits, const SamplingPa
 // (step, c); on the first rejection draw from max(0, p_n - q_n), else draw the bonus
 // token from p_γ; both draws are exponential races on stream kResidual at (step, n).
 VerifyResult verify(std::span<const float> target_logits, std::span<const float> draft_logits,
-                    std::span<const int32_t> drafts, int n_vocab, const SamplingParams& p, uint32_t step);
+                    std::span<const int32_t> drafts, int n_vocab, const SamplingParams& p,
+                    uint32_t step);
 
 }  // namespace specula

@@ -178,9 +178,11 @@ SPECULA_API specula_status specula_detokenize(const specula_model* model, const 
 /* --------------------------------------------------------------- sessions */
 
 typedef enum specula_gamma_policy {
-    SPECULA_GAMMA_FIXED = 0,     /* always `gamma` drafts per step */
-    SPECULA_GAMMA_HEURISTIC = 1, /* start at `gamma`; +2 after a fully accepted step, -1 otherwise */
-    SPECULA_GAMMA_ANALYTIC = 2   /* the γ maximising Leviathan et al. Thm 3.8 for the measured α and cost ratio */
+    SPECULA_GAMMA_FIXED = 0, /* always `gamma` drafts per step */
+    SPECULA_GAMMA_HEURISTIC =
+        1, /* start at `gamma`; +2 after a fully accepted step, -1 otherwise */
+    SPECULA_GAMMA_ANALYTIC =
+        2 /* the γ maximising Leviathan et al. Thm 3.8 for the measured α and cost ratio */
 } specula_gamma_policy;
 
 typedef struct specula_session_params {
@@ -194,8 +196,8 @@ typedef struct specula_session_params {
      * The output distribution is the target's either way. */
     specula_model* draft;
     specula_gamma_policy gamma_policy;
-    int32_t gamma;     /* drafts per step (fixed), or the starting value (1..15) */
-    int32_t gamma_max; /* upper bound of the adaptive policies (1..15) */
+    int32_t gamma;     /* drafts per step (fixed), or the starting value (1..SPECULA_MAX_GAMMA) */
+    int32_t gamma_max; /* upper bound of the adaptive policies (1..SPECULA_MAX_GAMMA) */
 } specula_session_params;
 
 /* Streams each generated token; `piece` holds its bytes (a UTF-8 character
@@ -214,7 +216,7 @@ typedef struct specula_generate_params {
     void* should_abort_user_data;
 } specula_generate_params;
 
-#define SPECULA_MAX_GAMMA 15
+#define SPECULA_MAX_GAMMA 16
 
 typedef struct specula_session_stats {
     uint32_t n_past;          /* tokens in the context */
@@ -226,10 +228,10 @@ typedef struct specula_session_stats {
     double generate_seconds;
     /* generation steps: one target forward each, after γ draft forwards */
     uint64_t n_steps;
-    uint64_t n_drafted;       /* draft tokens proposed (0 without a draft) */
-    uint64_t n_accepted;      /* draft tokens accepted */
-    double acceptance_rate;   /* n_accepted / n_drafted: the papers' α */
-    double tokens_per_step;   /* generated tokens per target forward */
+    uint64_t n_drafted;                     /* draft tokens proposed (0 without a draft) */
+    uint64_t n_accepted;                    /* draft tokens accepted */
+    double acceptance_rate;                 /* n_accepted / n_drafted: the papers' α */
+    double tokens_per_step;                 /* generated tokens per target forward */
     uint64_t drafted_at[SPECULA_MAX_GAMMA]; /* per draft position */
     uint64_t accepted_at[SPECULA_MAX_GAMMA];
     double draft_seconds; /* where generation time went */
