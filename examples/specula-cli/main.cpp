@@ -1,5 +1,6 @@
 // specula-cli: generate text with a GGUF model through the public C API.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -25,14 +26,22 @@ bool print_piece(int32_t, const char* piece, size_t len, void*) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string model_path, prompt = "Once upon a time", backend_name = "auto";
-    int n_predict = 64, threads = 0, top_k = 40;
+    std::string model_path, draft_path, prompt = "Once upon a time", backend_name = "auto",
+                                        policy = "heuristic";
+    int n_predict = 64, threads = 0, top_k = 40, draft_max = 5;
     unsigned ctx = 0;
     float temp = 0.8f, top_p = 0.95f;
     uint64_t seed = 0x5eed;
     bool no_bos = false;
     CLI::App app{"specula: generate text with a GGUF model"};
     app.add_option("-m,--model", model_path, "model GGUF")->required();
+    app.add_option("--model-draft", draft_path,
+                   "draft model GGUF: speculative decoding (also -md)");
+    app.add_option("--draft-max", draft_max,
+                   "drafts per step: the fixed gamma, or the adaptive policies' bound")
+        ->check(CLI::Range(1, SPECULA_MAX_GAMMA));
+    app.add_option("--gamma-policy", policy, "fixed, heuristic or analytic")
+        ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
     app.add_option("-p,--prompt", prompt);
     app.add_option("-n,--n-predict", n_predict, "tokens to generate");
     app.add_option("--temp", temp, "temperature (0 = greedy)");
@@ -44,7 +53,16 @@ int main(int argc, char** argv) {
     app.add_option("--backend", backend_name, "auto, cpu, vulkan or cuda")
         ->check(CLI::IsMember({"auto", "cpu", "vulkan", "cuda"}));
     app.add_flag("--no-bos", no_bos, "do not start with the BOS token");
-    CLI11_PARSE(app, argc, argv);
+    // llama.cpp's spelling "-md" is not a valid CLI11 short option: accept it by translation.
+    std::vector<std::string> args(argv + 1, argv + argc);
+    for (auto& a : args)
+        if (a == "-md") a = "--model-draft";
+    std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
+    try {
+        app.parse(args);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
 
     const std::map<std::string, specula_backend_kind> kinds = {{"auto", SPECULA_BACKEND_AUTO},
                                                                {"cpu", SPECULA_BACKEND_CPU},
@@ -64,6 +82,13 @@ int main(int argc, char** argv) {
         specula_backend_free(backend);
         return fail("load", s);
     }
+    specula_model* draft = nullptr;
+    if (!draft_path.empty() &&
+        (s = specula_model_load(backend, draft_path.c_str(), nullptr, &draft)) != SPECULA_OK) {
+        specula_model_free(model);
+        specula_backend_free(backend);
+        return fail("load draft", s);
+    }
     specula_model_info info{};
     (void)specula_model_get_info(model, &info);
     std::fprintf(stderr, "model: %s, %d layers, %d dims, vocab %d, %.1fM params; backend: %s\n",
@@ -76,6 +101,12 @@ int main(int argc, char** argv) {
     sp.temperature = temp;
     sp.top_k = top_k;
     sp.top_p = top_p;
+    sp.draft = draft;
+    sp.gamma_policy = policy == "fixed"      ? SPECULA_GAMMA_FIXED
+                      : policy == "analytic" ? SPECULA_GAMMA_ANALYTIC
+                                             : SPECULA_GAMMA_HEURISTIC;
+    sp.gamma_max = draft_max;
+    sp.gamma = policy == "fixed" ? draft_max : std::min(5, draft_max);
     specula_session* session = nullptr;
     int rc = 0;
     std::vector<int32_t> tokens(prompt.size() + 2);
@@ -102,8 +133,24 @@ int main(int argc, char** argv) {
             stderr, "prompt: %llu tokens, %.1f tokens/s; generated: %llu tokens, %.2f tokens/s\n",
             (unsigned long long)st.n_prompt_tokens, double(st.n_prompt_tokens) / st.prompt_seconds,
             (unsigned long long)st.n_generated, double(st.n_generated) / st.generate_seconds);
+        if (draft != nullptr) {
+            std::fprintf(stderr,
+                         "speculative: %llu steps, acceptance rate %.3f (%llu of %llu drafts), "
+                         "%.2f tokens per "
+                         "target call, last gamma %d\n  acceptance by draft position:",
+                         (unsigned long long)st.n_steps, st.acceptance_rate,
+                         (unsigned long long)st.n_accepted, (unsigned long long)st.n_drafted,
+                         st.tokens_per_step, st.last_gamma);
+            for (int i = 0; i < SPECULA_MAX_GAMMA && st.drafted_at[i] > 0; ++i)
+                std::fprintf(stderr, " %.2f", double(st.accepted_at[i]) / double(st.drafted_at[i]));
+            std::fprintf(stderr,
+                         "\n  time: draft %.3f s, target %.3f s, verify %.3f s; host waits %llu\n",
+                         st.draft_seconds, st.target_seconds, st.verify_seconds,
+                         (unsigned long long)st.n_host_waits);
+        }
     }
     specula_session_free(session);
+    specula_model_free(draft);
     specula_model_free(model);
     specula_backend_free(backend);
     return rc;
