@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "decode/generator.h"
 #include "models/llama.h"
 #include "specula.h"
 
@@ -32,14 +33,22 @@ const std::map<std::string, specula_backend_kind> kKinds = {{"auto", SPECULA_BAC
                                                             {"cuda", SPECULA_BACKEND_CUDA}};
 
 struct Options {
-    std::string model;
+    std::string model, draft;
+    std::string policy = "fixed";
+    int gamma = 4;
+    float temperature = 0.0f;
     int n_prompt = 128, n_decode = 64, reps = 3, threads = 0, context = 256;
     std::vector<int> verify_sizes = {1, 4, 8, 16};
+};
+
+struct Speculative {
+    double decode_tps = 0, alpha = 0, tokens_per_step = 0, mean_gamma = 0, cost_ratio = 0;
 };
 
 struct Result {
     std::string backend;
     double prompt_tps = 0, decode_tps = 0;
+    Speculative spec;
     std::map<int, double> verify_ms;  // n -> median ms of one forward of n positions
     std::string error;
 };
@@ -79,18 +88,48 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
     specula_generate_params gp = specula_generate_default_params();
     gp.max_tokens = o.n_decode;
     gp.stop_at_eos = false;
-    std::vector<double> pp, tg;
+    sp.temperature = o.temperature;
+    specula_model* draft = nullptr;
+    if (s == SPECULA_OK && !o.draft.empty())
+        s = specula_model_load(backend, o.draft.c_str(), nullptr, &draft);
+    std::vector<double> pp, tg, spec_tg, alpha, per_step, gamma, cost;
+    std::vector<specula_model*> drafts = {nullptr};
+    if (draft != nullptr) drafts.push_back(draft);
     for (int rep = 0; rep < o.reps && s == SPECULA_OK; ++rep) {
-        specula_session* session = nullptr;
-        specula_session_stats st{};
-        s = specula_session_create(model, &sp, &session);
-        if (s == SPECULA_OK) s = specula_session_eval(session, prompt.data(), prompt.size());
-        if (s == SPECULA_OK) s = specula_generate(session, &gp, nullptr, 0, nullptr);
-        if (s == SPECULA_OK) s = specula_session_get_stats(session, &st);
-        specula_session_free(session);
-        pp.push_back(double(st.n_prompt_tokens) / st.prompt_seconds);
-        tg.push_back(double(st.n_generated) / st.generate_seconds);
+        // The target alone, then (with a draft) speculative decoding, alternating so that
+        // both see the same machine conditions.
+        for (specula_model* d : drafts) {
+            specula_session_params p = sp;
+            p.draft = d;
+            p.gamma_policy = o.policy == "fixed"      ? SPECULA_GAMMA_FIXED
+                             : o.policy == "analytic" ? SPECULA_GAMMA_ANALYTIC
+                                                      : SPECULA_GAMMA_HEURISTIC;
+            p.gamma = o.gamma;
+            p.gamma_max = std::max(o.gamma, 8);
+            specula_session* session = nullptr;
+            specula_session_stats st{};
+            s = specula_session_create(model, &p, &session);
+            if (s == SPECULA_OK) s = specula_session_eval(session, prompt.data(), prompt.size());
+            if (s == SPECULA_OK) s = specula_generate(session, &gp, nullptr, 0, nullptr);
+            if (s == SPECULA_OK) s = specula_session_get_stats(session, &st);
+            specula_session_free(session);
+            if (s != SPECULA_OK) break;
+            if (d == nullptr) {
+                pp.push_back(double(st.n_prompt_tokens) / st.prompt_seconds);
+                tg.push_back(double(st.n_generated) / st.generate_seconds);
+            } else {
+                spec_tg.push_back(double(st.n_generated) / st.generate_seconds);
+                alpha.push_back(st.acceptance_rate);
+                per_step.push_back(st.tokens_per_step);
+                gamma.push_back(double(st.n_drafted) / double(st.n_steps));
+                // c: one draft forward over one target forward, both measured in this run.
+                cost.push_back((st.draft_seconds / double(st.n_drafted)) /
+                               (st.target_seconds / double(st.n_steps)));
+            }
+        }
     }
+    r->spec = {median(spec_tg), median(alpha), median(per_step), median(gamma), median(cost)};
+    specula_model_free(draft);
     if (s != SPECULA_OK)
         r->error = std::string(specula_status_name(s)) + ": " + specula_last_error();
     r->prompt_tps = median(pp);
@@ -143,6 +182,13 @@ int main(int argc, char** argv) {
     std::string backends = "auto", json_path;
     CLI::App app{"specula-bench: prompt, decode and verification-batch throughput"};
     app.add_option("-m,--model", o.model)->required();
+    app.add_option("--model-draft", o.draft,
+                   "draft model: also measure speculative decoding against the target alone");
+    app.add_option("--gamma", o.gamma, "drafts per step (fixed) or the adaptive policies' start")
+        ->check(CLI::Range(1, SPECULA_MAX_GAMMA));
+    app.add_option("--gamma-policy", o.policy)
+        ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
+    app.add_option("--temp", o.temperature, "sampling temperature of the decode runs (0 = greedy)");
     app.add_option("--backend", backends,
                    "one or more of auto, cpu, vulkan, cuda, comma-separated (measured in one run)");
     app.add_option("-p,--n-prompt", o.n_prompt, "prompt tokens (one batched evaluation)");
@@ -203,6 +249,25 @@ int main(int argc, char** argv) {
                         results[i].decode_tps / results[0].decode_tps,
                         results[i].prompt_tps / results[0].prompt_tps);
         std::printf("\n");
+    }
+
+    if (!o.draft.empty()) {
+        std::printf(
+            "\nspeculative decoding (%s gamma %d, temperature %.2f), target alone vs with the "
+            "draft, in this run:\n",
+            o.policy.c_str(), o.gamma, double(o.temperature));
+        std::printf(
+            "| backend | target tok/s | speculative tok/s | measured speedup | alpha | "
+            "tokens/target call | mean gamma | c | Thm 3.8 speedup |\n");
+        std::printf("|---|---|---|---|---|---|---|---|---|\n");
+        for (const Result& r : results) {
+            const double predicted =
+                specula::expected_speedup(r.spec.alpha, r.spec.cost_ratio, r.spec.mean_gamma);
+            std::printf("| %s | %.2f | %.2f | %.3fx | %.3f | %.2f | %.2f | %.3f | %.3fx |\n",
+                        r.backend.c_str(), r.decode_tps, r.spec.decode_tps,
+                        r.decode_tps > 0 ? r.spec.decode_tps / r.decode_tps : 0.0, r.spec.alpha,
+                        r.spec.tokens_per_step, r.spec.mean_gamma, r.spec.cost_ratio, predicted);
+        }
     }
 
     if (!json_path.empty()) {

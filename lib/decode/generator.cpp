@@ -17,9 +17,9 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-double expected_speedup(double alpha, double c, int gamma) {
+double expected_speedup(double alpha, double c, double gamma) {
     const double tokens =
-        alpha >= 1.0 ? gamma + 1.0 : (1.0 - std::pow(alpha, gamma + 1)) / (1.0 - alpha);
+        alpha >= 1.0 ? gamma + 1.0 : (1.0 - std::pow(alpha, gamma + 1.0)) / (1.0 - alpha);
     return tokens / (gamma * c + 1.0);
 }
 

@@ -85,6 +85,6 @@ class Generator {
 
 // Leviathan et al. Theorem 3.8: the expected speedup of γ drafts per step with
 // acceptance rate alpha and draft/target cost ratio c.
-double expected_speedup(double alpha, double c, int gamma);
+double expected_speedup(double alpha, double c, double gamma);
 
 }  // namespace specula
