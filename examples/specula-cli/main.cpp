@@ -23,6 +23,29 @@ bool print_piece(int32_t, const char* piece, size_t len, void*) {
     return true;
 }
 
+// The same generation without the draft, timed in this run: the speedup is measured, not assumed.
+int compare_with_target_alone(specula_model* model, specula_session_params sp,
+                              const std::vector<int32_t>& prompt, size_t n_prompt,
+                              specula_generate_params gp, const specula_session_stats& spec) {
+    sp.draft = nullptr;
+    gp.on_token = nullptr;
+    specula_session* session = nullptr;
+    specula_session_stats st{};
+    specula_status s = specula_session_create(model, &sp, &session);
+    if (s == SPECULA_OK) s = specula_session_eval(session, prompt.data(), n_prompt);
+    if (s == SPECULA_OK) s = specula_generate(session, &gp, nullptr, 0, nullptr);
+    if (s == SPECULA_OK) s = specula_session_get_stats(session, &st);
+    specula_session_free(session);
+    if (s != SPECULA_OK) return fail("target alone", s);
+    const double alone = double(st.n_generated) / st.generate_seconds;
+    const double speculative = double(spec.n_generated) / spec.generate_seconds;
+    std::fprintf(stderr,
+                 "target alone: %llu tokens, %.2f tokens/s; speculative speedup %.2fx (measured in "
+                 "this run)\n",
+                 (unsigned long long)st.n_generated, alone, speculative / alone);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -32,7 +55,7 @@ int main(int argc, char** argv) {
     unsigned ctx = 0;
     float temp = 0.8f, top_p = 0.95f;
     uint64_t seed = 0x5eed;
-    bool no_bos = false;
+    bool no_bos = false, compare = false;
     CLI::App app{"specula: generate text with a GGUF model"};
     app.add_option("-m,--model", model_path, "model GGUF")->required();
     app.add_option("--model-draft", draft_path,
@@ -53,6 +76,8 @@ int main(int argc, char** argv) {
     app.add_option("--backend", backend_name, "auto, cpu, vulkan or cuda")
         ->check(CLI::IsMember({"auto", "cpu", "vulkan", "cuda"}));
     app.add_flag("--no-bos", no_bos, "do not start with the BOS token");
+    app.add_flag("--compare", compare,
+                 "with a draft: also generate with the target alone and print the speedup");
     // llama.cpp's spelling "-md" is not a valid CLI11 short option: accept it by translation.
     std::vector<std::string> args(argv + 1, argv + argc);
     for (auto& a : args)
@@ -147,6 +172,8 @@ int main(int argc, char** argv) {
                          "\n  time: draft %.3f s, target %.3f s, verify %.3f s; host waits %llu\n",
                          st.draft_seconds, st.target_seconds, st.verify_seconds,
                          (unsigned long long)st.n_host_waits);
+            if (compare && rc == 0)
+                rc = compare_with_target_alone(model, sp, tokens, n_tokens, gp, st);
         }
     }
     specula_session_free(session);

@@ -1,0 +1,97 @@
+// specula-import: turns a manifest (JSON metadata + tensor list) and a raw
+// float32 tensor file, as tools/train/train.py exports them, into a GGUF file
+// written by specula's own GGUF writer, quantizing the weight matrices.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "format/gguf.h"
+#include "format/quant.h"
+#include "model_maker.h"
+
+using namespace specula;
+
+namespace {
+
+Status set_metadata(GgufWriter& w, const std::string& key, const nlohmann::json& entry) {
+    const std::string type = entry.at(0);
+    const nlohmann::json& v = entry.at(1);
+    if (type == "str") {
+        w.set_string(key, v.get<std::string>());
+    } else if (type == "u32") {
+        w.set_u32(key, v.get<uint32_t>());
+    } else if (type == "f32") {
+        w.set_f32(key, v.get<float>());
+    } else if (type == "bool") {
+        w.set_bool(key, v.get<bool>());
+    } else if (type == "str_array") {
+        w.set(key,
+              {GgufType::kArray, GgufType::kString, GgufArray(v.get<std::vector<std::string>>())});
+    } else if (type == "i32_array") {
+        w.set(key, {GgufType::kArray, GgufType::kInt32, GgufArray(v.get<std::vector<int64_t>>())});
+    } else {
+        return InvalidArgument("metadata '" + key + "' has unknown type '" + type + "'");
+    }
+    return Status::Ok();
+}
+
+Status run(const std::string& manifest_path, const std::string& out, GgmlType type) {
+    std::ifstream mf(manifest_path);
+    if (!mf) return IoError("cannot open " + manifest_path);
+    const nlohmann::json manifest = nlohmann::json::parse(mf);
+    const std::string dir = manifest_path.substr(0, manifest_path.find_last_of('/') + 1);
+    std::ifstream data(dir + manifest.at("data").get<std::string>(), std::ios::binary);
+    if (!data) return IoError("cannot open the tensor data beside " + manifest_path);
+    GgufWriter w;
+    for (const auto& [key, entry] : manifest.at("metadata").items())
+        SPECULA_TRY(set_metadata(w, key, entry));
+    for (const auto& t : manifest.at("tensors")) {
+        const std::vector<int64_t> shape = t.at("shape");
+        uint64_t n = 1;
+        for (int64_t d : shape)
+            n *= uint64_t(d);
+        std::vector<float> values(n);
+        data.seekg(std::streamoff(t.at("offset").get<uint64_t>() * sizeof(float)));
+        data.read(reinterpret_cast<char*>(values.data()), std::streamsize(n * sizeof(float)));
+        if (!data)
+            return FormatError("tensor data ends early at " + t.at("name").get<std::string>());
+        const GgmlType tt = t.at("quantize").get<bool>() ? type : GgmlType::kF32;
+        uint64_t count = 0, bytes = 0;
+        if (!ggml_tensor_bytes(tt, shape, &count, &bytes))
+            return InvalidArgument("bad shape for " + t.at("name").get<std::string>());
+        std::vector<uint8_t> out_bytes(bytes);
+        const size_t cols = size_t(shape[0]), row_bytes = bytes / (n / cols);
+        for (size_t r = 0; r < n / cols; ++r)
+            quantize_row(tt, values.data() + r * cols, out_bytes.data() + r * row_bytes, cols);
+        SPECULA_TRY(w.add_tensor(t.at("name"), tt, shape, std::move(out_bytes)));
+    }
+    return w.write(out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string manifest, out, type = "q8_0";
+    CLI::App app{"Write a GGUF model from a manifest and raw float32 tensors"};
+    app.add_option("manifest", manifest, "the .manifest.json written by tools/train/train.py")
+        ->required();
+    app.add_option("-o,--output", out, "output GGUF path")->required();
+    app.add_option("--type", type, "type of the weight matrices: f32, f16, q8_0, q4_0");
+    CLI11_PARSE(app, argc, argv);
+    GgmlType t{};
+    Status s = parse_weight_type(type, &t);
+    if (s.ok()) {
+        try {
+            s = run(manifest, out, t);
+        } catch (const std::exception& e) {
+            s = FormatError(std::string("malformed manifest: ") + e.what());
+        }
+    }
+    if (!s.ok()) {
+        std::fprintf(stderr, "specula-import: %s\n", s.message().c_str());
+        return 1;
+    }
+    return 0;
+}
