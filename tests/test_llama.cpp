@@ -17,14 +17,8 @@ struct Loaded {
 };
 
 Loaded load(GgmlType type, int n_threads = 2) {
-    RandomLlamaSpec spec;
-    spec.n_embd = 128;
-    spec.n_layer = 2;
-    spec.n_head = 4;
-    spec.n_head_kv = 2;
-    spec.n_ff = 256;
-    spec.weight_type = type;
-    const std::string path = test::make_model(std::string("llama-") + ggml_type_name(type), spec);
+    const std::string path =
+        test::make_model(std::string("llama-") + ggml_type_name(type), test::small_spec(type, 1));
     Loaded l;
     l.backend = create_cpu_backend(n_threads);
     std::unique_ptr<MappedFile> file;

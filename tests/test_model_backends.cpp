@@ -17,16 +17,8 @@ using namespace specula;
 namespace {
 
 std::string model_file(GgmlType type) {
-    RandomLlamaSpec spec;
-    spec.n_embd = 128;
-    spec.n_layer = 2;
-    spec.n_head = 4;
-    spec.n_head_kv = 2;
-    spec.n_ff = 256;
-    spec.n_ctx = 256;
-    spec.weight_type = type;
-    spec.seed = 11;
-    return test::make_model(std::string("backends-") + ggml_type_name(type), spec);
+    return test::make_model(std::string("backends-") + ggml_type_name(type),
+                            test::small_spec(type, 11));
 }
 
 std::unique_ptr<LlamaModel> load(Backend& backend, const std::string& path) {

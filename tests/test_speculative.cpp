@@ -192,16 +192,8 @@ struct Models {
 
 const Models& models() {
     static const Models m = [] {
-        RandomLlamaSpec spec;
-        spec.n_embd = 128;
-        spec.n_layer = 2;
-        spec.n_head = 4;
-        spec.n_head_kv = 2;
-        spec.n_ff = 256;
-        spec.n_ctx = 256;
-        spec.seed = 21;
+        RandomLlamaSpec spec = test::small_spec(GgmlType::kQ8_0, 21);
         Models out;
-        spec.weight_type = GgmlType::kQ8_0;
         out.target = test::make_model("spec-target", spec);
         spec.weight_type =
             GgmlType::kQ4_0;  // the same weights, coarser: a draft that mostly agrees

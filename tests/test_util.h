@@ -18,6 +18,21 @@ inline std::filesystem::path temp_dir() {
     return dir;
 }
 
+// The shape most tests use: 2 layers of 128 wide, 4 heads over 2 KV heads, FFN 256
+// (grouped-query attention and real tensor layouts at a size that runs fast).
+inline RandomLlamaSpec small_spec(GgmlType type, uint64_t seed) {
+    RandomLlamaSpec spec;
+    spec.n_embd = 128;
+    spec.n_layer = 2;
+    spec.n_head = 4;
+    spec.n_head_kv = 2;
+    spec.n_ff = 256;
+    spec.n_ctx = 256;
+    spec.weight_type = type;
+    spec.seed = seed;
+    return spec;
+}
+
 // A small random Llama model with the SentencePiece vocabulary, written once per spec.
 inline std::string make_model(const std::string& name, RandomLlamaSpec spec) {
     if (spec.vocab_path.empty()) spec.vocab_path = data_path("ggml-vocab-llama-spm.gguf");

@@ -153,7 +153,7 @@ class CpuBackend final : public Backend {
 
     void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
         // Each worker converts a weight row once and uses it for all n input rows.
-        pool_.parallel_for(size_t(w.rows), [&](size_t begin, size_t end) {
+        parallel_for(size_t(w.rows), size_t(w.cols * x.rows), [&](size_t begin, size_t end) {
             std::vector<float> row(size_t(w.cols));
             for (size_t r = begin; r < end; ++r) {
                 row_to_f32(w.type, bytes_of(w) + r * w.row_bytes(), row.data(), w.cols);
@@ -194,43 +194,45 @@ class CpuBackend final : public Backend {
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
                    int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
         const int group = n_head / n_head_kv;
-        pool_.parallel_for(size_t(q.rows) * size_t(n_head), [&](size_t begin, size_t end) {
-            const size_t dim = size_t(head_dim);
-            std::vector<float> scores, key(dim), value(dim), acc(dim);
-            for (size_t job = begin; job < end; ++job) {
-                const int64_t i = int64_t(job) / n_head;
-                const int h = int(job % size_t(n_head));
-                const int kv_head = h / group;
-                const int n_keys = pos0 + int(i) + 1;
-                const float* qh = row_f32(q, i) + h * head_dim;
-                scores.resize(size_t(n_keys));
-                float max = -INFINITY;
-                for (int t = 0; t < n_keys; ++t) {
-                    row_to_f32(k_cache.type,
-                               bytes_of(k_cache) + size_t(t) * k_cache.row_bytes() +
-                                   size_t(kv_head * head_dim) * type_bytes(k_cache.type),
-                               key.data(), head_dim);
-                    scores[size_t(t)] = dot(qh, key.data(), head_dim) * scale;
-                    max = std::max(max, scores[size_t(t)]);
-                }
-                float sum = 0.0f;
-                for (float& s : scores)
-                    sum += (s = std::exp(s - max));
-                std::fill(acc.begin(), acc.end(), 0.0f);
-                for (int t = 0; t < n_keys; ++t) {
-                    row_to_f32(v_cache.type,
-                               bytes_of(v_cache) + size_t(t) * v_cache.row_bytes() +
-                                   size_t(kv_head * head_dim) * type_bytes(v_cache.type),
-                               value.data(), head_dim);
-                    const float p = scores[size_t(t)];
+        parallel_for(
+            size_t(q.rows) * size_t(n_head), size_t(head_dim) * size_t(pos0 + q.rows) * 2,
+            [&](size_t begin, size_t end) {
+                const size_t dim = size_t(head_dim);
+                std::vector<float> scores, key(dim), value(dim), acc(dim);
+                for (size_t job = begin; job < end; ++job) {
+                    const int64_t i = int64_t(job) / n_head;
+                    const int h = int(job % size_t(n_head));
+                    const int kv_head = h / group;
+                    const int n_keys = pos0 + int(i) + 1;
+                    const float* qh = row_f32(q, i) + h * head_dim;
+                    scores.resize(size_t(n_keys));
+                    float max = -INFINITY;
+                    for (int t = 0; t < n_keys; ++t) {
+                        row_to_f32(k_cache.type,
+                                   bytes_of(k_cache) + size_t(t) * k_cache.row_bytes() +
+                                       size_t(kv_head * head_dim) * type_bytes(k_cache.type),
+                                   key.data(), head_dim);
+                        scores[size_t(t)] = dot(qh, key.data(), head_dim) * scale;
+                        max = std::max(max, scores[size_t(t)]);
+                    }
+                    float sum = 0.0f;
+                    for (float& s : scores)
+                        sum += (s = std::exp(s - max));
+                    std::fill(acc.begin(), acc.end(), 0.0f);
+                    for (int t = 0; t < n_keys; ++t) {
+                        row_to_f32(v_cache.type,
+                                   bytes_of(v_cache) + size_t(t) * v_cache.row_bytes() +
+                                       size_t(kv_head * head_dim) * type_bytes(v_cache.type),
+                                   value.data(), head_dim);
+                        const float p = scores[size_t(t)];
+                        for (int d = 0; d < head_dim; ++d)
+                            acc[size_t(d)] += p * value[size_t(d)];
+                    }
+                    float* o = f32(out) + i * out.cols + h * head_dim;
                     for (int d = 0; d < head_dim; ++d)
-                        acc[size_t(d)] += p * value[size_t(d)];
+                        o[d] = acc[size_t(d)] / sum;
                 }
-                float* o = f32(out) + i * out.cols + h * head_dim;
-                for (int d = 0; d < head_dim; ++d)
-                    o[d] = acc[size_t(d)] / sum;
-            }
-        });
+            });
     }
 
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
@@ -249,6 +251,19 @@ class CpuBackend final : public Backend {
 
   private:
     static size_t type_bytes(GgmlType t) { return t == GgmlType::kF16 ? 2 : 4; }
+
+    // Waking the workers costs tens of microseconds: small ops run on the calling
+    // thread. Every item is computed by the same code either way, so results do not
+    // depend on the split.
+    template <typename F>
+    void parallel_for(size_t items, size_t work_per_item, F&& fn) {
+        constexpr size_t kMinWorkToSplit = 1 << 16;
+        if (items * work_per_item < kMinWorkToSplit) {
+            fn(size_t(0), items);
+        } else {
+            pool_.parallel_for(items, fn);
+        }
+    }
     void fail(Status s) {
         if (pending_.ok()) pending_ = std::move(s);
     }
