@@ -169,6 +169,15 @@ TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {
     }
 }
 
+TEST_P(BackendOps, OutOfMemoryIsAStatusAndTheBackendSurvives) {
+    std::unique_ptr<Buffer> huge, small;
+    const Status s = p.gpu->allocate(size_t(1) << 42, &huge);  // 4 TiB
+    EXPECT_EQ(s.code(), SPECULA_ERR_OUT_OF_MEMORY) << s.message();
+    EXPECT_FALSE(s.message().empty());
+    ASSERT_TRUE(p.gpu->allocate(1024, &small).ok());
+    EXPECT_TRUE(p.gpu->flush().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Gpu, BackendOps,
                          ::testing::Values(SPECULA_BACKEND_VULKAN, SPECULA_BACKEND_CUDA),
                          [](const auto& info) {

@@ -114,3 +114,13 @@ TEST(Llama, ContextAndBatchLimitsAreErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CpuBackend, OutOfMemoryIsAStatus) {
+    auto backend = create_cpu_backend(1);
+    std::unique_ptr<Buffer> huge;
+    EXPECT_EQ(backend->allocate(size_t(1) << 42, &huge).code(), SPECULA_ERR_OUT_OF_MEMORY);
+}
+
+}  // namespace

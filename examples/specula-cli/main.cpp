@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
     unsigned ctx = 0;
     float temp = 0.8f, top_p = 0.95f;
     uint64_t seed = 0x5eed;
-    bool no_bos = false, compare = false;
+    bool no_bos = false, compare = false, sigmoid = false;
+    float sigmoid_range = 1000.0f;
     CLI::App app{"specula: generate text with a GGUF model"};
     app.add_option("-m,--model", model_path, "model GGUF")->required();
     app.add_option("--model-draft", draft_path,
@@ -76,6 +77,9 @@ int main(int argc, char** argv) {
     app.add_option("--backend", backend_name, "auto, cpu, vulkan or cuda")
         ->check(CLI::IsMember({"auto", "cpu", "vulkan", "cuda"}));
     app.add_flag("--no-bos", no_bos, "do not start with the BOS token");
+    app.add_flag("--sigmoid-verify", sigmoid,
+                 "NOT exact: the sigmoid approximation in the acceptance test");
+    app.add_option("--sigmoid-range", sigmoid_range, "sigmoid scale: alpha = -R, beta = R");
     app.add_flag("--compare", compare,
                  "with a draft: also generate with the target alone and print the speedup");
     // llama.cpp's spelling "-md" is not a valid CLI11 short option: accept it by translation.
@@ -127,6 +131,9 @@ int main(int argc, char** argv) {
     sp.top_k = top_k;
     sp.top_p = top_p;
     sp.draft = draft;
+    sp.sigmoid_verify = sigmoid;
+    sp.sigmoid_alpha = -sigmoid_range;
+    sp.sigmoid_beta = sigmoid_range;
     sp.gamma_policy = policy == "fixed"      ? SPECULA_GAMMA_FIXED
                       : policy == "analytic" ? SPECULA_GAMMA_ANALYTIC
                                              : SPECULA_GAMMA_HEURISTIC;

@@ -302,6 +302,9 @@ specula_session_params specula_session_default_params(void) {
     p.gamma_policy = SPECULA_GAMMA_HEURISTIC;
     p.gamma = 5;
     p.gamma_max = 8;
+    p.sigmoid_verify = false;
+    p.sigmoid_alpha = -1000.0f;
+    p.sigmoid_beta = 1000.0f;
     return p;
 }
 
@@ -335,6 +338,8 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         if (p.gamma_policy != SPECULA_GAMMA_FIXED && p.gamma_policy != SPECULA_GAMMA_HEURISTIC &&
             p.gamma_policy != SPECULA_GAMMA_ANALYTIC)
             return InvalidArgument("unknown gamma policy");
+        if (p.sigmoid_verify && !(p.sigmoid_alpha < 0.0f && p.sigmoid_beta > 0.0f))
+            return InvalidArgument("the sigmoid scale needs alpha < 0 < beta");
         auto s = std::make_unique<specula_session>();
         s->model = model;
         s->params = p;
@@ -359,6 +364,8 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
                                                                    : GammaPolicy::kHeuristic;
         config.gamma = p.gamma;
         config.gamma_max = p.gamma_max;
+        config.sigmoid_verify = p.sigmoid_verify;
+        config.sigmoid_scale = {p.sigmoid_alpha, p.sigmoid_beta};
         s->generator = std::make_unique<Generator>(*s->target, s->draft.get(), config);
         *out = s.release();
         return Status::Ok();

@@ -136,7 +136,11 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
     target_call_seconds_ = target_call_seconds_ > 0 ? 0.9 * target_call_seconds_ + 0.1 * dt : dt;
 
     const auto t2 = Clock::now();
-    const VerifyResult r = verify(target_rows, draft_rows, drafts, int(V), config_.sampling, step_);
+    const VerifyResult r =
+        config_.sigmoid_verify
+            ? verify_sigmoid(target_rows, draft_rows, drafts, int(V), config_.sampling,
+                             config_.sigmoid_scale, step_)
+            : verify(target_rows, draft_rows, drafts, int(V), config_.sampling, step_);
     stats_.verify_seconds += seconds_since(t2);
 
     std::vector<int32_t> emitted(drafts.begin(), drafts.begin() + r.n_accepted);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "decode/sampling.h"
+#include "decode/verify.h"
 #include "models/llama.h"
 
 namespace specula {
@@ -44,8 +45,10 @@ class Generator {
     struct Config {
         SamplingParams sampling;
         GammaPolicy policy = GammaPolicy::kHeuristic;
-        int gamma = 5;      // the fixed γ, and the start of the adaptive policies
-        int gamma_max = 8;  // upper bound of the adaptive policies (<= kMaxGamma)
+        int gamma = 5;                // the fixed γ, and the start of the adaptive policies
+        int gamma_max = 8;            // upper bound of the adaptive policies (<= kMaxGamma)
+        bool sigmoid_verify = false;  // the non-exact variant (verify_sigmoid)
+        SigmoidScale sigmoid_scale;
     };
 
     // `draft` may be null (plain decoding). Both contexts must be empty.

@@ -71,4 +71,38 @@ VerifyResult verify(std::span<const float> target_logits, std::span<const float>
     return r;
 }
 
+VerifyResult verify_sigmoid(std::span<const float> target_logits,
+                            std::span<const float> draft_logits, std::span<const int32_t> drafts,
+                            int n_vocab, const SamplingParams& p, const SigmoidScale& scale,
+                            uint32_t step) {
+    if (p.temperature <= 0.0f) return verify(target_logits, draft_logits, drafts, n_vocab, p, step);
+    const size_t V = size_t(n_vocab);
+    const int gamma = int(drafts.size());
+    const float inv_t = 1.0f / p.temperature, inv_range = 1.0f / (scale.beta - scale.alpha);
+    auto sigmoid = [&](float z) {
+        return 1.0f / (1.0f + std::exp(-((z * inv_t - scale.alpha) * inv_range)));
+    };
+    VerifyResult r;
+    for (; r.n_accepted < gamma; ++r.n_accepted) {
+        const int c = r.n_accepted;
+        const auto x = size_t(drafts[size_t(c)]);
+        const float u = philox_uniform(p.seed, RandomStream::kAccept, step, uint32_t(c), 0);
+        if (!(u * sigmoid(draft_logits[size_t(c) * V + x]) <
+              sigmoid(target_logits[size_t(c) * V + x])))
+            break;
+    }
+    if (r.n_accepted < gamma) {
+        const size_t n = size_t(r.n_accepted);
+        std::vector<float> residual(V);
+        for (size_t x = 0; x < V; ++x)
+            residual[x] = std::max(
+                0.0f, sigmoid(target_logits[n * V + x]) - sigmoid(draft_logits[n * V + x]));
+        r.token = residual_draw(residual, p, step, r.n_accepted);
+        if (r.token >= 0) return r;
+    }
+    r.token = residual_draw(dense(target_logits.subspan(size_t(r.n_accepted) * V, V), p), p, step,
+                            r.n_accepted);
+    return r;
+}
+
 }  // namespace specula

@@ -35,4 +35,18 @@ VerifyResult verify(std::span<const float> target_logits, std::span<const float>
                     std::span<const int32_t> drafts, int n_vocab, const SamplingParams& p,
                     uint32_t step);
 
+// The non-exact sigmoid variant (Wagner et al. 2024, §3.2.2), opt-in. It replaces the
+// softmax of both models by the element-wise p̂(x) = σ((z(x)/T - alpha) / (beta - alpha)),
+// accepts x_c when u_c * q̂_c(x_c) < p̂_c(x_c), and on rejection draws from max(0, p̂_n - q̂_n);
+// the bonus token is drawn from the exact processed p_γ. Top-k and top-p are not applied
+// to p̂ and q̂. Its output is NOT the target's distribution: see docs/DESIGN.md for measurements.
+struct SigmoidScale {
+    float alpha = -1000.0f;  // < 0
+    float beta = 1000.0f;    // > 0
+};
+VerifyResult verify_sigmoid(std::span<const float> target_logits,
+                            std::span<const float> draft_logits, std::span<const int32_t> drafts,
+                            int n_vocab, const SamplingParams& p, const SigmoidScale& scale,
+                            uint32_t step);
+
 }  // namespace specula

@@ -198,6 +198,12 @@ typedef struct specula_session_params {
     specula_gamma_policy gamma_policy;
     int32_t gamma;     /* drafts per step (fixed), or the starting value (1..SPECULA_MAX_GAMMA) */
     int32_t gamma_max; /* upper bound of the adaptive policies (1..SPECULA_MAX_GAMMA) */
+    /* Opt-in, NOT exact: the sigmoid approximation of Wagner et al. (2024) in the
+     * acceptance test and the residual. The output then no longer follows the target's
+     * distribution (docs/DESIGN.md has measurements). */
+    bool sigmoid_verify;
+    float sigmoid_alpha; /* < 0; default -1000 */
+    float sigmoid_beta;  /* > 0; default 1000 */
 } specula_session_params;
 
 /* Streams each generated token; `piece` holds its bytes (a UTF-8 character
