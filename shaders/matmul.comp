@@ -6,13 +6,14 @@
 // accumulate through fma() so that no compiler contracts them differently in
 // different columns.
 //   binding 0: w (rows x cols, weight type), 1: x (n x cols, f32), 2: out (n x rows, f32)
-// n is a specialization constant so that the per-column loops unroll into registers.
-//   u0 = cols, u1 = rows, u3 = out row stride (floats)
+// The per-column loops run to N, a specialization constant (1, 2, 4, 8 or 16: few
+// pipelines to compile), so they unroll into registers; columns n..N-1 are skipped.
+//   u0 = cols, u1 = rows, u2 = n (<= N), u3 = out row stride (floats)
 #include "common.glsl"
 
 layout(constant_id = 0) const uint WG = 64u;
 layout(constant_id = 1) const uint THREADS_PER_ROW = 64u;
-layout(constant_id = 2) const uint N = 1u;  // columns, 1..16
+layout(constant_id = 2) const uint N = 1u;  // at least the number of columns
 
 shared float partial[N][WG];
 
@@ -20,7 +21,7 @@ void main() {
     const uint tid = gl_LocalInvocationID.x, lane = tid % THREADS_PER_ROW;
     const uint row = group_index() * (WG / THREADS_PER_ROW) + tid / THREADS_PER_ROW;
     const bool valid = row < pc.u1;  // no early return: every thread reaches the barriers
-    const uint cols = pc.u0;
+    const uint cols = pc.u0, n = pc.u2;
     const uint row_bytes = cols / 32u * BLOCK_BYTES;
     float acc[N];
     for (uint c = 0u; c < N; ++c) acc[c] = 0.0;
@@ -28,6 +29,7 @@ void main() {
         float w[32];
         load_block(pc.off0 + row * row_bytes + blk * BLOCK_BYTES, w);
         for (uint c = 0u; c < N; ++c) {
+            if (c >= n) break;
             const uint xo = pc.off1 / 4u + c * cols + blk * 32u;
             float s = 0.0;
             [[unroll]] for (uint j = 0u; j < 32u; ++j) s = fma(w[j], uintBitsToFloat(b1[xo + j]), s);
@@ -42,5 +44,5 @@ void main() {
         barrier();
     }
     if (valid && lane == 0u)
-        for (uint c = 0u; c < N; ++c) b2[pc.off2 / 4u + c * pc.u3 + row] = floatBitsToUint(partial[c][tid]);
+        for (uint c = 0u; c < N && c < n; ++c) b2[pc.off2 / 4u + c * pc.u3 + row] = floatBitsToUint(partial[c][tid]);
 }

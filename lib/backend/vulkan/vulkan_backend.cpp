@@ -525,10 +525,14 @@ class VulkanBackend final : public Backend {
             PushConstants pc;
             pc.u[0] = uint32_t(w.cols);
             pc.u[1] = uint32_t(w.rows);
+            pc.u[2] = uint32_t(n);
             pc.u[3] = uint32_t(out.cols);
+            uint32_t bucket = 1;  // pipelines exist for 1, 2, 4, 8 and 16 columns only
+            while (bucket < uint32_t(n))
+                bucket *= 2;
             dispatch_typed("matmul", w.type, {&w, &xs, &os}, pc,
                            uint32_t((w.rows + rows_per_group - 1) / rows_per_group),
-                           {kWg, per_row, uint32_t(n)});
+                           {kWg, per_row, bucket});
         }
     }
 
