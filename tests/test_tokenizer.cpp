@@ -24,9 +24,9 @@ std::string read_file(const std::string& path) {
 }
 
 // llama.cpp's format: inputs separated by "\n__ggml_vocab_test__\n"; one output line per input.
-std::vector<VocabCase> load_cases(const std::string& vocab) {
-    const std::string inp = read_file(test::data_path(vocab + ".inp"));
-    const std::string out = read_file(test::data_path(vocab + ".out"));
+std::vector<VocabCase> load_cases(const std::string& prefix) {
+    const std::string inp = read_file(prefix + ".inp");
+    const std::string out = read_file(prefix + ".out");
     const std::string sep = "\n__ggml_vocab_test__\n";
     std::vector<VocabCase> cases;
     for (size_t pos = 0; pos < inp.size();) {
@@ -46,9 +46,9 @@ std::vector<VocabCase> load_cases(const std::string& vocab) {
     return cases;
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& vocab,
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path,
                                           std::unique_ptr<MappedFile>* file) {
-    EXPECT_TRUE(MappedFile::open(test::data_path(vocab), file).ok());
+    EXPECT_TRUE(MappedFile::open(path, file).ok()) << path;
     GgufFile gguf;
     EXPECT_TRUE(GgufFile::parse((*file)->bytes(), &gguf).ok());
     std::unique_ptr<Tokenizer> tok;
@@ -57,32 +57,47 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& vocab,
     return tok;
 }
 
-class VocabTest : public ::testing::TestWithParam<std::string> {};
+struct Vocab {
+    const char* name;
+    std::string gguf, vectors;  // the vocabulary, and the prefix of its .inp/.out test vectors
+};
 
-TEST_P(VocabTest, MatchesLlamaCppVectors) {
+class VocabTest : public ::testing::TestWithParam<Vocab> {};
+
+TEST_P(VocabTest, MatchesReferenceVectors) {
     std::unique_ptr<MappedFile> file;
-    auto tok = load_tokenizer(GetParam(), &file);
+    auto tok = load_tokenizer(GetParam().gguf, &file);
     ASSERT_TRUE(tok);
-    const auto cases = load_cases(GetParam());
-    ASSERT_EQ(cases.size(), 46u);
+    const auto cases = load_cases(GetParam().vectors);
+    ASSERT_GE(cases.size(), 46u);
     for (const auto& c : cases)
         EXPECT_EQ(tok->encode(c.text, false), c.expected) << "input: [" << c.text << "]";
 }
 
 TEST_P(VocabTest, DecodeInvertsEncode) {
     std::unique_ptr<MappedFile> file;
-    auto tok = load_tokenizer(GetParam(), &file);
+    auto tok = load_tokenizer(GetParam().gguf, &file);
     ASSERT_TRUE(tok);
-    for (const auto& c : load_cases(GetParam()))
+    for (const auto& c : load_cases(GetParam().vectors))
         EXPECT_EQ(tok->decode(tok->encode(c.text, false)), c.text);
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabularies, VocabTest,
-                         ::testing::Values("ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"));
+// llama.cpp's vectors for its Llama and GPT-2 vocabularies, and the vectors that the
+// demo models' own trainer (tools/train/bpe.py) wrote for their vocabulary.
+INSTANTIATE_TEST_SUITE_P(
+    Vocabularies, VocabTest,
+    ::testing::Values(Vocab{"llama_spm", test::data_path("ggml-vocab-llama-spm.gguf"),
+                            test::data_path("ggml-vocab-llama-spm.gguf")},
+                      Vocab{"gpt2", test::data_path("ggml-vocab-gpt-2.gguf"),
+                            test::data_path("ggml-vocab-gpt-2.gguf")},
+                      Vocab{"specula_demo",
+                            std::string(SPECULA_MODELS_DIR) + "/specula-demo-target.gguf",
+                            test::data_path("specula-demo-vocab")}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Tokenizer, SentencePieceAddsBosAndFallsBackToBytes) {
     std::unique_ptr<MappedFile> file;
-    auto tok = load_tokenizer("ggml-vocab-llama-spm.gguf", &file);
+    auto tok = load_tokenizer(test::data_path("ggml-vocab-llama-spm.gguf"), &file);
     ASSERT_TRUE(tok);
     EXPECT_EQ(tok->kind(), Tokenizer::Kind::kSentencePiece);
     const auto ids = tok->encode("\x01", true);
@@ -95,7 +110,7 @@ TEST(Tokenizer, SentencePieceAddsBosAndFallsBackToBytes) {
 TEST(Tokenizer, InvalidUtf8SurvivesRoundTrip) {
     for (const char* vocab : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"}) {
         std::unique_ptr<MappedFile> file;
-        auto tok = load_tokenizer(vocab, &file);
+        auto tok = load_tokenizer(test::data_path(vocab), &file);
         ASSERT_TRUE(tok);
         const std::string bad = "ok \xff\xfe truncated \xe2\x82";
         EXPECT_EQ(tok->decode(tok->encode(bad, false)), bad) << vocab;
@@ -104,9 +119,9 @@ TEST(Tokenizer, InvalidUtf8SurvivesRoundTrip) {
 
 TEST(Tokenizer, SameVocabularyDistinguishesVocabularies) {
     std::unique_ptr<MappedFile> f1, f2, f3;
-    auto spm = load_tokenizer("ggml-vocab-llama-spm.gguf", &f1);
-    auto spm2 = load_tokenizer("ggml-vocab-llama-spm.gguf", &f2);
-    auto bpe = load_tokenizer("ggml-vocab-gpt-2.gguf", &f3);
+    auto spm = load_tokenizer(test::data_path("ggml-vocab-llama-spm.gguf"), &f1);
+    auto spm2 = load_tokenizer(test::data_path("ggml-vocab-llama-spm.gguf"), &f2);
+    auto bpe = load_tokenizer(test::data_path("ggml-vocab-gpt-2.gguf"), &f3);
     EXPECT_TRUE(spm->same_vocabulary(*spm2));
     EXPECT_FALSE(spm->same_vocabulary(*bpe));
 }

@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
         const double ppl_target = perplexity(target, scored, window, info.n_vocab);
         const double ppl_draft = perplexity(draft, scored, window, info.n_vocab);
 
-        uint64_t drafted = 0, accepted = 0, steps = 0, generated = 0, mismatches = 0;
+        uint64_t drafted = 0, evaluated = 0, accepted = 0, steps = 0, generated = 0, mismatches = 0;
         double t_alone = 0, t_spec = 0;
         for (int p = 0; p < n_prompts; ++p) {
             const size_t at = ids.size() / size_t(n_prompts) * size_t(p);
@@ -160,20 +160,22 @@ int main(int argc, char** argv) {
             t_alone += alone.stats.generate_seconds;
             t_spec += spec.stats.generate_seconds;
             drafted += spec.stats.n_drafted;
+            evaluated += spec.stats.n_evaluated;
             accepted += spec.stats.n_accepted;
             steps += spec.stats.n_steps;
             generated += spec.stats.n_generated;
         }
-        const double alpha = drafted ? double(accepted) / double(drafted) : 0.0;
+        const double alpha = evaluated ? double(accepted) / double(evaluated) : 0.0;
         std::printf("pair: %s + draft on %s\n", info.name, dev.name);
         std::printf("held-out perplexity (%zu tokens, windows of %d): target %.2f, draft %.2f\n",
                     scored.size() - 1, window, ppl_target, ppl_draft);
         std::printf("greedy speculative decoding, %d prompts x %d tokens, %s gamma %d:\n",
                     n_prompts, n_generate, policy.c_str(), gamma);
         std::printf(
-            "  acceptance rate alpha %.3f (%llu of %llu drafts), %.2f tokens per target call\n",
-            alpha, (unsigned long long)accepted, (unsigned long long)drafted,
-            double(generated) / double(steps));
+            "  acceptance rate alpha %.3f (%llu of %llu judged drafts; %llu drafted in all), %.2f "
+            "tokens per target call\n",
+            alpha, (unsigned long long)accepted, (unsigned long long)evaluated,
+            (unsigned long long)drafted, double(generated) / double(steps));
         std::printf(
             "  speedup over the target alone (same run): %.3fx (%.2f vs %.2f tokens/s); outputs "
             "differing: %llu\n",
@@ -191,6 +193,9 @@ int main(int argc, char** argv) {
                                 {"gamma", gamma},
                                 {"policy", policy},
                                 {"alpha", alpha},
+                                {"accepted", accepted},
+                                {"judged", evaluated},
+                                {"drafted", drafted},
                                 {"tokens_per_target_call", double(generated) / double(steps)},
                                 {"speedup", t_alone / t_spec},
                                 {"outputs_differing", mismatches}};

@@ -166,15 +166,17 @@ int main(int argc, char** argv) {
             (unsigned long long)st.n_prompt_tokens, double(st.n_prompt_tokens) / st.prompt_seconds,
             (unsigned long long)st.n_generated, double(st.n_generated) / st.generate_seconds);
         if (draft != nullptr) {
-            std::fprintf(stderr,
-                         "speculative: %llu steps, acceptance rate %.3f (%llu of %llu drafts), "
-                         "%.2f tokens per "
-                         "target call, last gamma %d\n  acceptance by draft position:",
-                         (unsigned long long)st.n_steps, st.acceptance_rate,
-                         (unsigned long long)st.n_accepted, (unsigned long long)st.n_drafted,
-                         st.tokens_per_step, st.last_gamma);
-            for (int i = 0; i < SPECULA_MAX_GAMMA && st.drafted_at[i] > 0; ++i)
-                std::fprintf(stderr, " %.2f", double(st.accepted_at[i]) / double(st.drafted_at[i]));
+            std::fprintf(
+                stderr,
+                "speculative: %llu steps, acceptance rate %.3f (%llu of %llu judged drafts), "
+                "%.2f tokens per "
+                "target call, last gamma %d\n  acceptance by draft position:",
+                (unsigned long long)st.n_steps, st.acceptance_rate,
+                (unsigned long long)st.n_accepted, (unsigned long long)st.n_evaluated,
+                st.tokens_per_step, st.last_gamma);
+            for (int i = 0; i < SPECULA_MAX_GAMMA && st.evaluated_at[i] > 0; ++i)
+                std::fprintf(stderr, " %.2f",
+                             double(st.accepted_at[i]) / double(st.evaluated_at[i]));
             std::fprintf(stderr,
                          "\n  time: draft %.3f s, target %.3f s, verify %.3f s; host waits %llu\n",
                          st.draft_seconds, st.target_seconds, st.verify_seconds,

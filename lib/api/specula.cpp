@@ -480,10 +480,11 @@ specula_status specula_session_get_stats(const specula_session* session,
         stats->n_steps = g.steps;
         stats->n_drafted = g.drafted;
         stats->n_accepted = g.accepted;
-        stats->acceptance_rate = g.drafted > 0 ? double(g.accepted) / double(g.drafted) : 0.0;
+        stats->n_evaluated = g.evaluated;
+        stats->acceptance_rate = g.evaluated > 0 ? double(g.accepted) / double(g.evaluated) : 0.0;
         stats->tokens_per_step = g.steps > 0 ? double(g.emitted) / double(g.steps) : 0.0;
         for (int i = 0; i < SPECULA_MAX_GAMMA; ++i) {
-            stats->drafted_at[i] = g.drafted_at[size_t(i)];
+            stats->evaluated_at[i] = g.evaluated_at[size_t(i)];
             stats->accepted_at[i] = g.accepted_at[size_t(i)];
         }
         stats->draft_seconds = g.draft_seconds;

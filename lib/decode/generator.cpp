@@ -73,9 +73,10 @@ int Generator::next_gamma() const {
         case GammaPolicy::kHeuristic:
             return heuristic_gamma_;
         case GammaPolicy::kAnalytic: {
-            if (stats_.drafted < 16 || target_call_seconds_ <= 0)
+            if (stats_.evaluated < 16 || target_call_seconds_ <= 0)
                 return config_.gamma;  // not measured yet
-            const double alpha = std::min(double(stats_.accepted) / double(stats_.drafted), 0.999);
+            const double alpha =
+                std::min(double(stats_.accepted) / double(stats_.evaluated), 0.999);
             const double c = draft_call_seconds_ / target_call_seconds_;
             int best = 1;
             for (int g = 2; g <= config_.gamma_max; ++g)
@@ -148,10 +149,13 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
     commit(emitted);
     out->insert(out->end(), emitted.begin(), emitted.end());
 
-    for (int c = 0; c < gamma; ++c) {
-        ++stats_.drafted_at[size_t(c)];
+    // Drafts after the first rejection are never judged: α counts only judged ones.
+    const int evaluated = std::min(r.n_accepted + 1, gamma);
+    for (int c = 0; c < evaluated; ++c) {
+        ++stats_.evaluated_at[size_t(c)];
         if (c < r.n_accepted) ++stats_.accepted_at[size_t(c)];
     }
+    stats_.evaluated += uint64_t(evaluated);
     stats_.drafted += uint64_t(gamma);
     stats_.accepted += uint64_t(r.n_accepted);
     stats_.emitted += emitted.size();

@@ -32,9 +32,10 @@ struct GeneratorStats {
     uint64_t target_calls = 0;  // target forwards (prompt chunks excluded)
     uint64_t draft_calls = 0;
     uint64_t drafted = 0;
+    uint64_t evaluated = 0;  // drafts the target judged: the accepted ones, plus one per rejection
     uint64_t accepted = 0;
     uint64_t emitted = 0;
-    std::array<uint64_t, kMaxGamma> drafted_at{};  // per draft position
+    std::array<uint64_t, kMaxGamma> evaluated_at{};  // per draft position
     std::array<uint64_t, kMaxGamma> accepted_at{};
     double draft_seconds = 0, target_seconds = 0, verify_seconds = 0;
     int last_gamma = 0;

@@ -234,11 +234,14 @@ typedef struct specula_session_stats {
     double generate_seconds;
     /* generation steps: one target forward each, after γ draft forwards */
     uint64_t n_steps;
-    uint64_t n_drafted;                     /* draft tokens proposed (0 without a draft) */
-    uint64_t n_accepted;                    /* draft tokens accepted */
-    double acceptance_rate;                 /* n_accepted / n_drafted: the papers' α */
-    double tokens_per_step;                 /* generated tokens per target forward */
-    uint64_t drafted_at[SPECULA_MAX_GAMMA]; /* per draft position */
+    uint64_t n_drafted;     /* draft tokens proposed (0 without a draft) */
+    uint64_t n_accepted;    /* draft tokens accepted */
+    uint64_t n_evaluated;   /* drafts the target judged: accepted + one per rejection */
+    double acceptance_rate; /* α = n_accepted / n_evaluated: the probability that a judged
+                               draft is accepted (Leviathan et al.'s α); drafts after a
+                               rejection are discarded unjudged and not counted */
+    double tokens_per_step; /* generated tokens per target forward */
+    uint64_t evaluated_at[SPECULA_MAX_GAMMA]; /* per draft position: judged, and accepted */
     uint64_t accepted_at[SPECULA_MAX_GAMMA];
     double draft_seconds; /* where generation time went */
     double target_seconds;
