@@ -19,14 +19,17 @@ namespace {
 
 class CpuBuffer final : public Buffer {
   public:
+    // Zero-filled; check allocated() (a nothrow allocation: an exception, or a sanitizer
+    // abort on a failed operator new, must not stand in for an out-of-memory status).
     explicit CpuBuffer(size_t bytes)
-        : owned_(std::make_unique<uint64_t[]>((bytes + 7) / 8)), size_(bytes) {
+        : owned_(new (std::nothrow) uint64_t[(bytes + 7) / 8]()), size_(bytes) {
         data_ = reinterpret_cast<uint8_t*>(owned_.get());
     }
     explicit CpuBuffer(std::span<const uint8_t> borrowed)
         : data_(const_cast<uint8_t*>(borrowed.data())), size_(borrowed.size()), read_only_(true) {}
 
     size_t size() const override { return size_; }
+    bool allocated() const { return data_ != nullptr || size_ == 0; }
     uint8_t* data() const { return data_; }
     bool read_only() const { return read_only_; }
 
@@ -93,12 +96,11 @@ class CpuBackend final : public Backend {
     const specula_device_info& info() const override { return info_; }
 
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
-        try {
-            *out = std::make_unique<CpuBuffer>(bytes);
-        } catch (const std::bad_alloc&) {
+        auto buffer = std::make_unique<CpuBuffer>(bytes);
+        if (!buffer->allocated())
             return OutOfMemory("cannot allocate " + std::to_string(bytes) +
                                " bytes of host memory");
-        }
+        *out = std::move(buffer);
         return Status::Ok();
     }
 
