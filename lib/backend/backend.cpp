@@ -43,7 +43,8 @@ std::vector<specula_device_info> enumerate_devices() {
     std::snprintf(cpu.name, sizeof cpu.name, "cpu");
     devices.push_back(cpu);
 #ifdef SPECULA_HAVE_VULKAN
-    for (const auto& d : enumerate_vulkan_devices()) devices.push_back(d);
+    for (const auto& d : enumerate_vulkan_devices())
+        devices.push_back(d);
 #endif
     return devices;
 }
@@ -60,7 +61,8 @@ Status create_backend(const specula_backend_params& params, std::unique_ptr<Back
             vk.kind = SPECULA_BACKEND_VULKAN;
             const Status s = create_vulkan_backend(vk, out);
             if (s.ok()) return s;
-            log(SPECULA_LOG_INFO, "auto backend: Vulkan unavailable (" + s.message() + "), using the cpu");
+            log(SPECULA_LOG_INFO,
+                "auto backend: Vulkan unavailable (" + s.message() + "), using the cpu");
 #endif
             *out = create_cpu_backend(params.n_threads);
             return Status::Ok();

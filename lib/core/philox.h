@@ -29,7 +29,8 @@ inline PhiloxCounter philox4x32_10(PhiloxCounter c, PhiloxKey k) {
 // Independent random streams. Draft sampling and residual resampling must never
 // share noise (DESIGN §6), so every use salts the counter with its own stream id.
 enum class RandomStream : uint32_t {
-    kSample = 1,    // standalone sampling (sample_token's default); plain decoding is a step with γ = 0
+    kSample =
+        1,  // standalone sampling (sample_token's default); plain decoding is a step with γ = 0
     kDraft = 2,     // draft-token sampling inside a speculative step
     kAccept = 3,    // the uniforms of the acceptance test
     kResidual = 4,  // the residual / bonus-token draw
