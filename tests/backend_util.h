@@ -16,9 +16,7 @@
 namespace specula::test {
 
 inline const char* backend_name(specula_backend_kind kind) {
-    return kind == SPECULA_BACKEND_VULKAN ? "vulkan"
-           : kind == SPECULA_BACKEND_CUDA ? "cuda"
-                                          : "cpu";
+    return specula_backend_kind_name(kind);
 }
 
 // The backend, or nullptr with *why set when it cannot be created here.

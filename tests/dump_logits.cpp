@@ -15,9 +15,10 @@ int main(int argc, char** argv) {
         return 2;
     }
     specula_backend_params bp = specula_backend_default_params();
-    bp.kind = std::strcmp(argv[3], "vulkan") == 0 ? SPECULA_BACKEND_VULKAN
-              : std::strcmp(argv[3], "cuda") == 0 ? SPECULA_BACKEND_CUDA
-                                                  : SPECULA_BACKEND_CPU;
+    if (specula_backend_kind_from_name(argv[3], &bp.kind) != SPECULA_OK) {
+        std::fprintf(stderr, "specula-dump-logits: %s\n", specula_last_error());
+        return 2;
+    }
     specula_backend* backend = nullptr;
     specula_model* model = nullptr;
     specula_session* session = nullptr;

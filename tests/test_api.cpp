@@ -11,12 +11,7 @@ namespace {
 
 std::string model_path() {
     static const std::string path = [] {
-        specula::RandomLlamaSpec spec;
-        spec.n_embd = 64;
-        spec.n_layer = 2;
-        spec.n_head = 4;
-        spec.n_head_kv = 2;
-        spec.n_ff = 128;
+        specula::RandomLlamaSpec spec = specula::test::small_spec(specula::GgmlType::kQ8_0, 1);
         spec.n_ctx = 128;
         return specula::test::make_model("api", spec);
     }();
@@ -91,6 +86,19 @@ TEST_F(Api, NullArgumentsAreErrorsWithMessages) {
     specula_model_free(nullptr);
     specula_session_free(nullptr);
     specula_backend_free(nullptr);
+}
+
+TEST_F(Api, BackendNamesRoundTrip) {
+    for (auto kind : {SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN, SPECULA_BACKEND_CUDA,
+                      SPECULA_BACKEND_AUTO}) {
+        specula_backend_kind back{};
+        ASSERT_EQ(specula_backend_kind_from_name(specula_backend_kind_name(kind), &back),
+                  SPECULA_OK);
+        EXPECT_EQ(back, kind);
+    }
+    specula_backend_kind k{};
+    EXPECT_EQ(specula_backend_kind_from_name("metal", &k), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(specula_last_error()).find("metal"), std::string::npos);
 }
 
 TEST_F(Api, DevicesAndInfo) {

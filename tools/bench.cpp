@@ -27,11 +27,6 @@ double median(std::vector<double> v) {
     return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-const std::map<std::string, specula_backend_kind> kKinds = {{"auto", SPECULA_BACKEND_AUTO},
-                                                            {"cpu", SPECULA_BACKEND_CPU},
-                                                            {"vulkan", SPECULA_BACKEND_VULKAN},
-                                                            {"cuda", SPECULA_BACKEND_CUDA}};
-
 struct Options {
     std::string model, draft;
     std::string policy = "fixed";
@@ -209,13 +204,13 @@ int main(int argc, char** argv) {
     specula_model_info info{};
     std::stringstream names(backends);
     for (std::string name; std::getline(names, name, ',');) {
-        if (!kKinds.count(name)) {
-            std::fprintf(stderr, "specula-bench: unknown backend '%s'\n", name.c_str());
+        specula_backend_kind kind{};
+        if (specula_backend_kind_from_name(name.c_str(), &kind) != SPECULA_OK) {
+            std::fprintf(stderr, "specula-bench: %s\n", specula_last_error());
             return 2;
         }
         Result r;
-        if (run_api(o, kKinds.at(name), &r, &info) && !o.verify_sizes.empty())
-            run_verify(o, kKinds.at(name), &r);
+        if (run_api(o, kind, &r, &info) && !o.verify_sizes.empty()) run_verify(o, kind, &r);
         if (!r.error.empty())
             std::fprintf(stderr, "specula-bench: %s: %s\n", name.c_str(), r.error.c_str());
         results.push_back(r);

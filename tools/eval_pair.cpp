@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -118,16 +117,12 @@ int main(int argc, char** argv) {
     app.add_option("--json", json_path);
     CLI11_PARSE(app, argc, argv);
 
-    const std::map<std::string, specula_backend_kind> kinds = {{"auto", SPECULA_BACKEND_AUTO},
-                                                               {"cpu", SPECULA_BACKEND_CPU},
-                                                               {"vulkan", SPECULA_BACKEND_VULKAN},
-                                                               {"cuda", SPECULA_BACKEND_CUDA}};
     specula_backend* backend = nullptr;
     specula_model *target = nullptr, *draft = nullptr;
     int rc = 0;
     try {
         specula_backend_params bp = specula_backend_default_params();
-        bp.kind = kinds.at(backend_name);
+        check(specula_backend_kind_from_name(backend_name.c_str(), &bp.kind), "backend");
         check(specula_backend_create(&bp, &backend), "backend");
         check(specula_model_load(backend, target_path.c_str(), nullptr, &target), "load target");
         check(specula_model_load(backend, draft_path.c_str(), nullptr, &draft), "load draft");

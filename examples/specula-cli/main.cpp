@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -93,15 +92,12 @@ int main(int argc, char** argv) {
         return app.exit(e);
     }
 
-    const std::map<std::string, specula_backend_kind> kinds = {{"auto", SPECULA_BACKEND_AUTO},
-                                                               {"cpu", SPECULA_BACKEND_CPU},
-                                                               {"vulkan", SPECULA_BACKEND_VULKAN},
-                                                               {"cuda", SPECULA_BACKEND_CUDA}};
     specula_backend_params bp = specula_backend_default_params();
-    bp.kind = kinds.at(backend_name);
+    specula_status s = specula_backend_kind_from_name(backend_name.c_str(), &bp.kind);
+    if (s != SPECULA_OK) return fail("backend", s);
     bp.n_threads = threads;
     specula_backend* backend = nullptr;
-    specula_status s = specula_backend_create(&bp, &backend);
+    s = specula_backend_create(&bp, &backend);
     if (s != SPECULA_OK) return fail("backend", s);
     specula_device_info dev{};
     (void)specula_backend_get_info(backend, &dev);

@@ -129,6 +129,36 @@ void specula_set_log_callback(specula_log_fn callback, void* user_data) {
 
 // ------------------------------------------------------------------ backends
 
+namespace {
+constexpr std::pair<specula_backend_kind, const char*> kBackendNames[] = {
+    {SPECULA_BACKEND_CPU, "cpu"},
+    {SPECULA_BACKEND_VULKAN, "vulkan"},
+    {SPECULA_BACKEND_CUDA, "cuda"},
+    {SPECULA_BACKEND_AUTO, "auto"},
+};
+}  // namespace
+
+const char* specula_backend_kind_name(specula_backend_kind kind) {
+    for (const auto& [k, name] : kBackendNames)
+        if (k == kind) return name;
+    return "unknown";
+}
+
+specula_status specula_backend_kind_from_name(const char* name, specula_backend_kind* kind) {
+    return guarded([&] {
+        SPECULA_TRY(need(name, "name"));
+        SPECULA_TRY(need(kind, "kind"));
+        for (const auto& [k, n] : kBackendNames) {
+            if (std::strcmp(n, name) == 0) {
+                *kind = k;
+                return Status::Ok();
+            }
+        }
+        return InvalidArgument(std::string("unknown backend '") + name +
+                               "' (cpu, vulkan, cuda, auto)");
+    });
+}
+
 specula_status specula_device_count(size_t* count) {
     return guarded([&] {
         SPECULA_TRY(need(count, "count"));

@@ -84,6 +84,11 @@ typedef enum specula_backend_kind {
     SPECULA_BACKEND_AUTO = 100 /* the best available: a discrete GPU, then any GPU, then cpu */
 } specula_backend_kind;
 
+/* "cpu", "vulkan", "cuda", "auto" <-> the kinds: one spelling for every front end. */
+SPECULA_API const char* specula_backend_kind_name(specula_backend_kind kind);
+SPECULA_API specula_status specula_backend_kind_from_name(const char* name,
+                                                          specula_backend_kind* kind);
+
 typedef struct specula_device_info {
     specula_backend_kind kind;
     int32_t index; /* index within its kind, as accepted by specula_backend_params */
