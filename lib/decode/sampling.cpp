@@ -23,17 +23,21 @@ std::vector<TokenProb> processed_distribution(std::span<const float> logits,
         return logits[size_t(a)] > logits[size_t(b)] ||
                (logits[size_t(a)] == logits[size_t(b)] && a < b);
     };
+    // Only top-k and top-p need the order; plain temperature sampling skips the sort.
     size_t keep = n;
     if (p.top_k > 0 && size_t(p.top_k) < n) {
         keep = size_t(p.top_k);
         std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(keep), order.end(), before);
-    } else {
+    } else if (p.top_p < 1.0f) {
         std::sort(order.begin(), order.end(), before);
     }
     order.resize(keep);
 
     const float inv_t = 1.0f / p.temperature;
-    const float max = logits[size_t(order[0])] * inv_t;
+    float max_logit = logits[size_t(order[0])];
+    for (int32_t t : order)
+        max_logit = std::max(max_logit, logits[size_t(t)]);
+    const float max = max_logit * inv_t;
     std::vector<float> probs(keep);
     double sum = 0.0;
     for (size_t i = 0; i < keep; ++i)
@@ -57,8 +61,9 @@ std::vector<TokenProb> processed_distribution(std::span<const float> logits,
     std::vector<TokenProb> out(keep);
     for (size_t i = 0; i < keep; ++i)
         out[i] = {order[i], probs[i]};
-    std::sort(out.begin(), out.end(),
-              [](const TokenProb& a, const TokenProb& b) { return a.token < b.token; });
+    if (keep < n || p.top_p < 1.0f)  // otherwise already in token order
+        std::sort(out.begin(), out.end(),
+                  [](const TokenProb& a, const TokenProb& b) { return a.token < b.token; });
     return out;
 }
 
