@@ -1,4 +1,4 @@
-// Shared by every compute shader: four storage buffers seen as 32-bit words
+// Shared by every compute shader: six storage buffers seen as 32-bit words
 // (no 8/16-bit storage needed), one push-constant block, and readers for the
 // GGUF weight layouts. Offsets in the push constants are in bytes.
 #extension GL_EXT_control_flow_attributes : enable
@@ -9,10 +9,12 @@ layout(std430, binding = 0) buffer Buffer0 { uint b0[]; };
 layout(std430, binding = 1) buffer Buffer1 { uint b1[]; };
 layout(std430, binding = 2) buffer Buffer2 { uint b2[]; };
 layout(std430, binding = 3) buffer Buffer3 { uint b3[]; };
+layout(std430, binding = 4) buffer Buffer4 { uint b4[]; };
+layout(std430, binding = 5) buffer Buffer5 { uint b5[]; };
 
 layout(push_constant) uniform PushConstants {
-    uint off0, off1, off2, off3;  // byte offsets of the tensors in bindings 0..3
-    uint u0, u1, u2, u3, u4, u5, u6, u7;
+    uint off0, off1, off2, off3, off4, off5;  // byte offsets of the tensors in bindings 0..5
+    uint u0, u1, u2, u3, u4, u5, u6, u7, u8, u9, u10, u11;
     float f0, f1;
 } pc;
 

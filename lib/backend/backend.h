@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "decode/sampling.h"
 #include "format/gguf.h"
 #include "specula.h"
 
@@ -39,6 +40,26 @@ struct Tensor {
     size_t row_bytes() const;
     size_t bytes() const { return row_bytes() * size_t(rows); }
     Tensor row_range(int64_t first, int64_t count) const;
+};
+
+// Speculative verification of `batch` sequences on the device (DESIGN §6), the
+// arithmetic of decode/verify.h's verify() bit for bit. With gamma = 0 it samples
+// one token per sequence from its single target row, which is how drafts are
+// drawn on the device without a host round trip.
+struct VerifyArgs {
+    Tensor target;  // batch * (gamma + 1) rows of n_vocab F32 logits
+    Tensor draft;   // batch * gamma rows (unused when gamma == 0 or greedy)
+    Tensor drafts;  // batch * gamma I32 drafted tokens
+    int batch = 1;
+    int gamma = 0;
+    SamplingParams sampling;
+    uint32_t step = 0;
+    RandomStream stream = RandomStream::kResidual;
+    uint32_t row_offset = 0;  // sequence b draws at rows row_offset + b * 256 + c
+    // Outputs, each optional (buffer == nullptr): result holds batch * (gamma + 2) I32,
+    // per sequence n and then the n + 1 emitted tokens; token holds the last token of each.
+    Tensor result;
+    Tensor token;
 };
 
 class Backend {
@@ -90,6 +111,8 @@ class Backend {
     virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
     // out = a + b, element-wise (out may alias a).
     virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+    // See VerifyArgs. The vocabulary size is target.cols (at most det::kMaxVocab).
+    virtual void verify(const VerifyArgs& args) = 0;
 };
 
 // cos/sin of pos * base^(-2j/n_rot) for pos < n_ctx, j < n_rot/2: n_ctx rows of n_rot floats.

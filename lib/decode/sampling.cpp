@@ -1,10 +1,16 @@
 #include "decode/sampling.h"
 
 #include <algorithm>
-#include <cmath>
+#include <cfloat>
 #include <numeric>
 
+#include "core/detmath.h"
+
 namespace specula {
+
+float SamplingParams::nucleus() const {
+    return std::max(top_p, FLT_MIN);
+}
 
 int32_t argmax(std::span<const float> logits) {
     int32_t best = 0;
@@ -13,57 +19,67 @@ int32_t argmax(std::span<const float> logits) {
     return best;
 }
 
+RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
+    const auto n = uint32_t(logits.size());
+    const float inv_t = p.inv_temperature();
+    RowNorm norm;
+    norm.max = -INFINITY;
+    for (float z : logits)
+        if (z * inv_t > norm.max) norm.max = z * inv_t;
+    auto weight = [&](uint32_t x) { return det::exp_nonpositive(logits[x] * inv_t - norm.max); };
+    auto key = [&](uint32_t x) { return det::order_key(logits[x] * inv_t); };
+
+    if (p.filtered(int(n))) {
+        // Rank order (key desc, id asc); the kept set is a prefix of it.
+        std::vector<uint32_t> order(n);
+        std::iota(order.begin(), order.end(), 0u);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](uint32_t a, uint32_t b) { return key(a) > key(b); });
+        auto cut_at = [&](uint32_t length) {  // the prefix of `length` tokens
+            RowNorm c = norm;
+            c.cut_key = key(order[length - 1]);
+            c.cut_id = order[length - 1];
+            return c;
+        };
+        auto mass = [&](const RowNorm& c) {
+            return det::canonical_sum(
+                n, [&](uint32_t x) { return c.kept(key(x), x) ? weight(x) : 0.0f; });
+        };
+        uint32_t length = n;
+        if (p.top_k > 0 && uint32_t(p.top_k) < n) length = uint32_t(p.top_k);
+        norm = cut_at(length);
+        if (p.top_p < 1.0f) {
+            // The shortest prefix whose mass reaches top_p * mass(top-k set); mass grows
+            // monotonically with the prefix (rounding is monotone), so bisect.
+            const float target = p.nucleus() * mass(norm);
+            uint32_t lo = 0, hi = length;  // mass(prefix lo) < target <= mass(prefix hi)
+            while (hi - lo > 1) {
+                const uint32_t mid = lo + (hi - lo) / 2;
+                (mass(cut_at(mid)) >= target ? hi : lo) = mid;
+            }
+            norm = cut_at(hi);
+        }
+    }
+    const float sum =
+        det::canonical_sum(n, [&](uint32_t x) { return norm.kept(key(x), x) ? weight(x) : 0.0f; });
+    norm.inv_sum = det::reciprocal(sum);
+    return norm;
+}
+
+float processed_prob(float z, uint32_t x, const RowNorm& norm, float inv_temperature) {
+    const float s = z * inv_temperature;
+    if (!norm.kept(det::order_key(s), x)) return 0.0f;
+    return det::exp_nonpositive(s - norm.max) * norm.inv_sum;
+}
+
 std::vector<TokenProb> processed_distribution(std::span<const float> logits,
                                               const SamplingParams& p) {
-    const size_t n = logits.size();
-    std::vector<int32_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    // Descending logit, ties to the lower id: one total order used by top-k and top-p alike.
-    auto before = [&](int32_t a, int32_t b) {
-        return logits[size_t(a)] > logits[size_t(b)] ||
-               (logits[size_t(a)] == logits[size_t(b)] && a < b);
-    };
-    // Only top-k and top-p need the order; plain temperature sampling skips the sort.
-    size_t keep = n;
-    if (p.top_k > 0 && size_t(p.top_k) < n) {
-        keep = size_t(p.top_k);
-        std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(keep), order.end(), before);
-    } else if (p.top_p < 1.0f) {
-        std::sort(order.begin(), order.end(), before);
+    const RowNorm norm = row_norm(logits, p);
+    std::vector<TokenProb> out;
+    for (size_t x = 0; x < logits.size(); ++x) {
+        const float prob = processed_prob(logits[x], uint32_t(x), norm, p.inv_temperature());
+        if (prob > 0.0f) out.push_back({int32_t(x), prob});
     }
-    order.resize(keep);
-
-    const float inv_t = 1.0f / p.temperature;
-    float max_logit = logits[size_t(order[0])];
-    for (int32_t t : order)
-        max_logit = std::max(max_logit, logits[size_t(t)]);
-    const float max = max_logit * inv_t;
-    std::vector<float> probs(keep);
-    double sum = 0.0;
-    for (size_t i = 0; i < keep; ++i)
-        sum += probs[i] = std::exp(logits[size_t(order[i])] * inv_t - max);
-    for (float& x : probs)
-        x = float(x / sum);
-
-    if (p.top_p < 1.0f) {
-        // The smallest prefix (in the order above) whose mass reaches top_p; at least one token.
-        double mass = 0.0;
-        size_t cut = 0;
-        while (cut < keep) {
-            mass += probs[cut++];
-            if (mass >= double(p.top_p)) break;
-        }
-        keep = cut;
-        for (size_t i = 0; i < keep; ++i)
-            probs[i] = float(probs[i] / mass);
-    }
-
-    std::vector<TokenProb> out(keep);
-    for (size_t i = 0; i < keep; ++i)
-        out[i] = {order[i], probs[i]};
-    if (keep < n || p.top_p < 1.0f)  // otherwise already in token order
-        std::sort(out.begin(), out.end(),
-                  [](const TokenProb& a, const TokenProb& b) { return a.token < b.token; });
     return out;
 }
 
@@ -73,9 +89,7 @@ int32_t exponential_race(std::span<const TokenProb> candidates, uint64_t seed, R
     float best_score = 0.0f;
     for (const TokenProb& c : candidates) {
         if (!(c.prob > 0.0f)) continue;
-        // E = -log(u) > 0 because u lies strictly inside (0, 1).
-        const float e = -std::log(philox_uniform(seed, stream, step, row, uint32_t(c.token)));
-        const float score = c.prob / e;
+        const float score = c.prob * det::race_weight(seed, stream, step, row, uint32_t(c.token));
         if (best < 0 || score > best_score) {
             best = c.token;
             best_score = score;
@@ -84,10 +98,34 @@ int32_t exponential_race(std::span<const TokenProb> candidates, uint64_t seed, R
     return best;
 }
 
+int32_t residual_race(std::span<const float> p_logits, const RowNorm& pn,
+                      std::span<const float> q_logits, const RowNorm& qn, const SamplingParams& p,
+                      RandomStream stream, uint32_t step, uint32_t row) {
+    const float inv_t = p.inv_temperature();
+    int32_t best_a = -1, best_p = -1;
+    float score_a = 0.0f, score_p = 0.0f;
+    for (uint32_t x = 0; x < uint32_t(p_logits.size()); ++x) {
+        const float px = processed_prob(p_logits[x], x, pn, inv_t);
+        if (!(px > 0.0f)) continue;
+        const float qx = q_logits.empty() ? 0.0f : processed_prob(q_logits[x], x, qn, inv_t);
+        const float w = det::race_weight(p.seed, stream, step, row, x);
+        const float a = std::max(0.0f, px - qx) * w, b = px * w;
+        if (a > 0.0f && (best_a < 0 || a > score_a)) {
+            best_a = int32_t(x);
+            score_a = a;
+        }
+        if (best_p < 0 || b > score_p) {
+            best_p = int32_t(x);
+            score_p = b;
+        }
+    }
+    return best_a >= 0 ? best_a : std::max(best_p, 0);
+}
+
 int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint32_t step,
                      RandomStream stream, uint32_t row) {
-    if (p.temperature <= 0.0f) return argmax(logits);
-    return exponential_race(processed_distribution(logits, p), p.seed, stream, step, row);
+    if (p.greedy()) return argmax(logits);
+    return residual_race(logits, row_norm(logits, p), {}, {}, p, stream, step, row);
 }
 
 }  // namespace specula

@@ -29,11 +29,16 @@ inline int32_t draft_token(std::span<const float> draft_logits, const SamplingPa
 // target_logits: (γ+1) rows of n_vocab; draft_logits: γ rows; drafts: γ tokens.
 // Greedy (temperature <= 0): accept while argmax p_c == x_c; the token is argmax p_n.
 // Sampled: accept x_c when u_c * q_c(x_c) < p_c(x_c) with u_c from stream kAccept at
-// (step, c); on the first rejection draw from max(0, p_n - q_n), else draw the bonus
-// token from p_γ; both draws are exponential races on stream kResidual at (step, n).
+// (step, row_offset + c); on the first rejection the residual race over max(0, p_n - q_n),
+// after γ acceptances the race over p_γ (the bonus token), both on `stream` (kResidual in a
+// speculative step) at (step, row_offset + n). With γ = 0 this is sampling from p_0.
 VerifyResult verify(std::span<const float> target_logits, std::span<const float> draft_logits,
                     std::span<const int32_t> drafts, int n_vocab, const SamplingParams& p,
-                    uint32_t step);
+                    uint32_t step, RandomStream stream = RandomStream::kResidual,
+                    uint32_t row_offset = 0);
+
+// Sequence b of a batch of verifications draws its noise at rows offset by b * 256.
+constexpr uint32_t kVerifyRowsPerSequence = 256;
 
 // The non-exact sigmoid variant (Wagner et al. 2024, §3.2.2), opt-in. It replaces the
 // softmax of both models by the element-wise p̂(x) = σ((z(x)/T - alpha) / (beta - alpha)),

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/fp16.h"
+#include "decode/verify.h"
 #include "format/quant.h"
 
 namespace specula {
@@ -249,6 +250,29 @@ class CpuBackend final : public Backend {
         const int64_t n = a.cols * a.rows;
         for (int64_t i = 0; i < n; ++i)
             f32(out)[i] = f32(a)[i] + f32(b)[i];
+    }
+
+    void verify(const VerifyArgs& a) override {
+        const auto V = size_t(a.target.cols);
+        const auto g = size_t(a.gamma);
+        const auto* ids = reinterpret_cast<const int32_t*>(g > 0 ? bytes_of(a.drafts) : nullptr);
+        for (size_t b = 0; b < size_t(a.batch); ++b) {
+            const std::span<const float> target(f32(a.target) + b * (g + 1) * V, (g + 1) * V);
+            std::span<const float> draft;
+            if (g > 0 && !a.sampling.greedy()) draft = {f32(a.draft) + b * g * V, g * V};
+            const std::span<const int32_t> drafts(ids ? ids + b * g : nullptr, g);
+            const VerifyResult r =
+                specula::verify(target, draft, drafts, int(V), a.sampling, a.step, a.stream,
+                                a.row_offset + uint32_t(b) * kVerifyRowsPerSequence);
+            if (a.result.buffer != nullptr) {
+                auto* out = reinterpret_cast<int32_t*>(bytes_of(a.result)) + b * (g + 2);
+                out[0] = r.n_accepted;
+                std::copy_n(drafts.begin(), r.n_accepted, out + 1);
+                out[1 + r.n_accepted] = r.token;
+            }
+            if (a.token.buffer != nullptr)
+                reinterpret_cast<int32_t*>(bytes_of(a.token))[b] = r.token;
+        }
     }
 
   private:

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/vulkan/shaders.h"
+#include "core/detmath.h"
 #include "core/log.h"
 #include "platform/vulkan_loader.h"
 
@@ -302,10 +303,11 @@ const char* weight_suffix(GgmlType t) {
 
 // Must match the push-constant block of shaders/common.glsl.
 struct PushConstants {
-    uint32_t off[4] = {0, 0, 0, 0};
-    uint32_t u[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    float f[2] = {0, 0};
+    uint32_t off[6] = {};
+    uint32_t u[12] = {};
+    float f[2] = {};
 };
+constexpr uint32_t kBindings = 6;
 
 constexpr uint32_t kMaxBatchColumns = 16;  // MAX_N in shaders/matmul.comp
 constexpr size_t kStagingBytes = 16u << 20;
@@ -320,6 +322,7 @@ class VulkanBackend final : public Backend {
         staging_.reset();
         readback_.reset();
         dummy_.reset();
+        verify_scratch_.reset();
         for (auto& [key, p] : pipelines_)
             vk::vkDestroyPipeline(d, p, nullptr);
         for (VkDescriptorPool p : pools_)
@@ -367,15 +370,15 @@ class VulkanBackend final : public Backend {
         VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
         SPECULA_TRY(vk_check(vk::vkCreateFence(d, &fi, nullptr, &fence_), "vkCreateFence"));
 
-        std::array<VkDescriptorSetLayoutBinding, 4> bindings{};
-        for (uint32_t i = 0; i < 4; ++i) {
+        std::array<VkDescriptorSetLayoutBinding, kBindings> bindings{};
+        for (uint32_t i = 0; i < kBindings; ++i) {
             bindings[i].binding = i;
             bindings[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
             bindings[i].descriptorCount = 1;
             bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
         }
         VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
-        li.bindingCount = 4;
+        li.bindingCount = kBindings;
         li.pBindings = bindings.data();
         SPECULA_TRY(vk_check(vk::vkCreateDescriptorSetLayout(d, &li, nullptr, &set_layout_),
                              "vkCreateDescriptorSetLayout"));
@@ -461,6 +464,7 @@ class VulkanBackend final : public Backend {
         }
         const VkBufferCopy region{src.offset, 0, bytes};
         vk::vkCmdCopyBuffer(cmd_, vbuf(src).handle(), readback_->handle(), 1, &region);
+        ++n_recorded_;  // a download right after another must still be submitted
         SPECULA_TRY(flush());
         std::memcpy(dst, readback_->mapped(), bytes);
         return Status::Ok();
@@ -578,6 +582,60 @@ class VulkanBackend final : public Backend {
         elementwise(0, a, b, out);
     }
 
+    void verify(const VerifyArgs& a) override {
+        const auto V = uint32_t(a.target.cols);
+        if (V > det::kMaxVocab)
+            return fail(Unsupported("vocabularies above " + std::to_string(det::kMaxVocab) +
+                                    " tokens are not supported on the device"));
+        const bool greedy = a.sampling.greedy();
+        const auto gamma = uint32_t(a.gamma), batch = uint32_t(a.batch);
+        const uint32_t rows_per_seq = greedy ? gamma + 1 : 2 * gamma + 1;
+        const uint32_t rows = batch * rows_per_seq;
+        const uint32_t tiles = (V + det::kTile - 1) / det::kTile;
+        const size_t words = size_t(3) * rows * tiles + size_t(4) * rows + batch +
+                             size_t(4) * batch * tiles;
+        if (!verify_scratch_ || verify_scratch_->size() < words * 4) {
+            // A replaced buffer is buried until the device is idle, so recorded passes keep it.
+            verify_scratch_.reset();
+            if (Status s = make_buffer(words * 4, false, &verify_scratch_); !s.ok())
+                return fail(std::move(s));
+        }
+        Tensor scratch;
+        scratch.buffer = verify_scratch_.get();
+        scratch.cols = int64_t(words);
+        scratch.rows = 1;
+
+        PushConstants pc;
+        pc.u[0] = V;
+        pc.u[1] = batch;
+        pc.u[2] = gamma;
+        pc.u[3] = rows_per_seq;
+        pc.u[4] = tiles;
+        pc.u[5] = a.sampling.top_k > 0 ? uint32_t(a.sampling.top_k) : 0;
+        pc.u[6] = uint32_t(a.stream);
+        pc.u[7] = a.step;
+        pc.u[8] = a.row_offset;
+        pc.u[9] = uint32_t(a.sampling.seed);
+        pc.u[10] = uint32_t(a.sampling.seed >> 32);
+        const bool filtered = a.sampling.filtered(int(V));
+        pc.u[11] = (greedy ? 1u : 0u) | (a.result.buffer ? 2u : 0u) | (a.token.buffer ? 4u : 0u) |
+                   (filtered ? 8u : 0u);
+        pc.f[0] = a.sampling.inv_temperature();
+        pc.f[1] = a.sampling.nucleus();
+        const Bound bound = {&a.target, &a.draft, &a.drafts, &scratch, &a.result, &a.token};
+        enum Mode : uint32_t { kTileMax, kTileSum, kRowNorm, kAccept, kRace, kFinish };
+        auto pass = [&](Mode mode, uint32_t groups) {
+            dispatch("decode", bound, pc, groups, {det::kLanes, mode, 0});
+        };
+        pass(kTileMax, rows * tiles);
+        if (greedy) return pass(kAccept, batch);
+        if (!filtered) pass(kTileSum, rows * tiles);
+        pass(kRowNorm, rows);
+        pass(kAccept, batch);
+        pass(kRace, batch * tiles);
+        pass(kFinish, batch);
+    }
+
   private:
     Status usable() const {
         if (lost_)
@@ -665,7 +723,7 @@ class VulkanBackend final : public Backend {
         for (;; ++pool_index_) {
             if (pool_index_ == pools_.size()) {
                 const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                4 * kSetsPerPool};
+                                                kBindings * kSetsPerPool};
                 VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
                 pi.maxSets = kSetsPerPool;
                 pi.poolSizeCount = 1;
@@ -687,7 +745,8 @@ class VulkanBackend final : public Backend {
         }
     }
 
-    void dispatch_typed(const char* op, GgmlType type, std::array<const Tensor*, 4> t,
+    using Bound = std::array<const Tensor*, kBindings>;
+    void dispatch_typed(const char* op, GgmlType type, Bound t,
                         PushConstants pc, uint32_t groups, Spec spec) {
         const char* suffix = weight_suffix(type);
         if (suffix == nullptr)
@@ -695,17 +754,17 @@ class VulkanBackend final : public Backend {
         dispatch(std::string(op) + "_" + suffix, t, pc, groups, spec);
     }
 
-    void dispatch(const std::string& shader, std::array<const Tensor*, 4> tensors, PushConstants pc,
+    void dispatch(const std::string& shader, Bound tensors, PushConstants pc,
                   uint32_t groups, Spec spec) {
         if (!pending_.ok() || lost_ || groups == 0) return;
         VkPipeline p = VK_NULL_HANDLE;
         VkDescriptorSet set = VK_NULL_HANDLE;
         if (Status s = pipeline(shader, spec, &p); !s.ok()) return fail(std::move(s));
         if (Status s = descriptor_set(&set); !s.ok()) return fail(std::move(s));
-        std::array<VkDescriptorBufferInfo, 4> infos{};
-        std::array<VkWriteDescriptorSet, 4> writes{};
-        for (size_t i = 0; i < 4; ++i) {
-            const Tensor* t = tensors[i];
+        std::array<VkDescriptorBufferInfo, kBindings> infos{};
+        std::array<VkWriteDescriptorSet, kBindings> writes{};
+        for (size_t i = 0; i < kBindings; ++i) {
+            const Tensor* t = tensors[i] && tensors[i]->buffer ? tensors[i] : nullptr;
             const VulkanBuffer& b = t ? vbuf(*t) : *dummy_;
             if (t && t->offset + t->bytes() > device_->limits.maxStorageBufferRange)
                 return fail(Unsupported("a tensor lies beyond this device's storage-buffer range"));
@@ -720,7 +779,7 @@ class VulkanBackend final : public Backend {
             writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
             writes[i].pBufferInfo = &infos[i];
         }
-        vk::vkUpdateDescriptorSets(device_->handle, 4, writes.data(), 0, nullptr);
+        vk::vkUpdateDescriptorSets(device_->handle, kBindings, writes.data(), 0, nullptr);
         vk::vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
         vk::vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set, 0,
                                     nullptr);
@@ -753,7 +812,7 @@ class VulkanBackend final : public Backend {
     std::map<std::string, VkPipeline> pipelines_;
     std::vector<VkDescriptorPool> pools_;
     size_t pool_index_ = 0;
-    std::unique_ptr<VulkanBuffer> staging_, readback_, dummy_;
+    std::unique_ptr<VulkanBuffer> staging_, readback_, dummy_, verify_scratch_;
     size_t staging_used_ = 0;
     size_t n_recorded_ = 0;
     Status pending_;

@@ -1,0 +1,137 @@
+// Deterministic float math for sampling and verification (DESIGN §6).
+//
+// The same logits and seed must give the same tokens on every backend, but
+// GPU exp/log/division are not correctly rounded and drivers reorder sums.
+// Everything a sampling decision depends on is therefore built here from
+// operations that IEEE 754 and Vulkan both require to be correctly rounded
+// (add, sub, mul, float<->int conversion, floor, bit casts), evaluated in a
+// fixed order with no fused multiply-add: this file is compiled with
+// -ffp-contract=off, shaders/detmath.glsl marks every value `precise`, and the
+// CUDA copy uses the _rn intrinsics. The three copies must stay identical.
+//
+// Results are accurate to a few ulp, which is all sampling needs; what matters
+// is that they are bit-identical everywhere. Values below e^-40 relative to a
+// row's maximum are treated as probability 0 (at most V * 4e-18 of mass), which
+// also keeps every intermediate a normal float, so flush-to-zero cannot differ.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "core/philox.h"
+
+namespace specula::det {
+
+constexpr float kExpCutoff = -40.0f;
+
+// Canonical summation: tiles of kTile elements, each summed as kLanes lane
+// partials (lane l adds elements l, l + kLanes, ... of the tile in order) and
+// a halving tree over the lanes; the tile sums are combined by the same tree.
+// A GPU workgroup of kLanes threads computes exactly this.
+constexpr uint32_t kLanes = 256;
+constexpr uint32_t kLaneItems = 16;
+constexpr uint32_t kTile = kLanes * kLaneItems;
+constexpr uint32_t kMaxVocab = kTile * kLanes;  // tile sums fit one tree
+
+inline float from_bits(uint32_t b) {
+    return std::bit_cast<float>(b);
+}
+inline uint32_t to_bits(float f) {
+    return std::bit_cast<uint32_t>(f);
+}
+
+// Constants by their bits, so that C++, GLSL and CUDA cannot parse them differently.
+constexpr float kLog2E = std::bit_cast<float>(0x3FB8AA3Bu);   // 1.44269504
+constexpr float kLn2Hi = std::bit_cast<float>(0x3F317200u);   // 0.693145752, 16 bits
+constexpr float kLn2Lo = std::bit_cast<float>(0x35BFBE8Eu);   // 1.42860677e-6
+constexpr float kSqrt2 = std::bit_cast<float>(0x3FB504F3u);   // 1.41421354
+constexpr uint32_t kExpTaylor[6] = {                          // 1/7! .. 1/2!
+    0x39500D01u, 0x3AB60B61u, 0x3C088889u, 0x3D2AAAABu, 0x3E2AAAABu, 0x3F000000u};
+constexpr uint32_t kAtanhSeries[5] = {                        // 1/11, 1/9, 1/7, 1/5, 1/3
+    0x3DBA2E8Cu, 0x3DE38E39u, 0x3E124925u, 0x3E4CCCCDu, 0x3EAAAAABu};
+
+// e^x for x <= 0 (0 below kExpCutoff and for NaN): Cody-Waite reduction by ln 2 and a
+// degree-7 Taylor polynomial; exp(0) is exactly 1.
+inline float exp_nonpositive(float x) {
+    if (!(x >= kExpCutoff)) return 0.0f;
+    const float k = std::floor(x * kLog2E + 0.5f);
+    const float r = (x - k * kLn2Hi) - k * kLn2Lo;
+    float p = from_bits(kExpTaylor[0]);
+    for (int i = 1; i < 6; ++i)
+        p = p * r + from_bits(kExpTaylor[i]);
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return p * from_bits(uint32_t(127 + int(k)) << 23);
+}
+
+// 1 / z for normal positive z below 2^125: a bit-trick estimate and four Newton steps.
+inline float reciprocal(float z) {
+    float r = from_bits(0x7EF311C3u - to_bits(z));
+    for (int i = 0; i < 4; ++i)
+        r = r * (2.0f - z * r);
+    return r;
+}
+
+// ln u for normal positive u: u = 2^e * f with f in [0.707, 1.414], then
+// ln f = 2 atanh(t), t = (f - 1) / (f + 1), by its odd series to t^11.
+inline float log_positive(float u) {
+    const uint32_t b = to_bits(u);
+    int e = int(b >> 23) - 127;
+    float f = from_bits((b & 0x007FFFFFu) | 0x3F800000u);
+    if (f > kSqrt2) {
+        f = f * 0.5f;
+        e = e + 1;
+    }
+    const float y = f - 1.0f;
+    const float t = y * reciprocal(y + 2.0f);
+    const float t2 = t * t;
+    float s = from_bits(kAtanhSeries[0]);
+    for (int i = 1; i < 5; ++i)
+        s = s * t2 + from_bits(kAtanhSeries[i]);
+    s = s * t2 + 1.0f;
+    const float ef = float(e);
+    const float low = (t + t) * s + ef * kLn2Lo;
+    return ef * kLn2Hi + low;
+}
+
+// A monotone map of floats to unsigned integers (-0 ranks just below +0).
+inline uint32_t order_key(float s) {
+    const uint32_t b = to_bits(s);
+    return (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+}
+
+// 1 / E with E ~ Exp(1) from Philox at (seed, stream, step, row, x): the weight of
+// token x in an exponential race (argmax a(x) / E_x draws x with probability a(x) / sum a).
+inline float race_weight(uint64_t seed, RandomStream stream, uint32_t step, uint32_t row,
+                         uint32_t x) {
+    return reciprocal(-log_positive(philox_uniform(seed, stream, step, row, x)));
+}
+
+inline float lane_tree(std::array<float, kLanes>& lanes) {
+    for (uint32_t stride = kLanes / 2; stride > 0; stride /= 2)
+        for (uint32_t l = 0; l < stride; ++l)
+            lanes[l] = lanes[l] + lanes[l + stride];
+    return lanes[0];
+}
+
+// The canonical sum of value(i) for i < n (n <= kMaxVocab).
+template <class Value>
+float canonical_sum(uint32_t n, const Value& value) {
+    std::array<float, kLanes> tiles{}, lanes{};
+    for (uint32_t t = 0; t * kTile < n; ++t) {
+        for (uint32_t l = 0; l < kLanes; ++l) {
+            float acc = 0.0f;
+            for (uint32_t k = 0; k < kLaneItems; ++k) {
+                const uint32_t i = t * kTile + k * kLanes + l;
+                if (i < n) acc = acc + value(i);
+            }
+            lanes[l] = acc;
+        }
+        tiles[t] = lane_tree(lanes);
+    }
+    return lane_tree(tiles);
+}
+
+}  // namespace specula::det

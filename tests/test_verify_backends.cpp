@@ -1,0 +1,175 @@
+// The device verify and sampling passes against the cpu reference: the same
+// logits and seed must give the same n and tokens, bit for bit (DESIGN §6), over
+// vocabulary sizes that are and are not multiples of the tile, every sampling
+// mode, γ from 0 (plain sampling) to 16, batches, ties and -inf logits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend_util.h"
+#include "decode/verify.h"
+
+using namespace specula;
+
+namespace {
+
+struct Case {
+    int V, gamma, batch;
+    SamplingParams sampling;
+    const char* what;
+};
+
+std::string describe(const Case& c) {
+    return std::string(c.what) + " V " + std::to_string(c.V) + " gamma " +
+           std::to_string(c.gamma) + " batch " + std::to_string(c.batch);
+}
+
+// Target logits, draft logits near them (so some drafts pass and some fail), drafts
+// sampled from the draft rows as a real draft model would, and a few ties and -inf.
+struct Inputs {
+    std::vector<float> target, draft;
+    std::vector<int32_t> drafts;
+};
+
+Inputs make_inputs(const Case& c, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> z(0.0f, 3.0f), noise(0.0f, 0.7f);
+    const auto V = size_t(c.V), g = size_t(c.gamma), B = size_t(c.batch);
+    Inputs in;
+    in.target.resize(B * (g + 1) * V);
+    for (float& x : in.target)
+        x = z(rng);
+    for (size_t i = 0; i < in.target.size(); i += 13)
+        in.target[i] = std::round(in.target[i]);  // ties
+    for (size_t i = 5; i < in.target.size(); i += 101)
+        in.target[i] = -INFINITY;
+    in.draft.resize(B * g * V);
+    for (size_t b = 0; b < B; ++b)
+        for (size_t r = 0; r < g; ++r)
+            for (size_t x = 0; x < V; ++x)
+                in.draft[(b * g + r) * V + x] = in.target[(b * (g + 1) + r) * V + x] + noise(rng);
+    for (size_t b = 0; b < B; ++b)
+        for (size_t r = 0; r < g; ++r)
+            in.drafts.push_back(
+                sample_token(std::span(in.draft).subspan((b * g + r) * V, V), c.sampling,
+                             seed, RandomStream::kDraft, uint32_t(r)));
+    return in;
+}
+
+// Runs VerifyArgs on a backend and returns the result words and the token words.
+struct Outcome {
+    std::vector<int32_t> result, token;
+};
+
+Outcome run(Backend& backend, const Case& c, const Inputs& in, uint32_t step) {
+    std::vector<std::unique_ptr<Buffer>> keep;
+    auto tensor = [&](GgmlType type, int64_t cols, int64_t rows, const void* data) {
+        Tensor t{nullptr, 0, type, cols, std::max<int64_t>(rows, 1)};
+        std::unique_ptr<Buffer> b;
+        EXPECT_TRUE(backend.allocate(t.bytes(), &b).ok());
+        t.buffer = b.get();
+        keep.push_back(std::move(b));
+        if (data != nullptr) backend.upload(t, data);
+        return t;
+    };
+    const int64_t g = c.gamma, B = c.batch;
+    VerifyArgs a;
+    a.target = tensor(GgmlType::kF32, c.V, B * (g + 1), in.target.data());
+    if (g > 0) {
+        a.draft = tensor(GgmlType::kF32, c.V, B * g, in.draft.data());
+        a.drafts = tensor(GgmlType::kI32, B * g, 1, in.drafts.data());
+    }
+    a.batch = c.batch;
+    a.gamma = c.gamma;
+    a.sampling = c.sampling;
+    a.step = step;
+    if (g == 0) {  // the shape of on-device draft sampling
+        a.stream = RandomStream::kDraft;
+        a.row_offset = 3;
+    }
+    a.result = tensor(GgmlType::kI32, B * (g + 2), 1, nullptr);
+    a.token = tensor(GgmlType::kI32, B, 1, nullptr);
+    backend.verify(a);
+    Outcome o{std::vector<int32_t>(size_t(B * (g + 2))), std::vector<int32_t>(size_t(B))};
+    EXPECT_TRUE(backend.download(a.result, o.result.data()).ok());
+    const Status s = backend.download(a.token, o.token.data());
+    EXPECT_TRUE(s.ok()) << s.message();
+    return o;
+}
+
+SamplingParams sp(float t, int k = 0, float p = 1.0f) {
+    return {t, k, p, 0x5eed0000abcdull};
+}
+
+class VerifyOn : public ::testing::TestWithParam<specula_backend_kind> {
+  protected:
+    void SetUp() override {
+        std::string why;
+        gpu = test::try_backend(GetParam(), &why);
+        if (!gpu) GTEST_SKIP() << why;
+        cpu = create_cpu_backend(2);
+    }
+    void check(const Case& c, int steps) {
+        SCOPED_TRACE(describe(c));
+        int accepted = 0, judged = 0;
+        for (int s = 0; s < steps; ++s) {
+            const Inputs in = make_inputs(c, 1000u + uint32_t(s));
+            const Outcome want = run(*cpu, c, in, uint32_t(s)), got = run(*gpu, c, in, uint32_t(s));
+            ASSERT_EQ(got.result, want.result) << "step " << s;
+            ASSERT_EQ(got.token, want.token) << "step " << s;
+            for (int b = 0; b < c.batch; ++b) {
+                accepted += want.result[size_t(b * (c.gamma + 2))];
+                judged += std::min(want.result[size_t(b * (c.gamma + 2))] + 1, c.gamma);
+            }
+        }
+        if (c.gamma >= 4 && steps * c.batch >= 8) {
+            // Both outcomes occur, so the comparison covered accept and reject paths.
+            EXPECT_GT(accepted, 0);
+            EXPECT_LT(accepted, judged);
+        }
+    }
+    std::unique_ptr<Backend> cpu, gpu;
+};
+
+TEST_P(VerifyOn, SameNAndTokensAsTheCpuReference) {
+    const Case cases[] = {
+        {7, 1, 1, sp(1.0f), "T=1"},
+        {1000, 4, 1, sp(1.0f), "T=1"},
+        {4097, 4, 3, sp(0.7f), "T=0.7, one token past a tile"},
+        {1000, 16, 1, sp(1.3f), "T=1.3"},
+        {1000, 4, 1, sp(0.0f), "greedy"},
+        {1000, 16, 2, sp(0.0f), "greedy"},
+        {1000, 4, 1, sp(0.8f, 40), "top-k 40"},
+        {1000, 4, 1, sp(1.0f, 0, 0.9f), "top-p 0.9"},
+        {1000, 4, 2, sp(1.0f, 50, 0.8f), "top-k 50 + top-p 0.8"},
+        {1000, 4, 1, sp(0.7f, 1), "top-k 1"},
+        {1000, 4, 1, sp(1.0f, 0, 1e-7f), "top-p tiny"},
+        {1000, 0, 4, sp(1.0f), "sampling (gamma 0)"},
+        {1000, 0, 2, sp(0.9f, 20, 0.7f), "sampling with top-k and top-p"},
+    };
+    for (const Case& c : cases)
+        check(c, 12);
+}
+
+TEST_P(VerifyOn, LargeVocabularies) {
+    const Case cases[] = {
+        {32000, 4, 1, sp(1.0f), "T=1"},
+        {51866, 8, 1, sp(0.8f), "T=0.8"},
+        {151936, 8, 1, sp(1.0f), "T=1"},
+        {151936, 4, 1, sp(0.0f), "greedy"},
+        {32000, 2, 1, sp(1.0f, 40, 0.9f), "top-k 40 + top-p 0.9"},
+        {51866, 1, 1, sp(1.0f, 0, 0.95f), "top-p 0.95"},
+    };
+    for (const Case& c : cases)
+        check(c, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, VerifyOn,
+                         ::testing::Values(SPECULA_BACKEND_VULKAN, SPECULA_BACKEND_CUDA),
+                         [](const auto& info) {
+                             return std::string(test::backend_name(info.param));
+                         });
+
+}  // namespace
