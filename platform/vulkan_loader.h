@@ -66,6 +66,11 @@ namespace specula::vk {
     X(vkCmdPipelineBarrier)            \
     X(vkCmdCopyBuffer)                 \
     X(vkCmdFillBuffer)                 \
+    X(vkCreateQueryPool)               \
+    X(vkDestroyQueryPool)              \
+    X(vkCmdResetQueryPool)             \
+    X(vkCmdWriteTimestamp)             \
+    X(vkGetQueryPoolResults)           \
     X(vkCreateFence)                   \
     X(vkDestroyFence)                  \
     X(vkResetFences)                   \

@@ -254,6 +254,7 @@ const Models& models() {
 struct Generation {
     std::vector<int32_t> tokens;
     specula_session_stats stats{};
+    uint64_t waits_before_generate = 0;
     specula_status status = SPECULA_OK;
 };
 
@@ -280,6 +281,8 @@ Generation generate(specula_backend_kind kind, const std::string& target, const 
     sp.n_ctx = 256;
     if (s == SPECULA_OK) s = specula_session_create(tm, &sp, &session);
     if (s == SPECULA_OK) s = specula_session_eval(session, prompt.data(), prompt.size());
+    if (s == SPECULA_OK) s = specula_session_get_stats(session, &run.stats);
+    run.waits_before_generate = run.stats.n_host_waits;
     if (s == SPECULA_OK)
         s = specula_generate(session, &gp, run.tokens.data(), run.tokens.size(), &got);
     if (s == SPECULA_OK) s = specula_session_get_stats(session, &run.stats);
@@ -348,6 +351,22 @@ TEST_P(SpeculativeOn, DraftEqualToTargetAcceptsEverySampledDraft) {
     EXPECT_EQ(run.tokens.size(), 40u);
     EXPECT_EQ(run.stats.n_accepted, run.stats.n_drafted);
     EXPECT_EQ(run.stats.n_steps, 8u);  // 4 accepted + 1 bonus per step
+}
+
+TEST_P(SpeculativeOn, OneHostWaitPerStep) {
+    // Drafting with on-device sampling, the target forward and the verify passes are one
+    // submission: the host waits once per step, to read n and the tokens.
+    for (float temperature : {0.0f, 0.8f}) {
+        SCOPED_TRACE("temperature " + std::to_string(temperature));
+        specula_session_params sp = specula_session_default_params();
+        sp.temperature = temperature;
+        sp.top_k = 40;
+        sp.gamma_policy = SPECULA_GAMMA_HEURISTIC;
+        const Generation run = generate(GetParam(), models().target, models().close_draft, sp, 48);
+        ASSERT_EQ(run.status, SPECULA_OK) << specula_last_error();
+        EXPECT_GT(run.stats.n_drafted, 0u);
+        EXPECT_EQ(run.stats.n_host_waits - run.waits_before_generate, run.stats.n_steps);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,

@@ -22,8 +22,8 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
-    return std::string(c.what) + " V " + std::to_string(c.V) + " gamma " +
-           std::to_string(c.gamma) + " batch " + std::to_string(c.batch);
+    return std::string(c.what) + " V " + std::to_string(c.V) + " gamma " + std::to_string(c.gamma) +
+           " batch " + std::to_string(c.batch);
 }
 
 // Target logits, draft logits near them (so some drafts pass and some fail), drafts
@@ -52,9 +52,8 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
                 in.draft[(b * g + r) * V + x] = in.target[(b * (g + 1) + r) * V + x] + noise(rng);
     for (size_t b = 0; b < B; ++b)
         for (size_t r = 0; r < g; ++r)
-            in.drafts.push_back(
-                sample_token(std::span(in.draft).subspan((b * g + r) * V, V), c.sampling,
-                             seed, RandomStream::kDraft, uint32_t(r)));
+            in.drafts.push_back(sample_token(std::span(in.draft).subspan((b * g + r) * V, V),
+                                             c.sampling, seed, RandomStream::kDraft, uint32_t(r)));
     return in;
 }
 

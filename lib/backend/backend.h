@@ -83,6 +83,13 @@ class Backend {
     // How many times the host has waited for the device (flush or download).
     virtual uint64_t host_waits() const = 0;
 
+    // Timestamps inside recorded work, to split the time of one submission: mark_time(slot)
+    // records when the device reaches this point; seconds_between(a, b) is valid once the
+    // device has been waited for. Slots 0..kTimeSlots-1.
+    static constexpr int kTimeSlots = 8;
+    virtual void mark_time(int slot) = 0;
+    virtual double seconds_between(int from, int to) const = 0;
+
     // ---- ops; F32 activations unless stated
 
     // out[i] = table[ids[i]] (table of any weight type, ids I32, out F32 with table.cols columns).

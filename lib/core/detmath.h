@@ -43,13 +43,13 @@ inline uint32_t to_bits(float f) {
 }
 
 // Constants by their bits, so that C++, GLSL and CUDA cannot parse them differently.
-constexpr float kLog2E = std::bit_cast<float>(0x3FB8AA3Bu);   // 1.44269504
-constexpr float kLn2Hi = std::bit_cast<float>(0x3F317200u);   // 0.693145752, 16 bits
-constexpr float kLn2Lo = std::bit_cast<float>(0x35BFBE8Eu);   // 1.42860677e-6
-constexpr float kSqrt2 = std::bit_cast<float>(0x3FB504F3u);   // 1.41421354
-constexpr uint32_t kExpTaylor[6] = {                          // 1/7! .. 1/2!
+constexpr float kLog2E = std::bit_cast<float>(0x3FB8AA3Bu);  // 1.44269504
+constexpr float kLn2Hi = std::bit_cast<float>(0x3F317200u);  // 0.693145752, 16 bits
+constexpr float kLn2Lo = std::bit_cast<float>(0x35BFBE8Eu);  // 1.42860677e-6
+constexpr float kSqrt2 = std::bit_cast<float>(0x3FB504F3u);  // 1.41421354
+constexpr uint32_t kExpTaylor[6] = {                         // 1/7! .. 1/2!
     0x39500D01u, 0x3AB60B61u, 0x3C088889u, 0x3D2AAAABu, 0x3E2AAAABu, 0x3F000000u};
-constexpr uint32_t kAtanhSeries[5] = {                        // 1/11, 1/9, 1/7, 1/5, 1/3
+constexpr uint32_t kAtanhSeries[5] = {  // 1/11, 1/9, 1/7, 1/5, 1/3
     0x3DBA2E8Cu, 0x3DE38E39u, 0x3E124925u, 0x3E4CCCCDu, 0x3EAAAAABu};
 
 // e^x for x <= 0 (0 below kExpCutoff and for NaN): Cody-Waite reduction by ln 2 and a

@@ -105,64 +105,144 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
     int gamma = std::min({next_gamma(), max_tokens - 1, target_.n_ctx() - L});
     if (draft_) gamma = std::min(gamma, draft_->n_ctx() - L + 1);
     gamma = std::max(gamma, 0);
-    const auto V = size_t(target_.model().config().n_vocab);
 
+    std::vector<int32_t> emitted;
+    SPECULA_TRY(config_.sigmoid_verify && gamma > 0 ? sigmoid_step_on_host(gamma, &emitted)
+                                                    : step_on_device(gamma, &emitted));
+    const int n_accepted = int(emitted.size()) - 1;
+    commit(emitted);
+    out->insert(out->end(), emitted.begin(), emitted.end());
+
+    // Drafts after the first rejection are never judged: α counts only judged ones.
+    const int evaluated = std::min(n_accepted + 1, gamma);
+    for (int c = 0; c < evaluated; ++c) {
+        ++stats_.evaluated_at[size_t(c)];
+        if (c < n_accepted) ++stats_.accepted_at[size_t(c)];
+    }
+    stats_.evaluated += uint64_t(evaluated);
+    stats_.drafted += uint64_t(gamma);
+    stats_.accepted += uint64_t(n_accepted);
+    stats_.emitted += emitted.size();
+    stats_.last_gamma = gamma;
+    stats_.draft_calls += uint64_t(gamma);
+    ++stats_.target_calls;
+    ++stats_.steps;
+    ++step_;
+    adapt_gamma(n_accepted, gamma);
+    return Status::Ok();
+}
+
+Status Generator::device_buffers(int n_vocab) {
+    if (result_.buffer != nullptr) return Status::Ok();
+    Backend& be = target_.model().backend();
+    const int rows = std::max(config_.gamma, config_.gamma_max);
+    draft_rows_ = {nullptr, 0, GgmlType::kF32, n_vocab, rows};
+    result_ = {nullptr, 0, GgmlType::kI32, rows + 2, 1};
+    std::unique_ptr<Buffer> a, b;
+    SPECULA_TRY(be.allocate(draft_ ? draft_rows_.bytes() : 16, &a));
+    SPECULA_TRY(be.allocate(result_.bytes(), &b));
+    draft_rows_.buffer = a.get();
+    result_.buffer = b.get();
+    buffers_.push_back(std::move(a));
+    buffers_.push_back(std::move(b));
+    return Status::Ok();
+}
+
+// The whole step is recorded for the device and waited for once, when its n and
+// tokens are read back (DESIGN §5): the draft samples each token on the device and
+// writes it straight into the target's input ids, from where the next draft forward
+// also reads it; the draft rows stay on the device for the verify passes.
+Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
+    Backend& be = target_.model().backend();
+    const int L = int(committed_.size());
+    SPECULA_TRY(device_buffers(target_.model().config().n_vocab));
+    std::vector<float> unused;
+    if (gamma > 0) {
+        // Committed tokens the draft has not seen: all but a last batch of them now (rare).
+        draft_->truncate(L - 1);
+        SPECULA_TRY(catch_up(*draft_, size_t(draft_->max_batch()), &unused));
+    }
+    SPECULA_TRY(catch_up(target_, 1, &unused));
+
+    be.mark_time(0);
+    for (int c = 0; c < gamma; ++c) {
+        Tensor ids = target_.input_ids(c, 1);  // draft c - 1
+        if (c == 0) {
+            const int first = draft_->n_past();
+            ids = draft_->input_ids(0, L - first);
+            be.upload(ids, committed_.data() + first);
+        }
+        SPECULA_TRY(draft_->record(ids, false));
+        if (!config_.sampling.greedy()) be.copy(draft_->logits(1), draft_rows_.row_range(c, 1));
+        VerifyArgs sample;
+        sample.target = draft_->logits(1);
+        sample.sampling = config_.sampling;
+        sample.step = step_;
+        sample.stream = RandomStream::kDraft;
+        sample.row_offset = uint32_t(c);
+        sample.token = target_.input_ids(c + 1, 1);
+        be.verify(sample);
+    }
+    be.mark_time(1);
+    be.upload(target_.input_ids(0, 1), &committed_.back());
+    SPECULA_TRY(target_.record(target_.input_ids(0, gamma + 1), true));
+    be.mark_time(2);
+    VerifyArgs v;
+    v.target = target_.logits(gamma + 1);
+    v.draft = draft_rows_.row_range(0, std::max(gamma, 1));
+    v.drafts = target_.input_ids(1, std::max(gamma, 1));
+    v.gamma = gamma;
+    v.sampling = config_.sampling;
+    v.step = step_;
+    v.result = result_;
+    be.verify(v);
+    be.mark_time(3);
+    std::vector<int32_t> result(size_t(result_.cols));
+    SPECULA_TRY(be.download(result_, result.data()));  // the step's one wait
+
+    const int n = result[0];
+    emitted->assign(result.begin() + 1, result.begin() + 2 + n);
+    const double draft_s = be.seconds_between(0, 1), target_s = be.seconds_between(1, 2);
+    stats_.draft_seconds += draft_s;
+    stats_.target_seconds += target_s;
+    stats_.verify_seconds += be.seconds_between(2, 3);
+    if (gamma > 0)
+        draft_call_seconds_ = draft_call_seconds_ > 0
+                                  ? 0.9 * draft_call_seconds_ + 0.1 * draft_s / gamma
+                                  : draft_s / gamma;
+    target_call_seconds_ =
+        target_call_seconds_ > 0 ? 0.9 * target_call_seconds_ + 0.1 * target_s : target_s;
+    return Status::Ok();
+}
+
+// The non-exact sigmoid variant is a measurement tool: it verifies on the host.
+Status Generator::sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted) {
+    const int L = int(committed_.size());
+    const auto V = size_t(target_.model().config().n_vocab);
     std::vector<int32_t> drafts;
     std::vector<float> draft_rows, logits;
-    if (gamma > 0) {
-        const auto t0 = Clock::now();
-        draft_->truncate(L - 1);
-        SPECULA_TRY(catch_up(*draft_, 0, &logits));  // the 1 or 2 committed tokens it has not seen
-        for (int c = 0; c < gamma; ++c) {
-            if (c > 0) SPECULA_TRY(draft_->forward(std::span(&drafts.back(), 1), false, &logits));
-            draft_rows.insert(draft_rows.end(), logits.begin(), logits.end());
-            drafts.push_back(draft_token(logits, config_.sampling, step_, uint32_t(c)));
-        }
-        const double dt = seconds_since(t0);
-        stats_.draft_seconds += dt;
-        stats_.draft_calls += uint64_t(gamma);
-        draft_call_seconds_ =
-            draft_call_seconds_ > 0 ? 0.9 * draft_call_seconds_ + 0.1 * dt / gamma : dt / gamma;
+    auto t0 = Clock::now();
+    draft_->truncate(L - 1);
+    SPECULA_TRY(catch_up(*draft_, 0, &logits));  // the 1 or 2 committed tokens it has not seen
+    for (int c = 0; c < gamma; ++c) {
+        if (c > 0) SPECULA_TRY(draft_->forward(std::span(&drafts.back(), 1), false, &logits));
+        draft_rows.insert(draft_rows.end(), logits.begin(), logits.end());
+        drafts.push_back(draft_token(logits, config_.sampling, step_, uint32_t(c)));
     }
-
-    const auto t1 = Clock::now();
+    stats_.draft_seconds += seconds_since(t0);
+    t0 = Clock::now();
     SPECULA_TRY(catch_up(target_, 1, &logits));
     std::vector<int32_t> batch = {committed_.back()};
     batch.insert(batch.end(), drafts.begin(), drafts.end());
     std::vector<float> target_rows;
     SPECULA_TRY(target_.forward(batch, true, &target_rows));
-    const double dt = seconds_since(t1);
-    stats_.target_seconds += dt;
-    ++stats_.target_calls;
-    target_call_seconds_ = target_call_seconds_ > 0 ? 0.9 * target_call_seconds_ + 0.1 * dt : dt;
-
-    const auto t2 = Clock::now();
-    const VerifyResult r =
-        config_.sigmoid_verify
-            ? verify_sigmoid(target_rows, draft_rows, drafts, int(V), config_.sampling,
-                             config_.sigmoid_scale, step_)
-            : verify(target_rows, draft_rows, drafts, int(V), config_.sampling, step_);
-    stats_.verify_seconds += seconds_since(t2);
-
-    std::vector<int32_t> emitted(drafts.begin(), drafts.begin() + r.n_accepted);
-    emitted.push_back(r.token);
-    commit(emitted);
-    out->insert(out->end(), emitted.begin(), emitted.end());
-
-    // Drafts after the first rejection are never judged: α counts only judged ones.
-    const int evaluated = std::min(r.n_accepted + 1, gamma);
-    for (int c = 0; c < evaluated; ++c) {
-        ++stats_.evaluated_at[size_t(c)];
-        if (c < r.n_accepted) ++stats_.accepted_at[size_t(c)];
-    }
-    stats_.evaluated += uint64_t(evaluated);
-    stats_.drafted += uint64_t(gamma);
-    stats_.accepted += uint64_t(r.n_accepted);
-    stats_.emitted += emitted.size();
-    stats_.last_gamma = gamma;
-    ++stats_.steps;
-    ++step_;
-    adapt_gamma(r.n_accepted, gamma);
+    stats_.target_seconds += seconds_since(t0);
+    t0 = Clock::now();
+    const VerifyResult r = verify_sigmoid(target_rows, draft_rows, drafts, int(V), config_.sampling,
+                                          config_.sigmoid_scale, step_);
+    stats_.verify_seconds += seconds_since(t0);
+    emitted->assign(drafts.begin(), drafts.begin() + r.n_accepted);
+    emitted->push_back(r.token);
     return Status::Ok();
 }
 

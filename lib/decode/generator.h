@@ -73,6 +73,9 @@ class Generator {
   private:
     // Feeds committed tokens a context has not seen, except the last `keep` ones.
     Status catch_up(LlamaContext& ctx, size_t keep, std::vector<float>* logits);
+    Status step_on_device(int gamma, std::vector<int32_t>* emitted);
+    Status sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted);
+    Status device_buffers(int n_vocab);
     void commit(std::span<const int32_t> tokens);
     void adapt_gamma(int n_accepted, int gamma);
 
@@ -85,6 +88,8 @@ class Generator {
     double target_call_seconds_ = 0,
            draft_call_seconds_ = 0;  // running means for the analytic policy
     GeneratorStats stats_;
+    std::vector<std::unique_ptr<Buffer>> buffers_;
+    Tensor draft_rows_, result_;  // on the target's backend
 };
 
 // Leviathan et al. Theorem 3.8: the expected speedup of γ drafts per step with

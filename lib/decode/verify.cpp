@@ -53,8 +53,8 @@ VerifyResult verify(std::span<const float> target_logits, std::span<const float>
     if (n < gamma)  // rejected: pn and qn are row n's
         r.token = residual_race(target_row(n), pn, draft_row(n), qn, p, stream, step, row);
     else
-        r.token = residual_race(target_row(n), row_norm(target_row(n), p), {}, {}, p, stream, step,
-                                row);
+        r.token =
+            residual_race(target_row(n), row_norm(target_row(n), p), {}, {}, p, stream, step, row);
     return r;
 }
 

@@ -185,11 +185,37 @@ Status LlamaContext::forward(std::span<const int32_t> tokens, bool all_rows,
             return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary");
 
     Backend& be = model_.backend_;
-    std::vector<int32_t> positions(tokens.size());
+    const Tensor ids = input_ids(0, n);
+    be.upload(ids, tokens.data());
+    SPECULA_TRY(record(ids, all_rows));
+    const int rows = all_rows ? n : 1;
+    logits->resize(size_t(rows) * size_t(c.n_vocab));
+    const Status s = be.download(this->logits(rows), logits->data());
+    if (!s.ok()) n_past_ -= n;  // the positions were not computed
+    return s;
+}
+
+Tensor LlamaContext::input_ids(int first, int count) const {
+    Tensor t = ids_;
+    t.offset += size_t(first) * sizeof(int32_t);
+    t.cols = count;
+    return t;
+}
+
+Status LlamaContext::record(const Tensor& ids, bool all_rows) {
+    const LlamaConfig& c = model_.config();
+    const int n = int(ids.cols);
+    if (n == 0 || n > max_batch_)
+        return InvalidArgument("forward needs 1.." + std::to_string(max_batch_) + " tokens");
+    if (n_past_ + n > n_ctx_)
+        return {SPECULA_ERR_CONTEXT_FULL,
+                "the context of " + std::to_string(n_ctx_) + " tokens is full"};
+
+    Backend& be = model_.backend_;
+    std::vector<int32_t> positions(static_cast<size_t>(n));
     std::iota(positions.begin(), positions.end(), n_past_);
-    Tensor ids_n = ids_, pos_n = positions_;
-    ids_n.cols = pos_n.cols = n;
-    be.upload(ids_n, tokens.data());
+    Tensor pos_n = positions_;
+    pos_n.cols = n;
     be.upload(pos_n, positions.data());
 
     const Tensor x = x_.row_range(0, n), h = norm_.row_range(0, n), q = q_.row_range(0, n);
@@ -197,7 +223,7 @@ Status LlamaContext::forward(std::span<const int32_t> tokens, bool all_rows,
     const Tensor gate = gate_.row_range(0, n), up = up_.row_range(0, n);
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
 
-    be.get_rows(model_.token_embd_, ids_n, x);
+    be.get_rows(model_.token_embd_, ids, x);
     for (int l = 0; l < c.n_layer; ++l) {
         const LlamaModel::Layer& L = model_.layers_[size_t(l)];
         be.rms_norm(x, L.attn_norm, c.rms_eps, h);
@@ -222,10 +248,7 @@ Status LlamaContext::forward(std::span<const int32_t> tokens, bool all_rows,
     const int first = all_rows ? 0 : n - 1;
     const int rows = n - first;
     be.rms_norm(x.row_range(first, rows), model_.output_norm_, c.rms_eps, h.row_range(0, rows));
-    const Tensor out = logits_.row_range(0, rows);
-    be.matmul(model_.output_, h.row_range(0, rows), out);
-    logits->resize(size_t(rows) * size_t(c.n_vocab));
-    SPECULA_TRY(be.download(out, logits->data()));
+    be.matmul(model_.output_, h.row_range(0, rows), logits_.row_range(0, rows));
     n_past_ += n;
     ++forward_calls_;
     return Status::Ok();

@@ -83,6 +83,14 @@ class LlamaContext {
     // rows * n_vocab floats.
     Status forward(std::span<const int32_t> tokens, bool all_rows, std::vector<float>* logits);
 
+    // The same without host traffic for tokens or logits: records a forward of the ids.cols
+    // token ids already on the device (e.g. written by Backend::verify) and leaves the
+    // logits in logits(rows). Nothing waits for the device.
+    Status record(const Tensor& ids, bool all_rows);
+    // Rows [first, first + count) of this context's token-id input buffer.
+    Tensor input_ids(int first, int count) const;
+    Tensor logits(int rows) const { return logits_.row_range(0, rows); }
+
   private:
     explicit LlamaContext(const LlamaModel& model) : model_(model) {}
     Status allocate(Tensor* t, GgmlType type, int64_t cols, int64_t rows);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -252,6 +253,12 @@ class CpuBackend final : public Backend {
             f32(out)[i] = f32(a)[i] + f32(b)[i];
     }
 
+    // Ops run as they are recorded, so the host clock is the device clock.
+    void mark_time(int slot) override { marks_[size_t(slot)] = std::chrono::steady_clock::now(); }
+    double seconds_between(int from, int to) const override {
+        return std::chrono::duration<double>(marks_[size_t(to)] - marks_[size_t(from)]).count();
+    }
+
     void verify(const VerifyArgs& a) override {
         const auto V = size_t(a.target.cols);
         const auto g = size_t(a.gamma);
@@ -298,6 +305,7 @@ class CpuBackend final : public Backend {
     ThreadPool pool_;
     Status pending_;
     uint64_t host_waits_ = 0;
+    std::array<std::chrono::steady_clock::time_point, kTimeSlots> marks_{};
 };
 
 }  // namespace

@@ -122,6 +122,7 @@ Status instance(const Instance** out) {
 struct PhysicalDevice {
     VkPhysicalDevice handle = VK_NULL_HANDLE;
     uint32_t queue_family = 0;
+    bool timestamps = false;  // the compute queue can write timestamps
     specula_device_info info{};
     int rank = 0;  // lower is preferred
 };
@@ -149,6 +150,7 @@ std::vector<PhysicalDevice> physical_devices() {
         PhysicalDevice d;
         d.handle = h;
         d.queue_family = uint32_t(q - queues.begin());
+        d.timestamps = q->timestampValidBits > 0 && props.limits.timestampPeriod > 0;
         d.info.kind = SPECULA_BACKEND_VULKAN;
         std::snprintf(d.info.name, sizeof d.info.name, "%s", props.deviceName);
         d.info.is_discrete_gpu = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
@@ -331,6 +333,7 @@ class VulkanBackend final : public Backend {
         if (layout_) vk::vkDestroyPipelineLayout(d, layout_, nullptr);
         if (set_layout_) vk::vkDestroyDescriptorSetLayout(d, set_layout_, nullptr);
         if (fence_) vk::vkDestroyFence(d, fence_, nullptr);
+        if (queries_) vk::vkDestroyQueryPool(d, queries_, nullptr);
         if (pool_) vk::vkDestroyCommandPool(d, pool_, nullptr);
     }
 
@@ -341,6 +344,7 @@ class VulkanBackend final : public Backend {
         VkPhysicalDeviceProperties props{};
         vk::vkGetPhysicalDeviceProperties(phys.handle, &props);
         device_->limits = props.limits;
+        period_ns_ = props.limits.timestampPeriod;
         vk::vkGetPhysicalDeviceMemoryProperties(phys.handle, &device_->memory);
 
         const float priority = 1.0f;
@@ -369,6 +373,13 @@ class VulkanBackend final : public Backend {
             vk_check(vk::vkAllocateCommandBuffers(d, &ai, &cmd_), "vkAllocateCommandBuffers"));
         VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
         SPECULA_TRY(vk_check(vk::vkCreateFence(d, &fi, nullptr, &fence_), "vkCreateFence"));
+        if (phys.timestamps) {
+            VkQueryPoolCreateInfo qpi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+            qpi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+            qpi.queryCount = kTimeSlots;
+            SPECULA_TRY(
+                vk_check(vk::vkCreateQueryPool(d, &qpi, nullptr, &queries_), "vkCreateQueryPool"));
+        }
 
         std::array<VkDescriptorSetLayoutBinding, kBindings> bindings{};
         for (uint32_t i = 0; i < kBindings; ++i) {
@@ -488,6 +499,7 @@ class VulkanBackend final : public Backend {
             }
         }
         if (r == VK_ERROR_DEVICE_LOST) lost_ = true;
+        if (r == VK_SUCCESS && marked_ != 0) read_marks();
         if (!lost_) device_->free_buried();
         if (s.ok()) s = vk_check(r, "submitting work to the Vulkan device");
         if (lost_) return s;
@@ -496,6 +508,18 @@ class VulkanBackend final : public Backend {
     }
 
     uint64_t host_waits() const override { return host_waits_; }
+
+    void mark_time(int slot) override {
+        if (!queries_ || !pending_.ok() || lost_) return;
+        vk::vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_,
+                                uint32_t(slot));
+        marked_ |= 1u << slot;
+        ++n_recorded_;
+    }
+    double seconds_between(int from, int to) const override {
+        const double ticks = double(int64_t(ticks_[size_t(to)] - ticks_[size_t(from)]));
+        return ticks * double(period_ns_) * 1e-9;
+    }
 
     void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
         PushConstants pc;
@@ -592,8 +616,8 @@ class VulkanBackend final : public Backend {
         const uint32_t rows_per_seq = greedy ? gamma + 1 : 2 * gamma + 1;
         const uint32_t rows = batch * rows_per_seq;
         const uint32_t tiles = (V + det::kTile - 1) / det::kTile;
-        const size_t words = size_t(3) * rows * tiles + size_t(4) * rows + batch +
-                             size_t(4) * batch * tiles;
+        const size_t words =
+            size_t(3) * rows * tiles + size_t(4) * rows + batch + size_t(4) * batch * tiles;
         if (!verify_scratch_ || verify_scratch_->size() < words * 4) {
             // A replaced buffer is buried until the device is idle, so recorded passes keep it.
             verify_scratch_.reset();
@@ -654,6 +678,14 @@ class VulkanBackend final : public Backend {
         return Status::Ok();
     }
 
+    void read_marks() {
+        for (uint32_t slot = 0; slot < uint32_t(kTimeSlots); ++slot)
+            if (marked_ & (1u << slot))
+                vk::vkGetQueryPoolResults(device_->handle, queries_, slot, 1, sizeof(uint64_t),
+                                          &ticks_[slot], sizeof(uint64_t),
+                                          VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    }
+
     Status begin() {
         for (VkDescriptorPool p : pools_)
             vk::vkResetDescriptorPool(device_->handle, p, 0);
@@ -663,7 +695,10 @@ class VulkanBackend final : public Backend {
         SPECULA_TRY(vk_check(vk::vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer"));
         VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
         bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-        return vk_check(vk::vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
+        SPECULA_TRY(vk_check(vk::vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer"));
+        marked_ = 0;
+        if (queries_) vk::vkCmdResetQueryPool(cmd_, queries_, 0, kTimeSlots);
+        return Status::Ok();
     }
 
     // Everything written before (by shaders or copies) is visible to everything after.
@@ -746,16 +781,16 @@ class VulkanBackend final : public Backend {
     }
 
     using Bound = std::array<const Tensor*, kBindings>;
-    void dispatch_typed(const char* op, GgmlType type, Bound t,
-                        PushConstants pc, uint32_t groups, Spec spec) {
+    void dispatch_typed(const char* op, GgmlType type, Bound t, PushConstants pc, uint32_t groups,
+                        Spec spec) {
         const char* suffix = weight_suffix(type);
         if (suffix == nullptr)
             return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
         dispatch(std::string(op) + "_" + suffix, t, pc, groups, spec);
     }
 
-    void dispatch(const std::string& shader, Bound tensors, PushConstants pc,
-                  uint32_t groups, Spec spec) {
+    void dispatch(const std::string& shader, Bound tensors, PushConstants pc, uint32_t groups,
+                  Spec spec) {
         if (!pending_.ok() || lost_ || groups == 0) return;
         VkPipeline p = VK_NULL_HANDLE;
         VkDescriptorSet set = VK_NULL_HANDLE;
@@ -806,6 +841,10 @@ class VulkanBackend final : public Backend {
     VkCommandPool pool_ = VK_NULL_HANDLE;
     VkCommandBuffer cmd_ = VK_NULL_HANDLE;
     VkFence fence_ = VK_NULL_HANDLE;
+    VkQueryPool queries_ = VK_NULL_HANDLE;  // null when the queue has no timestamps
+    uint32_t marked_ = 0;                   // slots written in the current command buffer
+    std::array<uint64_t, kTimeSlots> ticks_{};
+    float period_ns_ = 0;
     VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
     VkPipelineLayout layout_ = VK_NULL_HANDLE;
     VkPipelineCache cache_ = VK_NULL_HANDLE;
