@@ -82,18 +82,6 @@ bool better(float v, uint id, float best_v, uint best_id) {
 }
 
 // Workgroup reductions; every invocation calls them (uniform control flow).
-float reduce_max(float v) {
-    const uint l = gl_LocalInvocationID.x;
-    sh_f[l] = v;
-    for (uint stride = WG / 2u; stride > 0u; stride >>= 1) {
-        barrier();
-        if (l < stride) sh_f[l] = max(sh_f[l], sh_f[l + stride]);
-    }
-    barrier();
-    const float r = sh_f[0];
-    barrier();
-    return r;
-}
 uint reduce_count(uint v) {
     const uint l = gl_LocalInvocationID.x;
     sh_u[l] = v;
@@ -145,9 +133,11 @@ void reduce_best(float v, uint id, float v2, uint id2) {
     barrier();
 }
 
+// Every invocation reads the (at most 256) tile maxima itself: no barriers.
 float row_max(uint r) {
-    const uint l = gl_LocalInvocationID.x;
-    return reduce_max(l < tiles() ? uintBitsToFloat(b3[tile_max_at(r, l)]) : -1.0 / 0.0);
+    float m = -1.0 / 0.0;
+    for (uint j = 0u; j < tiles(); ++j) m = max(m, uintBitsToFloat(b3[tile_max_at(r, j)]));
+    return m;
 }
 
 // Tokens of row r inside the cut (key, id), canonically.

@@ -112,10 +112,14 @@ class CpuBackend final : public Backend {
     }
 
     void upload(const Tensor& dst, const void* src) override {
+        if (dst.offset + dst.bytes() > dst.buffer->size())
+            return fail(InvalidArgument("an upload reaches past the end of its buffer"));
         std::memcpy(bytes_of(dst), src, dst.bytes());
     }
 
     Status download(const Tensor& src, void* dst) override {
+        if (src.offset + src.bytes() > src.buffer->size())
+            return InvalidArgument("a download reaches past the end of its buffer");
         SPECULA_TRY(flush());
         std::memcpy(dst, bytes_of(src), src.bytes());
         return Status::Ok();

@@ -325,6 +325,7 @@ class VulkanBackend final : public Backend {
         readback_.reset();
         dummy_.reset();
         verify_scratch_.reset();
+        baseline_.clear();
         for (auto& [key, p] : pipelines_)
             vk::vkDestroyPipeline(d, p, nullptr);
         for (VkDescriptorPool p : pools_)
@@ -447,27 +448,31 @@ class VulkanBackend final : public Backend {
     void upload(const Tensor& dst, const void* src) override {
         if (!pending_.ok()) return;
         const size_t bytes = dst.bytes();
-        const size_t at = (staging_used_ + 15) & ~size_t(15);
-        if (bytes > kStagingBytes) {
-            fail(InvalidArgument("an upload of " + std::to_string(bytes) +
-                                 " bytes exceeds the staging buffer"));
-            return;
+        if (dst.offset + bytes > dst.buffer->size())
+            return fail(InvalidArgument("an upload reaches past the end of its buffer"));
+        const auto* from = static_cast<const uint8_t*>(src);
+        for (size_t done = 0; done < bytes;) {
+            size_t at = (staging_used_ + 15) & ~size_t(15);
+            if (at >= kStagingBytes) {
+                // The staging space is still read by recorded copies: run them first.
+                if (Status s = flush(); !s.ok()) return fail(std::move(s));
+                at = 0;
+            }
+            const size_t n = std::min(bytes - done, kStagingBytes - at);
+            std::memcpy(staging_->mapped() + at, from + done, n);
+            staging_used_ = at + n;
+            const VkBufferCopy region{at, dst.offset + done, n};
+            vk::vkCmdCopyBuffer(cmd_, staging_->handle(), vbuf(dst).handle(), 1, &region);
+            barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+            done += n;
         }
-        if (at + bytes > kStagingBytes) {
-            // The staging space is still read by recorded copies: run them before reusing it.
-            if (Status s = flush(); !s.ok()) return fail(std::move(s));
-            return upload(dst, src);
-        }
-        std::memcpy(staging_->mapped() + at, src, bytes);
-        staging_used_ = at + bytes;
-        const VkBufferCopy region{at, dst.offset, bytes};
-        vk::vkCmdCopyBuffer(cmd_, staging_->handle(), vbuf(dst).handle(), 1, &region);
-        barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
     }
 
     Status download(const Tensor& src, void* dst) override {
         SPECULA_TRY(usable());
         const size_t bytes = src.bytes();
+        if (src.offset + bytes > src.buffer->size())
+            return InvalidArgument("a download reaches past the end of its buffer");
         if (!readback_ || readback_->size() < bytes) {
             // Safe to replace: only downloads use it, and each one waits for its copy.
             readback_.reset();
@@ -658,6 +663,45 @@ class VulkanBackend final : public Backend {
         pass(kAccept, batch);
         pass(kRace, batch * tiles);
         pass(kFinish, batch);
+    }
+
+    // The benchmark's multi-dispatch baseline (shaders/verify_baseline.comp): two host
+    // waits, full probability rows in memory. Sampled verification only.
+    Status verify_multi_dispatch(const VerifyArgs& a, std::vector<int32_t>* tokens) {
+        const auto V = uint32_t(a.target.cols), g = uint32_t(a.gamma), B = uint32_t(a.batch);
+        const size_t sizes[] = {size_t(B) * (g + 1) * V, size_t(B) * g * V, size_t(B) * V,
+                                size_t(B) * g, B, B};
+        std::array<Tensor, 6> t;  // P, Q, residual, flags, n, tokens
+        for (size_t i = 0; i < t.size(); ++i) {
+            if (baseline_.size() <= i) baseline_.emplace_back();
+            if (!baseline_[i] || baseline_[i]->size() < sizes[i] * 4) {
+                baseline_[i].reset();
+                SPECULA_TRY(make_buffer(std::max<size_t>(sizes[i], 1) * 4, false, &baseline_[i]));
+            }
+            t[i] = {baseline_[i].get(), 0, GgmlType::kF32, int64_t(sizes[i]), 1};
+        }
+        PushConstants pc;
+        pc.u[0] = V;
+        pc.u[1] = B;
+        pc.u[2] = g;
+        pc.f[0] = a.sampling.inv_temperature();
+        auto pass = [&](uint32_t mode, Bound bound, uint32_t groups) {
+            dispatch("verify_baseline", bound, pc, groups, {256, mode, 0});
+        };
+        pass(0, {&a.target, &t[0]}, B * (g + 1));
+        pass(0, {&a.draft, &t[1]}, B * g);
+        pass(1, {&t[0], &t[1], &a.drafts, &t[3]}, B);
+        std::vector<uint32_t> flags(size_t(B) * g), n(B);
+        SPECULA_TRY(download(t[3], flags.data()));  // the acceptances go to the host
+        for (uint32_t b = 0; b < B; ++b)
+            while (n[b] < g && flags[b * g + n[b]] != 0)
+                ++n[b];
+        upload(t[4], n.data());
+        pass(2, {&t[0], &t[1], &t[4], &t[2]}, B);
+        pass(3, {nullptr, nullptr, nullptr, &t[2]}, B);
+        pass(4, {nullptr, nullptr, nullptr, &t[2], &t[5]}, B);
+        tokens->resize(B);
+        return download(t[5], tokens->data());
     }
 
   private:
@@ -852,6 +896,7 @@ class VulkanBackend final : public Backend {
     std::vector<VkDescriptorPool> pools_;
     size_t pool_index_ = 0;
     std::unique_ptr<VulkanBuffer> staging_, readback_, dummy_, verify_scratch_;
+    std::vector<std::unique_ptr<VulkanBuffer>> baseline_;
     size_t staging_used_ = 0;
     size_t n_recorded_ = 0;
     Status pending_;
@@ -894,6 +939,13 @@ Status create_vulkan_backend(const specula_backend_params& params, std::unique_p
     SPECULA_TRY(backend->init(*chosen));
     *out = std::move(backend);
     return Status::Ok();
+}
+
+Status vulkan_verify_multi_dispatch(Backend& vulkan, const VerifyArgs& args,
+                                    std::vector<int32_t>* tokens) {
+    auto* backend = dynamic_cast<VulkanBackend*>(&vulkan);
+    if (backend == nullptr) return InvalidArgument("not a Vulkan backend");
+    return backend->verify_multi_dispatch(args, tokens);
 }
 
 uint64_t vulkan_validation_error_count() {
