@@ -79,8 +79,9 @@ int main(int argc, char** argv) {
         return 1;
     }
     std::printf("device: %s\n", be->info().name);
-    std::printf("| V | gamma | B | tiled us | tiled device us | multi-dispatch us | readback us | "
-                "multi/tiled | readback/tiled |\n|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| V | gamma | B | tiled us | tiled device us | multi-dispatch us | readback us | "
+        "multi/tiled | readback/tiled |\n|---|---|---|---|---|---|---|---|---|\n");
     std::vector<Row> rows;
     std::mt19937 rng(7);
     std::normal_distribution<float> z(0.0f, 3.0f), noise(0.0f, 0.5f);
@@ -101,9 +102,8 @@ int main(int argc, char** argv) {
                 for (int b = 0; b < batch; ++b)
                     for (int c = 0; c < gamma; ++c)
                         drafts.push_back(sample_token(
-                            std::span(draft).subspan((size_t(b) * size_t(gamma) + size_t(c)) *
-                                                         size_t(V),
-                                                     size_t(V)),
+                            std::span(draft).subspan(
+                                (size_t(b) * size_t(gamma) + size_t(c)) * size_t(V), size_t(V)),
                             sp, 0, RandomStream::kDraft, uint32_t(c)));
 
                 std::vector<std::unique_ptr<Buffer>> keep;
@@ -157,11 +157,11 @@ int main(int argc, char** argv) {
                     (void)be->download(a.draft, host_d.data());
                     for (int b = 0; b < batch; ++b) {
                         const auto g = size_t(gamma), v = size_t(V);
-                        (void)verify(std::span(host_t).subspan(size_t(b) * (g + 1) * v, (g + 1) * v),
-                                     std::span(host_d).subspan(size_t(b) * g * v, g * v),
-                                     std::span(drafts).subspan(size_t(b) * g, g), V, sp, 0,
-                                     RandomStream::kResidual,
-                                     uint32_t(b) * kVerifyRowsPerSequence);
+                        (void)verify(
+                            std::span(host_t).subspan(size_t(b) * (g + 1) * v, (g + 1) * v),
+                            std::span(host_d).subspan(size_t(b) * g * v, g * v),
+                            std::span(drafts).subspan(size_t(b) * g, g), V, sp, 0,
+                            RandomStream::kResidual, uint32_t(b) * kVerifyRowsPerSequence);
                     }
                 });
                 auto ratio = [&](double x) { return x > 0 ? x / row.tiled_us : 0.0; };

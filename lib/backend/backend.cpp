@@ -5,6 +5,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/log.h"
+#ifdef SPECULA_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #ifdef SPECULA_HAVE_VULKAN
 #include "backend/vulkan/vulkan_backend.h"
 #endif
@@ -42,6 +45,10 @@ std::vector<specula_device_info> enumerate_devices() {
     cpu.index = 0;
     std::snprintf(cpu.name, sizeof cpu.name, "cpu");
     devices.push_back(cpu);
+#ifdef SPECULA_HAVE_CUDA
+    for (const auto& d : enumerate_cuda_devices())
+        devices.push_back(d);
+#endif
 #ifdef SPECULA_HAVE_VULKAN
     for (const auto& d : enumerate_vulkan_devices())
         devices.push_back(d);
@@ -55,7 +62,13 @@ Status create_backend(const specula_backend_params& params, std::unique_ptr<Back
             *out = create_cpu_backend(params.n_threads);
             return Status::Ok();
         case SPECULA_BACKEND_AUTO: {
-            // A GPU (or, failing that, a software Vulkan device) before the cpu backend.
+            // CUDA on NVIDIA, then Vulkan (a GPU or, failing that, a software device), then
+            // the cpu backend.
+#ifdef SPECULA_HAVE_CUDA
+            specula_backend_params cu = params;
+            cu.kind = SPECULA_BACKEND_CUDA;
+            if (create_cuda_backend(cu, out).ok()) return Status::Ok();
+#endif
 #ifdef SPECULA_HAVE_VULKAN
             specula_backend_params vk = params;
             vk.kind = SPECULA_BACKEND_VULKAN;
@@ -74,7 +87,11 @@ Status create_backend(const specula_backend_params& params, std::unique_ptr<Back
             return {SPECULA_ERR_NO_DEVICE, "this build of specula has no Vulkan backend"};
 #endif
         case SPECULA_BACKEND_CUDA:
+#ifdef SPECULA_HAVE_CUDA
+            return create_cuda_backend(params, out);
+#else
             return {SPECULA_ERR_NO_DEVICE, "this build of specula has no CUDA backend"};
+#endif
     }
     return InvalidArgument("unknown backend kind " + std::to_string(int(params.kind)));
 }

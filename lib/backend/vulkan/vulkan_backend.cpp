@@ -669,8 +669,8 @@ class VulkanBackend final : public Backend {
     // waits, full probability rows in memory. Sampled verification only.
     Status verify_multi_dispatch(const VerifyArgs& a, std::vector<int32_t>* tokens) {
         const auto V = uint32_t(a.target.cols), g = uint32_t(a.gamma), B = uint32_t(a.batch);
-        const size_t sizes[] = {size_t(B) * (g + 1) * V, size_t(B) * g * V, size_t(B) * V,
-                                size_t(B) * g, B, B};
+        const size_t sizes[] = {
+            size_t(B) * (g + 1) * V, size_t(B) * g * V, size_t(B) * V, size_t(B) * g, B, B};
         std::array<Tensor, 6> t;  // P, Q, residual, flags, n, tokens
         for (size_t i = 0; i < t.size(); ++i) {
             if (baseline_.size() <= i) baseline_.emplace_back();

@@ -1,0 +1,305 @@
+#include "cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "kernels.h"
+
+namespace specula {
+
+namespace {
+
+Status cuda_status(cudaError_t e, const std::string& what) {
+    switch (e) {
+        case cudaSuccess:
+            return Status::Ok();
+        case cudaErrorMemoryAllocation:
+            return OutOfMemory(what + ": out of device memory");
+        case cudaErrorInsufficientDriver:
+            return {SPECULA_ERR_NO_DEVICE,
+                    what + ": no NVIDIA driver, or one older than this build's CUDA " +
+                        std::to_string(CUDART_VERSION / 1000) + " runtime"};
+        case cudaErrorNoDevice:
+        case cudaErrorInitializationError:
+        case cudaErrorNoKernelImageForDevice:
+        case cudaErrorInvalidDevice:
+            return {SPECULA_ERR_NO_DEVICE, what + ": " + cudaGetErrorString(e)};
+        case cudaErrorLaunchFailure:
+        case cudaErrorIllegalAddress:
+        case cudaErrorECCUncorrectable:
+        case cudaErrorDevicesUnavailable:
+            return {SPECULA_ERR_DEVICE_LOST, what + ": " + cudaGetErrorString(e)};
+        default:
+            return {SPECULA_ERR_INTERNAL, what + ": " + cudaGetErrorString(e)};
+    }
+}
+
+class CudaBuffer final : public Buffer {
+  public:
+    CudaBuffer(void* ptr, size_t size) : ptr_(ptr), size_(size) {}
+    ~CudaBuffer() override { cudaFree(ptr_); }  // cudaFree waits for work using it
+    CudaBuffer(const CudaBuffer&) = delete;
+    CudaBuffer& operator=(const CudaBuffer&) = delete;
+    size_t size() const override { return size_; }
+    uint8_t* data() const { return static_cast<uint8_t*>(ptr_); }
+
+  private:
+    void* ptr_;
+    size_t size_;
+};
+
+template <typename T = float>
+T* dev(const Tensor& t) {
+    return t.buffer ? reinterpret_cast<T*>(static_cast<CudaBuffer*>(t.buffer)->data() + t.offset)
+                    : nullptr;
+}
+
+class CudaBackend final : public Backend {
+  public:
+    ~CudaBackend() override {
+        if (stream_) {
+            cudaStreamSynchronize(stream_);
+            for (cudaEvent_t e : events_)
+                if (e) cudaEventDestroy(e);
+            cudaStreamDestroy(stream_);
+        }
+    }
+
+    Status init(int device, const specula_device_info& info) {
+        info_ = info;
+        device_ = device;
+        SPECULA_TRY(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
+        SPECULA_TRY(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                "cudaStreamCreate"));
+        for (cudaEvent_t& e : events_)
+            SPECULA_TRY(cuda_status(cudaEventCreate(&e), "cudaEventCreate"));
+        return Status::Ok();
+    }
+
+    const specula_device_info& info() const override { return info_; }
+
+    Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
+        SPECULA_TRY(usable());
+        void* p = nullptr;
+        SPECULA_TRY(cuda_status(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
+                                "allocating " + std::to_string(bytes) + " bytes"));
+        auto b = std::make_unique<CudaBuffer>(p, bytes);
+        const cudaError_t e = cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 16), stream_);
+        if (e != cudaSuccess) return cuda_status(e, "cudaMemsetAsync");
+        *out = std::move(b);
+        return Status::Ok();
+    }
+
+    Status load_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) override {
+        std::unique_ptr<Buffer> b;
+        SPECULA_TRY(allocate(host.size(), &b));
+        SPECULA_TRY(
+            cuda_status(cudaMemcpyAsync(static_cast<CudaBuffer*>(b.get())->data(), host.data(),
+                                        host.size(), cudaMemcpyHostToDevice, stream_),
+                        "copying weights"));
+        SPECULA_TRY(flush());
+        *out = std::move(b);
+        return Status::Ok();
+    }
+
+    // A pageable source is staged by the driver before the call returns, so src may be
+    // reused at once; the copy stays in stream order.
+    void upload(const Tensor& dst, const void* src) override {
+        if (dst.offset + dst.bytes() > dst.buffer->size())
+            return fail(InvalidArgument("an upload reaches past the end of its buffer"));
+        check(cudaMemcpyAsync(dev<uint8_t>(dst), src, dst.bytes(), cudaMemcpyHostToDevice, stream_),
+              "upload");
+    }
+
+    Status download(const Tensor& src, void* dst) override {
+        if (src.offset + src.bytes() > src.buffer->size())
+            return InvalidArgument("a download reaches past the end of its buffer");
+        check(cudaMemcpyAsync(dst, dev<uint8_t>(src), src.bytes(), cudaMemcpyDeviceToHost, stream_),
+              "download");
+        return flush();
+    }
+
+    Status flush() override {
+        SPECULA_TRY(usable());
+        const cudaError_t e = cudaStreamSynchronize(stream_);
+        ++host_waits_;
+        Status s = std::exchange(pending_, Status::Ok());
+        if (e != cudaSuccess)
+            return lose_if_fatal(cuda_status(e, "running work on the CUDA device"));
+        return lose_if_fatal(std::move(s));
+    }
+
+    Status lose_if_fatal(Status s) {
+        if (s.code() == SPECULA_ERR_DEVICE_LOST) lost_ = true;
+        return s;
+    }
+
+    uint64_t host_waits() const override { return host_waits_; }
+
+    void mark_time(int slot) override {
+        check(cudaEventRecord(events_[size_t(slot)], stream_), "cudaEventRecord");
+    }
+    double seconds_between(int from, int to) const override {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, events_[size_t(from)], events_[size_t(to)]) != cudaSuccess)
+            return 0.0;
+        return double(ms) * 1e-3;
+    }
+
+    void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+        cuda::get_rows(stream_, table.type, dev<uint8_t>(table), table.cols, dev<int32_t>(ids),
+                       ids.cols * ids.rows, dev(out));
+        check(cudaGetLastError(), "get_rows");
+    }
+    void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
+        cuda::rms_norm(stream_, dev(x), dev(weight), eps, x.cols, x.rows, dev(out));
+        check(cudaGetLastError(), "rms_norm");
+    }
+    void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
+        cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows, dev(out),
+                     out.cols);
+        check(cudaGetLastError(), "matmul");
+    }
+    void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
+              int n_rot) override {
+        cuda::rope(stream_, dev(x), x.cols, x.rows, dev<int32_t>(positions), dev(table), head_dim,
+                   n_rot);
+        check(cudaGetLastError(), "rope");
+    }
+    void copy(const Tensor& src, const Tensor& dst) override {
+        if (dst.type == GgmlType::kF16)
+            cuda::copy_f16(stream_, dev(src), src.cols * src.rows, dev<uint16_t>(dst));
+        else
+            cuda::copy_f32(stream_, dev(src), src.cols * src.rows, dev(dst));
+        check(cudaGetLastError(), "copy");
+    }
+    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                   int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
+        if (head_dim > 256 || k_cache.type != GgmlType::kF32)
+            return fail(Unsupported("CUDA attention needs F32 caches and heads up to 256"));
+        cuda::attention(stream_, dev(q), dev(k_cache), dev(v_cache), dev(out), int(q.rows), n_head,
+                        n_head_kv, head_dim, scale, pos0);
+        check(cudaGetLastError(), "attention");
+    }
+    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+        cuda::silu_mul(stream_, dev(gate), dev(up), gate.cols * gate.rows, dev(out));
+        check(cudaGetLastError(), "silu_mul");
+    }
+    void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+        cuda::add(stream_, dev(a), dev(b), a.cols * a.rows, dev(out));
+        check(cudaGetLastError(), "add");
+    }
+
+    void verify(const VerifyArgs& a) override {
+        cuda::DecodeLaunch d;
+        d.target = dev(a.target);
+        d.draft = dev(a.draft);
+        d.drafts = dev<int32_t>(a.drafts);
+        d.result = dev<int32_t>(a.result);
+        d.token = dev<int32_t>(a.token);
+        d.V = uint32_t(a.target.cols);
+        d.batch = uint32_t(a.batch);
+        d.gamma = uint32_t(a.gamma);
+        d.top_k = a.sampling.top_k > 0 ? uint32_t(a.sampling.top_k) : 0;
+        d.stream = uint32_t(a.stream);
+        d.step = a.step;
+        d.row_offset = a.row_offset;
+        d.seed = a.sampling.seed;
+        d.inv_t = a.sampling.inv_temperature();
+        d.top_p = a.sampling.nucleus();
+        d.greedy = a.sampling.greedy();
+        d.filtered = a.sampling.filtered(int(d.V));
+        const size_t words = cuda::decode_scratch_words(d);
+        if (!scratch_ || scratch_->size() < words * 4) {
+            scratch_.reset();  // cudaFree waits for the passes still using it
+            std::unique_ptr<Buffer> b;
+            if (Status s = allocate(words * 4, &b); !s.ok()) return fail(std::move(s));
+            scratch_.reset(static_cast<CudaBuffer*>(b.release()));
+        }
+        d.scratch = reinterpret_cast<uint32_t*>(scratch_->data());
+        cuda::verify(stream_, d);
+        check(cudaGetLastError(), "verify");
+    }
+
+  private:
+    Status usable() const {
+        if (lost_) return {SPECULA_ERR_DEVICE_LOST, "the CUDA device was lost"};
+        return Status::Ok();
+    }
+    void fail(Status s) {
+        if (pending_.ok())
+            std::swap(pending_, s);  // (nvcc flags an assignment of a [[nodiscard]] type)
+    }
+    void check(cudaError_t e, const char* what) {
+        if (e != cudaSuccess) fail(cuda_status(e, what));
+    }
+
+    specula_device_info info_{};
+    int device_ = 0;
+    cudaStream_t stream_ = nullptr;
+    std::array<cudaEvent_t, kTimeSlots> events_{};
+    std::unique_ptr<CudaBuffer> scratch_;
+    Status pending_;
+    bool lost_ = false;
+    uint64_t host_waits_ = 0;
+};
+
+}  // namespace
+
+std::vector<specula_device_info> enumerate_cuda_devices() {
+    std::vector<specula_device_info> out;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // clear the error state for later calls
+        return out;
+    }
+    for (int i = 0; i < n; ++i) {
+        cudaDeviceProp p{};
+        if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+        specula_device_info d{};
+        d.kind = SPECULA_BACKEND_CUDA;
+        d.index = i;
+        std::snprintf(d.name, sizeof d.name, "%s", p.name);
+        d.memory_bytes = p.totalGlobalMem;
+        d.is_discrete_gpu = !p.integrated;
+        out.push_back(d);
+    }
+    return out;
+}
+
+Status create_cuda_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return cuda_status(e, "no usable CUDA device");
+    }
+    const auto devices = enumerate_cuda_devices();
+    if (devices.empty()) return {SPECULA_ERR_NO_DEVICE, "no CUDA device was found"};
+    const specula_device_info* chosen = &devices[0];
+    if (params.device_index >= 0) {
+        if (size_t(params.device_index) >= devices.size())
+            return {SPECULA_ERR_NO_DEVICE,
+                    "CUDA device index " + std::to_string(params.device_index) + " does not exist"};
+        chosen = &devices[size_t(params.device_index)];
+    } else if (params.device_name != nullptr && params.device_name[0] != '\0') {
+        auto it = std::find_if(devices.begin(), devices.end(), [&](const specula_device_info& d) {
+            return std::string(d.name).find(params.device_name) != std::string::npos;
+        });
+        if (it == devices.end())
+            return {SPECULA_ERR_NO_DEVICE,
+                    std::string("no CUDA device named like '") + params.device_name + "'"};
+        chosen = &*it;
+    }
+    auto backend = std::make_unique<CudaBackend>();
+    SPECULA_TRY(backend->init(chosen->index, *chosen));
+    *out = std::move(backend);
+    return Status::Ok();
+}
+
+}  // namespace specula

@@ -1,0 +1,425 @@
+// The verify passes of shaders/decode.comp in CUDA, bit for bit: the arithmetic
+// of lib/core/detmath.h (this file is compiled with --fmad=false, so nothing is
+// fused), the same canonical sums, the same Philox streams. Read decode.comp for
+// the passes and the scratch layout.
+#include <cfloat>
+
+#include "kernels.h"
+
+namespace specula::cuda {
+
+namespace {
+
+constexpr uint32_t kLanes = 256, kLaneItems = 16, kTile = kLanes * kLaneItems;
+constexpr uint32_t kNone = 0xFFFFFFFFu;
+
+__device__ float bits(uint32_t b) {
+    return __uint_as_float(b);
+}
+
+__device__ float det_exp(float x) {
+    if (!(x >= -40.0f)) return 0.0f;
+    const float k = floorf(x * bits(0x3FB8AA3Bu) + 0.5f);
+    const float r = (x - k * bits(0x3F317200u)) - k * bits(0x35BFBE8Eu);
+    float p = bits(0x39500D01u);
+    p = p * r + bits(0x3AB60B61u);
+    p = p * r + bits(0x3C088889u);
+    p = p * r + bits(0x3D2AAAABu);
+    p = p * r + bits(0x3E2AAAABu);
+    p = p * r + bits(0x3F000000u);
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return p * bits(uint32_t(127 + int(k)) << 23);
+}
+
+__device__ float det_recip(float z) {
+    float r = bits(0x7EF311C3u - __float_as_uint(z));
+    for (int i = 0; i < 4; ++i)
+        r = r * (2.0f - z * r);
+    return r;
+}
+
+__device__ float det_log(float u) {
+    const uint32_t b = __float_as_uint(u);
+    int e = int(b >> 23) - 127;
+    float f = bits((b & 0x007FFFFFu) | 0x3F800000u);
+    if (f > bits(0x3FB504F3u)) {
+        f = f * 0.5f;
+        e = e + 1;
+    }
+    const float y = f - 1.0f;
+    const float t = y * det_recip(y + 2.0f);
+    const float t2 = t * t;
+    float s = bits(0x3DBA2E8Cu);
+    s = s * t2 + bits(0x3DE38E39u);
+    s = s * t2 + bits(0x3E124925u);
+    s = s * t2 + bits(0x3E4CCCCDu);
+    s = s * t2 + bits(0x3EAAAAABu);
+    s = s * t2 + 1.0f;
+    const float ef = float(e);
+    const float low = (t + t) * s + ef * bits(0x35BFBE8Eu);
+    return ef * bits(0x3F317200u) + low;
+}
+
+__device__ uint32_t order_key(float s) {
+    const uint32_t b = __float_as_uint(s);
+    return (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+}
+
+__device__ float philox_uniform(uint64_t seed, uint32_t stream, uint32_t step, uint32_t row,
+                                uint32_t element) {
+    uint32_t c0 = element, c1 = row, c2 = step, c3 = stream;
+    uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+        const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0;
+        c1 = lo1;
+        c2 = n2;
+        c3 = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return (float(c0 >> 9) + 0.5f) * bits(0x34000000u);
+}
+
+struct Ctx {
+    DecodeLaunch d;
+    uint32_t rows_per_seq, tiles;
+
+    __device__ uint32_t R() const { return d.batch * rows_per_seq; }
+    __device__ uint32_t* tile_max(uint32_t r, uint32_t j) const {
+        return d.scratch + r * tiles + j;
+    }
+    __device__ uint32_t* tile_arg(uint32_t r, uint32_t j) const {
+        return d.scratch + (R() + r) * tiles + j;
+    }
+    __device__ uint32_t* tile_sum(uint32_t r, uint32_t j) const {
+        return d.scratch + (2 * R() + r) * tiles + j;
+    }
+    __device__ uint32_t* norm(uint32_t r) const { return d.scratch + 3 * R() * tiles + 4 * r; }
+    __device__ uint32_t* accepted(uint32_t b) const {
+        return d.scratch + 3 * R() * tiles + 4 * R() + b;
+    }
+    __device__ uint32_t* race(uint32_t b, uint32_t j) const {
+        return d.scratch + 3 * R() * tiles + 4 * R() + d.batch + 4 * (b * tiles + j);
+    }
+    __device__ uint32_t target_row(uint32_t b, uint32_t c) const { return b * rows_per_seq + c; }
+    __device__ uint32_t draft_row(uint32_t b, uint32_t c) const {
+        return b * rows_per_seq + d.gamma + 1 + c;
+    }
+    __device__ float scaled(uint32_t r, uint32_t x) const {
+        const uint32_t b = r / rows_per_seq, c = r % rows_per_seq;
+        const float z = c <= d.gamma ? d.target[(size_t(b) * (d.gamma + 1) + c) * d.V + x]
+                                     : d.draft[(size_t(b) * d.gamma + c - d.gamma - 1) * d.V + x];
+        return z * d.inv_t;
+    }
+    __device__ uint32_t noise_row(uint32_t b, uint32_t c) const {
+        return d.row_offset + b * 256 + c;
+    }
+};
+
+__device__ bool in_cut(uint32_t key, uint32_t x, uint32_t cut_key, uint32_t cut_id) {
+    return key > cut_key || (key == cut_key && x <= cut_id);
+}
+
+__device__ float prob(const Ctx& c, uint32_t r, uint32_t x) {
+    const uint32_t* n = c.norm(r);
+    const float s = c.scaled(r, x);
+    if (!in_cut(order_key(s), x, n[1], n[2])) return 0.0f;
+    return det_exp(s - bits(n[0])) * bits(n[3]);
+}
+
+__device__ bool better(float v, uint32_t id, float best_v, uint32_t best_id) {
+    return v > best_v || (v == best_v && id < best_id);
+}
+
+__device__ float lane_tree(float v, float* sh) {
+    const uint32_t l = threadIdx.x;
+    sh[l] = v;
+    for (uint32_t stride = kLanes / 2; stride > 0; stride >>= 1) {
+        __syncthreads();
+        if (l < stride) sh[l] = sh[l] + sh[l + stride];
+    }
+    __syncthreads();
+    const float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ uint32_t reduce_count(uint32_t v, uint32_t* sh) {
+    const uint32_t l = threadIdx.x;
+    sh[l] = v;
+    for (uint32_t stride = kLanes / 2; stride > 0; stride >>= 1) {
+        __syncthreads();
+        if (l < stride) sh[l] += sh[l + stride];
+    }
+    __syncthreads();
+    const uint32_t r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+struct Best {
+    float v;
+    uint32_t id;
+};
+
+// Argmax of two sets of (value, id) pairs over the block; the winners in out[0..1].
+__device__ void reduce_best(Best a, Best b, Best* sh_a, Best* sh_b) {
+    const uint32_t l = threadIdx.x;
+    sh_a[l] = a;
+    sh_b[l] = b;
+    for (uint32_t stride = kLanes / 2; stride > 0; stride >>= 1) {
+        __syncthreads();
+        if (l < stride) {
+            if (better(sh_a[l + stride].v, sh_a[l + stride].id, sh_a[l].v, sh_a[l].id))
+                sh_a[l] = sh_a[l + stride];
+            if (better(sh_b[l + stride].v, sh_b[l + stride].id, sh_b[l].v, sh_b[l].id))
+                sh_b[l] = sh_b[l + stride];
+        }
+    }
+    __syncthreads();
+}
+
+__device__ float row_max(const Ctx& c, uint32_t r) {
+    float m = -INFINITY;
+    for (uint32_t j = 0; j < c.tiles; ++j)
+        m = fmaxf(m, bits(*c.tile_max(r, j)));
+    return m;
+}
+
+__global__ void tile_max_kernel(Ctx c) {
+    __shared__ Best sh_a[kLanes], sh_b[kLanes];
+    const uint32_t r = blockIdx.x / c.tiles, j = blockIdx.x % c.tiles, l = threadIdx.x;
+    Best best{-INFINITY, kNone};
+    for (uint32_t k = 0; k < kLaneItems; ++k) {
+        const uint32_t x = j * kTile + k * kLanes + l;
+        if (x >= c.d.V) break;
+        const float s = c.scaled(r, x);
+        if (better(s, x, best.v, best.id)) best = {s, x};
+    }
+    reduce_best(best, Best{0.0f, kNone}, sh_a, sh_b);
+    if (l == 0) {
+        *c.tile_max(r, j) = __float_as_uint(sh_a[0].v);
+        *c.tile_arg(r, j) = sh_a[0].id;
+    }
+}
+
+__global__ void tile_sum_kernel(Ctx c) {
+    __shared__ float sh[kLanes];
+    const uint32_t r = blockIdx.x / c.tiles, j = blockIdx.x % c.tiles, l = threadIdx.x;
+    const float m = row_max(c, r);
+    float acc = 0.0f;
+    for (uint32_t k = 0; k < kLaneItems; ++k) {
+        const uint32_t x = j * kTile + k * kLanes + l;
+        if (x >= c.d.V) break;
+        acc = acc + det_exp(c.scaled(r, x) - m);
+    }
+    const float t = lane_tree(acc, sh);
+    if (l == 0) *c.tile_sum(r, j) = __float_as_uint(t);
+}
+
+__device__ uint32_t count_in(const Ctx& c, uint32_t r, uint32_t cut_key, uint32_t cut_id,
+                             uint32_t* sh) {
+    uint32_t n = 0;
+    for (uint32_t x = threadIdx.x; x < c.d.V; x += kLanes)
+        n += in_cut(order_key(c.scaled(r, x)), x, cut_key, cut_id) ? 1 : 0;
+    return reduce_count(n, sh);
+}
+
+__device__ float mass_in(const Ctx& c, uint32_t r, float m, uint32_t cut_key, uint32_t cut_id,
+                         uint32_t k_key, uint32_t k_id, float* sh, float* sh_tiles) {
+    const uint32_t l = threadIdx.x;
+    for (uint32_t j = 0; j < c.tiles; ++j) {
+        float acc = 0.0f;
+        for (uint32_t k = 0; k < kLaneItems; ++k) {
+            const uint32_t x = j * kTile + k * kLanes + l;
+            if (x >= c.d.V) break;
+            const float s = c.scaled(r, x);
+            const uint32_t key = order_key(s);
+            if (in_cut(key, x, cut_key, cut_id) && in_cut(key, x, k_key, k_id))
+                acc = acc + det_exp(s - m);
+        }
+        const float t = lane_tree(acc, sh);
+        if (l == 0) sh_tiles[j] = t;
+    }
+    __syncthreads();
+    return lane_tree(l < c.tiles ? sh_tiles[l] : 0.0f, sh);
+}
+
+// The shortest prefix of the rank order satisfying a monotone predicate (decode.comp).
+template <typename Pred>
+__device__ void shortest_prefix(const Ctx& c, Pred pred, uint32_t* out_key, uint32_t* out_id) {
+    uint32_t lo = 0, hi = kNone;
+    if (pred(hi, kNone)) lo = hi;
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (pred(mid, kNone))
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *out_key = lo;
+    uint32_t jlo = 0, jhi = c.d.V - 1;
+    if (pred(lo, 0)) jhi = 0;
+    while (jhi - jlo > 1) {
+        const uint32_t mid = jlo + (jhi - jlo) / 2;
+        if (pred(lo, mid))
+            jhi = mid;
+        else
+            jlo = mid;
+    }
+    *out_id = jhi;
+}
+
+__global__ void row_norm_kernel(Ctx c) {
+    __shared__ float sh[kLanes], sh_tiles[kLanes];
+    __shared__ uint32_t sh_u[kLanes];
+    const uint32_t r = blockIdx.x, l = threadIdx.x;
+    const float m = row_max(c, r);
+    uint32_t cut_key = 0, cut_id = kNone;
+    float sum;
+    if (!c.d.filtered) {
+        sum = lane_tree(l < c.tiles ? bits(*c.tile_sum(r, l)) : 0.0f, sh);
+    } else {
+        uint32_t k_key = 0, k_id = kNone;
+        if (c.d.top_k > 0 && c.d.top_k < c.d.V)
+            shortest_prefix(
+                c,
+                [&](uint32_t key, uint32_t id) {
+                    return count_in(c, r, key, id, sh_u) >= c.d.top_k;
+                },
+                &k_key, &k_id);
+        cut_key = k_key;
+        cut_id = k_id;
+        if (c.d.top_p < 1.0f) {
+            const float target = c.d.top_p * mass_in(c, r, m, 0, kNone, k_key, k_id, sh, sh_tiles);
+            shortest_prefix(
+                c,
+                [&](uint32_t key, uint32_t id) {
+                    return mass_in(c, r, m, key, id, k_key, k_id, sh, sh_tiles) >= target;
+                },
+                &cut_key, &cut_id);
+        }
+        sum = mass_in(c, r, m, cut_key, cut_id, cut_key, cut_id, sh, sh_tiles);
+    }
+    if (l == 0) {
+        uint32_t* n = c.norm(r);
+        n[0] = __float_as_uint(m);
+        n[1] = cut_key;
+        n[2] = cut_id;
+        n[3] = __float_as_uint(det_recip(sum));
+    }
+}
+
+__device__ void write_outputs(const Ctx& c, uint32_t b, uint32_t n, uint32_t token) {
+    if (c.d.result) {
+        int32_t* out = c.d.result + size_t(b) * (c.d.gamma + 2);
+        out[0] = int32_t(n);
+        for (uint32_t i = 0; i < n; ++i)
+            out[1 + i] = c.d.drafts[b * c.d.gamma + i];
+        out[1 + n] = int32_t(token);
+    }
+    if (c.d.token) c.d.token[b] = int32_t(token);
+}
+
+__device__ uint32_t row_argmax(const Ctx& c, uint32_t r) {
+    Best best{-INFINITY, kNone};
+    for (uint32_t j = 0; j < c.tiles; ++j) {
+        const float v = bits(*c.tile_max(r, j));
+        const uint32_t id = *c.tile_arg(r, j);
+        if (better(v, id, best.v, best.id)) best = {v, id};
+    }
+    return best.id == kNone ? 0 : best.id;
+}
+
+__global__ void accept_kernel(Ctx c) {
+    const uint32_t b = blockIdx.x;
+    uint32_t n = 0;
+    if (c.d.greedy) {
+        while (n < c.d.gamma &&
+               row_argmax(c, c.target_row(b, n)) == uint32_t(c.d.drafts[b * c.d.gamma + n]))
+            ++n;
+        *c.accepted(b) = n;
+        write_outputs(c, b, n, row_argmax(c, c.target_row(b, n)));
+        return;
+    }
+    for (; n < c.d.gamma; ++n) {
+        const uint32_t x = uint32_t(c.d.drafts[b * c.d.gamma + n]);
+        const float p = prob(c, c.target_row(b, n), x), q = prob(c, c.draft_row(b, n), x);
+        const float u = philox_uniform(c.d.seed, 3, c.d.step, c.noise_row(b, n), 0);
+        if (!(u * q < p)) break;
+    }
+    *c.accepted(b) = n;
+}
+
+__global__ void race_kernel(Ctx c) {
+    __shared__ Best sh_a[kLanes], sh_b[kLanes];
+    const uint32_t b = blockIdx.x / c.tiles, j = blockIdx.x % c.tiles, l = threadIdx.x;
+    const uint32_t n = *c.accepted(b), pr = c.target_row(b, n);
+    const bool has_q = n < c.d.gamma;
+    Best best_a{0.0f, kNone}, best_p{0.0f, kNone};
+    for (uint32_t k = 0; k < kLaneItems; ++k) {
+        const uint32_t x = j * kTile + k * kLanes + l;
+        if (x >= c.d.V) break;
+        const float p = prob(c, pr, x);
+        if (!(p > 0.0f)) continue;
+        const float q = has_q ? prob(c, c.draft_row(b, n), x) : 0.0f;
+        const float w = det_recip(
+            -det_log(philox_uniform(c.d.seed, c.d.stream, c.d.step, c.noise_row(b, n), x)));
+        const float a = fmaxf(0.0f, p - q) * w, s = p * w;
+        if (a > 0.0f && better(a, x, best_a.v, best_a.id)) best_a = {a, x};
+        if (better(s, x, best_p.v, best_p.id)) best_p = {s, x};
+    }
+    reduce_best(best_a, best_p, sh_a, sh_b);
+    if (l == 0) {
+        uint32_t* out = c.race(b, j);
+        out[0] = __float_as_uint(sh_a[0].v);
+        out[1] = sh_a[0].id;
+        out[2] = __float_as_uint(sh_b[0].v);
+        out[3] = sh_b[0].id;
+    }
+}
+
+__global__ void finish_kernel(Ctx c) {
+    const uint32_t b = blockIdx.x;
+    Best a{0.0f, kNone}, p{0.0f, kNone};
+    for (uint32_t j = 0; j < c.tiles; ++j) {
+        const uint32_t* t = c.race(b, j);
+        if (better(bits(t[0]), t[1], a.v, a.id)) a = {bits(t[0]), t[1]};
+        if (better(bits(t[2]), t[3], p.v, p.id)) p = {bits(t[2]), t[3]};
+    }
+    write_outputs(c, b, *c.accepted(b), a.id != kNone ? a.id : (p.id != kNone ? p.id : 0));
+}
+
+Ctx context(const DecodeLaunch& d) {
+    Ctx c{d, d.greedy ? d.gamma + 1 : 2 * d.gamma + 1, (d.V + kTile - 1) / kTile};
+    return c;
+}
+
+}  // namespace
+
+size_t decode_scratch_words(const DecodeLaunch& d) {
+    const Ctx c = context(d);
+    const size_t rows = size_t(d.batch) * c.rows_per_seq;
+    return 3 * rows * c.tiles + 4 * rows + d.batch + 4 * size_t(d.batch) * c.tiles;
+}
+
+void verify(cudaStream_t s, const DecodeLaunch& d) {
+    const Ctx c = context(d);
+    const unsigned rows = d.batch * c.rows_per_seq;
+    tile_max_kernel<<<rows * c.tiles, kLanes, 0, s>>>(c);
+    if (d.greedy) {
+        accept_kernel<<<d.batch, 1, 0, s>>>(c);
+        return;
+    }
+    if (!d.filtered) tile_sum_kernel<<<rows * c.tiles, kLanes, 0, s>>>(c);
+    row_norm_kernel<<<rows, kLanes, 0, s>>>(c);
+    accept_kernel<<<d.batch, 1, 0, s>>>(c);
+    race_kernel<<<d.batch * c.tiles, kLanes, 0, s>>>(c);
+    finish_kernel<<<d.batch, 1, 0, s>>>(c);
+}
+
+}  // namespace specula::cuda

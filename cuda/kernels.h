@@ -1,0 +1,45 @@
+// Launchers of the CUDA kernels, on plain device pointers. Shapes and
+// semantics are those of the Backend ops (lib/backend/backend.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace specula::cuda {
+
+void get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, const int32_t* ids,
+              int64_t n, float* out);
+void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t cols, int64_t rows,
+              float* out);
+void matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
+            const float* x, int64_t n, float* out, int64_t out_stride);
+void rope(cudaStream_t s, float* x, int64_t cols, int64_t rows, const int32_t* positions,
+          const float* table, int head_dim, int n_rot);
+void copy_f32(cudaStream_t s, const float* src, int64_t n, float* dst);
+void copy_f16(cudaStream_t s, const float* src, int64_t n, uint16_t* dst);
+void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
+               int n_head, int n_head_kv, int head_dim, float scale, int pos0);
+void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out);
+void add(cudaStream_t s, const float* a, const float* b, int64_t n, float* out);
+
+// The verify passes of shaders/decode.comp. Pointers are null when unused;
+// scratch holds decode_scratch_words() 32-bit words.
+struct DecodeLaunch {
+    const float* target = nullptr;
+    const float* draft = nullptr;
+    const int32_t* drafts = nullptr;
+    int32_t* result = nullptr;
+    int32_t* token = nullptr;
+    uint32_t* scratch = nullptr;
+    uint32_t V = 0, batch = 1, gamma = 0, top_k = 0, stream = 0, step = 0, row_offset = 0;
+    uint64_t seed = 0;
+    float inv_t = 1.0f, top_p = 1.0f;
+    bool greedy = false, filtered = false;
+};
+size_t decode_scratch_words(const DecodeLaunch& d);
+void verify(cudaStream_t s, const DecodeLaunch& d);
+
+}  // namespace specula::cuda

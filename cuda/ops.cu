@@ -1,0 +1,293 @@
+// The forward-pass kernels. Every row is reduced in one fixed order whatever
+// the batch size (a warp per weight row, a butterfly over its lanes), so
+// results are batch invariant like the other backends'.
+#include <cuda_fp16.h>
+
+#include "kernels.h"
+
+namespace specula::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+
+__device__ float warp_sum(float v) {
+    for (int o = kWarp / 2; o > 0; o /= 2)
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+
+__device__ float half_at(const uint8_t* p) {
+    return __half2float(*reinterpret_cast<const __half*>(p));
+}
+
+// Weight j (< 32) of block `block` of a row, any weight type.
+template <GgmlType T>
+__device__ float weight(const uint8_t* row, int64_t block, int j);
+
+template <>
+__device__ float weight<GgmlType::kF32>(const uint8_t* row, int64_t block, int j) {
+    return reinterpret_cast<const float*>(row)[block * 32 + j];
+}
+template <>
+__device__ float weight<GgmlType::kF16>(const uint8_t* row, int64_t block, int j) {
+    return half_at(row + (block * 32 + j) * 2);
+}
+template <>
+__device__ float weight<GgmlType::kQ8_0>(const uint8_t* row, int64_t block, int j) {
+    const uint8_t* b = row + block * 34;
+    return half_at(b) * float(reinterpret_cast<const int8_t*>(b + 2)[j]);
+}
+template <>
+__device__ float weight<GgmlType::kQ4_0>(const uint8_t* row, int64_t block, int j) {
+    const uint8_t* b = row + block * 18;
+    const int q = j < 16 ? (b[2 + j] & 0x0F) : (b[2 + j - 16] >> 4);
+    return half_at(b) * float(q - 8);
+}
+
+template <GgmlType T>
+__host__ __device__ constexpr int64_t row_bytes(int64_t cols) {
+    return T == GgmlType::kF32    ? cols * 4
+           : T == GgmlType::kF16  ? cols * 2
+           : T == GgmlType::kQ8_0 ? cols / 32 * 34
+                                  : cols / 32 * 18;
+}
+
+template <GgmlType T>
+__global__ void get_rows_kernel(const uint8_t* table, int64_t cols, const int32_t* ids,
+                                float* out) {
+    const int64_t i = blockIdx.x;
+    const uint8_t* row = table + int64_t(ids[i]) * row_bytes<T>(cols);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        out[i * cols + c] = weight<T>(row, c / 32, int(c % 32));
+}
+
+// One warp per weight row; lane l takes blocks l, l + 32, ...; N columns at once so
+// each weight is read once for the whole verification batch.
+template <GgmlType T, int N>
+__global__ void matmul_kernel(const uint8_t* w, int64_t in, int64_t rows, const float* x, int n,
+                              float* out, int64_t out_stride) {
+    const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    if (r >= rows) return;
+    const uint8_t* row = w + r * row_bytes<T>(in);
+    float acc[N];
+    for (int c = 0; c < N; ++c)
+        acc[c] = 0.0f;
+    for (int64_t b = lane; b < in / 32; b += kWarp) {
+        for (int j = 0; j < 32; ++j) {
+            const float wj = weight<T>(row, b, j);
+            for (int c = 0; c < N; ++c)
+                if (c < n) acc[c] = fmaf(wj, x[c * in + b * 32 + j], acc[c]);
+        }
+    }
+    for (int c = 0; c < N; ++c) {
+        const float s = warp_sum(acc[c]);
+        if (lane == 0 && c < n) out[c * out_stride + r] = s;
+    }
+}
+
+__device__ float block_sum(float v, float* shared) {
+    v = warp_sum(v);
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x / kWarp;
+    v = lane < warps ? shared[lane] : 0.0f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+
+__device__ float block_max(float v, float* shared) {
+    for (int o = kWarp / 2; o > 0; o /= 2)
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x / kWarp;
+    v = lane < warps ? shared[lane] : -INFINITY;
+    for (int o = kWarp / 2; o > 0; o /= 2)
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    __syncthreads();
+    return v;
+}
+
+__global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t cols,
+                                float* out) {
+    __shared__ float shared[32];
+    const float* xr = x + int64_t(blockIdx.x) * cols;
+    float s = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        s = fmaf(xr[c], xr[c], s);
+    const float scale = 1.0f / sqrtf(block_sum(s, shared) / float(cols) + eps);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        out[int64_t(blockIdx.x) * cols + c] = xr[c] * scale * w[c];
+}
+
+__global__ void rope_kernel(float* x, int64_t cols, int64_t rows, const int32_t* positions,
+                            const float* table, int head_dim, int n_rot) {
+    const int64_t pairs_per_row = cols / head_dim * (n_rot / 2);
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * pairs_per_row) return;
+    const int64_t r = i / pairs_per_row, k = i % pairs_per_row;
+    const int64_t h = k / (n_rot / 2), j = k % (n_rot / 2);
+    const float* cs = table + int64_t(positions[r]) * n_rot;
+    float* p = x + r * cols + h * head_dim + 2 * j;
+    const float a = p[0], b = p[1], c = cs[2 * j], s = cs[2 * j + 1];
+    p[0] = a * c - b * s;
+    p[1] = a * s + b * c;
+}
+
+// One block per (query row, head): keys in tiles of the block size with an online
+// softmax in a fixed order.
+constexpr int kAttnThreads = 128;
+
+__global__ void attention_kernel(const float* q, const float* k, const float* v, float* out,
+                                 int n_head, int n_head_kv, int hd, float scale, int pos0) {
+    __shared__ float q_s[2 * kAttnThreads], p_s[kAttnThreads], shared[32];
+    const int row = blockIdx.x / n_head, head = blockIdx.x % n_head;
+    const int kv_head = head / (n_head / n_head_kv), kv_cols = n_head_kv * hd;
+    const int n_keys = pos0 + row + 1, tid = threadIdx.x;
+    const float* qh = q + (int64_t(row) * n_head + head) * hd;
+    for (int d = tid; d < hd; d += kAttnThreads)
+        q_s[d] = qh[d];
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f, acc0 = 0.0f, acc1 = 0.0f;
+    for (int t0 = 0; t0 < n_keys; t0 += kAttnThreads) {
+        const int t = t0 + tid;
+        float s = -INFINITY;
+        if (t < n_keys) {
+            const float* kt = k + int64_t(t) * kv_cols + kv_head * hd;
+            float dot = 0.0f;
+            for (int d = 0; d < hd; ++d)
+                dot = fmaf(q_s[d], kt[d], dot);
+            s = dot * scale;
+        }
+        const float m_new = fmaxf(m, block_max(s, shared));
+        const float p = t < n_keys ? expf(s - m_new) : 0.0f;
+        p_s[tid] = p;
+        const float tile_sum = block_sum(p, shared);  // its barriers also publish p_s
+        const float correction = expf(m - m_new);
+        l = l * correction + tile_sum;
+        acc0 *= correction;
+        acc1 *= correction;
+        const int count = min(kAttnThreads, n_keys - t0);
+        for (int j = 0; j < count; ++j) {
+            const float* vt = v + int64_t(t0 + j) * kv_cols + kv_head * hd;
+            if (tid < hd) acc0 = fmaf(p_s[j], vt[tid], acc0);
+            if (tid + kAttnThreads < hd) acc1 = fmaf(p_s[j], vt[tid + kAttnThreads], acc1);
+        }
+        m = m_new;
+        __syncthreads();
+    }
+    float* o = out + (int64_t(row) * n_head + head) * hd;
+    if (tid < hd) o[tid] = acc0 / l;
+    if (tid + kAttnThreads < hd) o[tid + kAttnThreads] = acc1 / l;
+}
+
+__global__ void silu_mul_kernel(const float* g, const float* u, int64_t n, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+__global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+__global__ void copy_f16_kernel(const float* src, int64_t n, __half* dst) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __float2half_rn(src[i]);
+}
+
+unsigned blocks(int64_t n, int per) {
+    return unsigned((n + per - 1) / per);
+}
+
+template <GgmlType T>
+void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const float* x,
+                  int64_t n, float* out, int64_t out_stride) {
+    constexpr int kThreads = 256, kRowsPerBlock = kThreads / kWarp;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    // Column counts round up to 1, 2, 4, 8 or 16 accumulators; wider batches in slices.
+    for (int64_t c0 = 0; c0 < n; c0 += 16) {
+        const int m = int(n - c0 < 16 ? n - c0 : 16);
+        const float* xs = x + c0 * in;
+        float* os = out + c0 * out_stride;
+        const unsigned g = blocks(rows, kRowsPerBlock);
+        if (m == 1)
+            matmul_kernel<T, 1><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+        else if (m == 2)
+            matmul_kernel<T, 2><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+        else if (m <= 4)
+            matmul_kernel<T, 4><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+        else if (m <= 8)
+            matmul_kernel<T, 8><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+        else
+            matmul_kernel<T, 16><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+    }
+}
+
+}  // namespace
+
+void get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, const int32_t* ids,
+              int64_t n, float* out) {
+    const auto* t = static_cast<const uint8_t*>(table);
+    switch (type) {
+        case GgmlType::kF32:
+            return get_rows_kernel<GgmlType::kF32><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+        case GgmlType::kF16:
+            return get_rows_kernel<GgmlType::kF16><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+        case GgmlType::kQ8_0:
+            return get_rows_kernel<GgmlType::kQ8_0><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+        default:
+            return get_rows_kernel<GgmlType::kQ4_0><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+    }
+}
+
+void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t cols, int64_t rows,
+              float* out) {
+    rms_norm_kernel<<<unsigned(rows), 256, 0, s>>>(x, w, eps, cols, out);
+}
+
+void matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
+            const float* x, int64_t n, float* out, int64_t out_stride) {
+    switch (type) {
+        case GgmlType::kF32:
+            return matmul_typed<GgmlType::kF32>(s, w, in, out_features, x, n, out, out_stride);
+        case GgmlType::kF16:
+            return matmul_typed<GgmlType::kF16>(s, w, in, out_features, x, n, out, out_stride);
+        case GgmlType::kQ8_0:
+            return matmul_typed<GgmlType::kQ8_0>(s, w, in, out_features, x, n, out, out_stride);
+        default:
+            return matmul_typed<GgmlType::kQ4_0>(s, w, in, out_features, x, n, out, out_stride);
+    }
+}
+
+void rope(cudaStream_t s, float* x, int64_t cols, int64_t rows, const int32_t* positions,
+          const float* table, int head_dim, int n_rot) {
+    const int64_t pairs = rows * (cols / head_dim) * (n_rot / 2);
+    rope_kernel<<<blocks(pairs, 256), 256, 0, s>>>(x, cols, rows, positions, table, head_dim,
+                                                   n_rot);
+}
+
+void copy_f32(cudaStream_t s, const float* src, int64_t n, float* dst) {
+    cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, s);
+}
+void copy_f16(cudaStream_t s, const float* src, int64_t n, uint16_t* dst) {
+    copy_f16_kernel<<<blocks(n, 256), 256, 0, s>>>(src, n, reinterpret_cast<__half*>(dst));
+}
+
+void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
+               int n_head, int n_head_kv, int head_dim, float scale, int pos0) {
+    attention_kernel<<<unsigned(rows * n_head), kAttnThreads, 0, s>>>(
+        q, k, v, out, n_head, n_head_kv, head_dim, scale, pos0);
+}
+
+void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out) {
+    silu_mul_kernel<<<blocks(n, 256), 256, 0, s>>>(gate, up, n, out);
+}
+void add(cudaStream_t s, const float* a, const float* b, int64_t n, float* out) {
+    add_kernel<<<blocks(n, 256), 256, 0, s>>>(a, b, n, out);
+}
+
+}  // namespace specula::cuda
