@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/detmath.h"
 #include "core/fp16.h"
 #include "core/philox.h"
 #include "format/quant.h"
@@ -110,4 +111,41 @@ TEST(Philox, UniformsAreInsideTheOpenInterval) {
     // Streams are independent draws for the same coordinates.
     EXPECT_NE(philox_uniform(42, RandomStream::kDraft, 3, 1, 7),
               philox_uniform(42, RandomStream::kResidual, 3, 1, 7));
+}
+
+// The deterministic functions need not be correctly rounded, but they must be accurate:
+// sampling draws from their values.
+TEST(DetMath, AccurateToAFewUlp) {
+    double worst_exp = 0, worst_log = 0, worst_recip = 0;
+    for (float x = -40.0f; x <= 0.0f; x += 0.0137f) {
+        const double want = std::exp(double(x));
+        worst_exp = std::max(worst_exp, std::fabs(det::exp_nonpositive(x) - want) / want);
+    }
+    EXPECT_EQ(det::exp_nonpositive(0.0f), 1.0f);
+    EXPECT_EQ(det::exp_nonpositive(-40.1f), 0.0f);
+    EXPECT_EQ(det::exp_nonpositive(-INFINITY), 0.0f);
+    for (uint32_t i = 0; i < 200000; ++i) {
+        const float u = uniform_from_bits(i * 21473u);
+        const double want = std::log(double(u));
+        worst_log = std::max(
+            worst_log, std::fabs(det::log_positive(u) - want) / std::max(std::fabs(want), 1e-30));
+        const float z = 1.0f + float(i) * 0.37f;
+        worst_recip = std::max(worst_recip, std::fabs(det::reciprocal(z) * double(z) - 1.0));
+    }
+    std::printf("max relative error: exp %.2e, log %.2e, reciprocal %.2e\n", worst_exp, worst_log,
+                worst_recip);
+    EXPECT_LT(worst_exp, 5e-7);
+    EXPECT_LT(worst_log, 5e-7);
+    EXPECT_LT(worst_recip, 3e-7);
+}
+
+TEST(DetMath, CanonicalSumIsTheTiledTree) {
+    // 5000 ones: the first tile's lanes hold 16 each, the second tile's 904 ones sit in
+    // lanes 0..255 (4 in lanes < 136, 3 above); exact in floats either way.
+    EXPECT_EQ(det::canonical_sum(5000, [](uint32_t) { return 1.0f; }), 5000.0f);
+    // Order matters for these values, and the canonical order is fixed: pin one result.
+    const float a = det::canonical_sum(9000, [](uint32_t i) { return 1.0f / float(i + 1); });
+    const float b = det::canonical_sum(9000, [](uint32_t i) { return 1.0f / float(i + 1); });
+    EXPECT_EQ(a, b);
+    EXPECT_NEAR(a, std::log(9000.0) + 0.5772156649, 1e-4);
 }

@@ -14,6 +14,7 @@
 #include "backend_util.h"
 #include "decode/generator.h"
 #include "decode/verify.h"
+#include "models/llama.h"
 #include "specula.h"
 #include "test_util.h"
 
@@ -367,6 +368,38 @@ TEST_P(SpeculativeOn, OneHostWaitPerStep) {
         EXPECT_GT(run.stats.n_drafted, 0u);
         EXPECT_EQ(run.stats.n_host_waits - run.waits_before_generate, run.stats.n_steps);
     }
+}
+
+TEST_P(SpeculativeOn, CachesAreReusedAcrossSteps) {
+    // Each step evaluates only what is new: the draft at most the committed tokens once
+    // plus its drafts, the target at most the committed tokens plus the drafts it judged.
+    std::string why;
+    auto backend = test::try_backend(GetParam(), &why);
+    std::unique_ptr<LlamaModel> target_model, draft_model;
+    for (auto [path, model] : {std::pair{&models().target, &target_model},
+                               std::pair{&models().close_draft, &draft_model}}) {
+        std::unique_ptr<MappedFile> file;
+        ASSERT_TRUE(MappedFile::open(*path, &file).ok());
+        ASSERT_TRUE(LlamaModel::load(*backend, std::move(file), nullptr, model).ok());
+    }
+    std::unique_ptr<LlamaContext> target, draft;
+    ASSERT_TRUE(LlamaContext::create(*target_model, 512, 32, &target).ok());
+    ASSERT_TRUE(LlamaContext::create(*draft_model, 512, 32, &draft).ok());
+    Generator::Config config;
+    config.sampling = {0.8f, 0, 1.0f, 3};
+    config.policy = GammaPolicy::kFixed;
+    config.gamma = 4;
+    Generator g(*target, draft.get(), config);
+    std::vector<int32_t> prompt(100);
+    for (size_t i = 0; i < prompt.size(); ++i)
+        prompt[i] = int32_t(10 + i);
+    ASSERT_TRUE(g.append(prompt).ok());
+    std::vector<int32_t> out;
+    while (out.size() < 150)
+        ASSERT_TRUE(g.step(8, &out).ok());
+    const uint64_t committed = g.committed().size(), steps = g.stats().steps;
+    EXPECT_LE(draft->positions_evaluated(), committed + steps * 4);
+    EXPECT_LE(target->positions_evaluated(), committed + steps * 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,

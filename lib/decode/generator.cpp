@@ -158,9 +158,11 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
     SPECULA_TRY(device_buffers(target_.model().config().n_vocab));
     std::vector<float> unused;
     if (gamma > 0) {
-        // Committed tokens the draft has not seen: all but a last batch of them now (rare).
+        // The draft is one or two committed tokens behind, which its first forward below
+        // takes; only a longer gap (rare) needs forwards of its own first.
         draft_->truncate(L - 1);
-        SPECULA_TRY(catch_up(*draft_, size_t(draft_->max_batch()), &unused));
+        if (L - draft_->n_past() > draft_->max_batch())
+            SPECULA_TRY(catch_up(*draft_, size_t(draft_->max_batch()), &unused));
     }
     SPECULA_TRY(catch_up(target_, 1, &unused));
 

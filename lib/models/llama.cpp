@@ -251,6 +251,7 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
     be.matmul(model_.output_, h.row_range(0, rows), logits_.row_range(0, rows));
     n_past_ += n;
     ++forward_calls_;
+    positions_evaluated_ += uint64_t(n);
     return Status::Ok();
 }
 

@@ -75,6 +75,7 @@ class LlamaContext {
     int max_batch() const { return max_batch_; }
     int n_past() const { return n_past_; }
     uint64_t forward_calls() const { return forward_calls_; }
+    uint64_t positions_evaluated() const { return positions_evaluated_; }
     // Forgets positions >= n (a length counter: no data moves).
     void truncate(int n) { n_past_ = std::min(n_past_, std::max(0, n)); }
 
@@ -97,7 +98,7 @@ class LlamaContext {
 
     const LlamaModel& model_;
     int n_ctx_ = 0, max_batch_ = 0, n_past_ = 0;
-    uint64_t forward_calls_ = 0;
+    uint64_t forward_calls_ = 0, positions_evaluated_ = 0;
     std::vector<std::unique_ptr<Buffer>> buffers_;
     std::vector<Tensor> k_cache_, v_cache_;
     Tensor rope_table_, ids_, positions_, x_, norm_, q_, k_, v_, attn_, gate_, up_, logits_;
