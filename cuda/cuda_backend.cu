@@ -281,23 +281,10 @@ Status create_cuda_backend(const specula_backend_params& params, std::unique_ptr
     }
     const auto devices = enumerate_cuda_devices();
     if (devices.empty()) return {SPECULA_ERR_NO_DEVICE, "no CUDA device was found"};
-    const specula_device_info* chosen = &devices[0];
-    if (params.device_index >= 0) {
-        if (size_t(params.device_index) >= devices.size())
-            return {SPECULA_ERR_NO_DEVICE,
-                    "CUDA device index " + std::to_string(params.device_index) + " does not exist"};
-        chosen = &devices[size_t(params.device_index)];
-    } else if (params.device_name != nullptr && params.device_name[0] != '\0') {
-        auto it = std::find_if(devices.begin(), devices.end(), [&](const specula_device_info& d) {
-            return std::string(d.name).find(params.device_name) != std::string::npos;
-        });
-        if (it == devices.end())
-            return {SPECULA_ERR_NO_DEVICE,
-                    std::string("no CUDA device named like '") + params.device_name + "'"};
-        chosen = &*it;
-    }
+    size_t chosen = 0;
+    SPECULA_TRY(choose_device(devices, params, "CUDA", &chosen));
     auto backend = std::make_unique<CudaBackend>();
-    SPECULA_TRY(backend->init(chosen->index, *chosen));
+    SPECULA_TRY(backend->init(devices[chosen].index, devices[chosen]));
     *out = std::move(backend);
     return Status::Ok();
 }

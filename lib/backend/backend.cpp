@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -36,6 +37,28 @@ std::vector<float> rope_table(int n_ctx, int n_rot, float base) {
         }
     }
     return table;
+}
+
+Status choose_device(std::span<const specula_device_info> devices,
+                     const specula_backend_params& params, const char* api, size_t* index) {
+    if (devices.empty()) return {SPECULA_ERR_NO_DEVICE, std::string("no ") + api + " device"};
+    *index = 0;
+    if (params.device_index >= 0) {
+        if (size_t(params.device_index) >= devices.size())
+            return {SPECULA_ERR_NO_DEVICE,
+                    std::string(api) + " device index " + std::to_string(params.device_index) +
+                        " does not exist (" + std::to_string(devices.size()) + " found)"};
+        *index = size_t(params.device_index);
+    } else if (params.device_name != nullptr && params.device_name[0] != '\0') {
+        auto it = std::find_if(devices.begin(), devices.end(), [&](const specula_device_info& d) {
+            return std::strstr(d.name, params.device_name) != nullptr;
+        });
+        if (it == devices.end())
+            return {SPECULA_ERR_NO_DEVICE,
+                    std::string("no ") + api + " device named like '" + params.device_name + "'"};
+        *index = size_t(it - devices.begin());
+    }
+    return Status::Ok();
 }
 
 std::vector<specula_device_info> enumerate_devices() {

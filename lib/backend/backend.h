@@ -125,6 +125,11 @@ class Backend {
 // cos/sin of pos * base^(-2j/n_rot) for pos < n_ctx, j < n_rot/2: n_ctx rows of n_rot floats.
 std::vector<float> rope_table(int n_ctx, int n_rot, float base);
 
+// The device that params asks for (device_index, else a device_name substring, else the
+// first) among a backend's devices, best first.
+Status choose_device(std::span<const specula_device_info> devices,
+                     const specula_backend_params& params, const char* api, size_t* index);
+
 // Devices of every compiled-in backend; the cpu is always first.
 std::vector<specula_device_info> enumerate_devices();
 Status create_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out);

@@ -919,24 +919,13 @@ Status create_vulkan_backend(const specula_backend_params& params, std::unique_p
     const auto devices = physical_devices();
     if (devices.empty())
         return {SPECULA_ERR_NO_DEVICE, "no Vulkan 1.1 device with a compute queue was found"};
-    const PhysicalDevice* chosen = &devices[0];
-    if (params.device_index >= 0) {
-        if (size_t(params.device_index) >= devices.size())
-            return {SPECULA_ERR_NO_DEVICE,
-                    "Vulkan device index " + std::to_string(params.device_index) +
-                        " does not exist (" + std::to_string(devices.size()) + " found)"};
-        chosen = &devices[size_t(params.device_index)];
-    } else if (params.device_name != nullptr && params.device_name[0] != '\0') {
-        auto it = std::find_if(devices.begin(), devices.end(), [&](const PhysicalDevice& d) {
-            return std::strstr(d.info.name, params.device_name) != nullptr;
-        });
-        if (it == devices.end())
-            return {SPECULA_ERR_NO_DEVICE,
-                    std::string("no Vulkan device named like '") + params.device_name + "'"};
-        chosen = &*it;
-    }
+    std::vector<specula_device_info> infos;
+    for (const auto& d : devices)
+        infos.push_back(d.info);
+    size_t chosen = 0;
+    SPECULA_TRY(choose_device(infos, params, "Vulkan", &chosen));
     auto backend = std::make_unique<VulkanBackend>();
-    SPECULA_TRY(backend->init(*chosen));
+    SPECULA_TRY(backend->init(devices[chosen]));
     *out = std::move(backend);
     return Status::Ok();
 }
