@@ -61,6 +61,10 @@ __device__ float det_log(float u) {
     return ef * bits(0x3F317200u) + low;
 }
 
+__device__ bool race_cannot_win(float a, float best, float u) {
+    return a < best * ((1.0f - u) * 0.999f);
+}
+
 __device__ uint32_t order_key(float s) {
     const uint32_t b = __float_as_uint(s);
     return (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
@@ -367,9 +371,13 @@ __global__ void race_kernel(Ctx c) {
         const float p = prob(c, pr, x);
         if (!(p > 0.0f)) continue;
         const float q = has_q ? prob(c, c.draft_row(b, n), x) : 0.0f;
-        const float w = det_recip(
-            -det_log(philox_uniform(c.d.seed, c.d.stream, c.d.step, c.noise_row(b, n), x)));
-        const float a = fmaxf(0.0f, p - q) * w, s = p * w;
+        const float u = philox_uniform(c.d.seed, c.d.stream, c.d.step, c.noise_row(b, n), x);
+        const float ax = fmaxf(0.0f, p - q);
+        if (best_p.id != kNone && race_cannot_win(p, best_p.v, u) &&
+            (best_a.id == kNone ? !(ax > 0.0f) : race_cannot_win(ax, best_a.v, u)))
+            continue;
+        const float w = det_recip(-det_log(u));
+        const float a = ax * w, s = p * w;
         if (a > 0.0f && better(a, x, best_a.v, best_a.id)) best_a = {a, x};
         if (better(s, x, best_p.v, best_p.id)) best_p = {s, x};
     }

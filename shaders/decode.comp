@@ -306,8 +306,13 @@ void race(uint b, uint j) {
         const float p = prob(pr, x);
         if (!(p > 0.0)) continue;
         const float q = has_q ? prob(draft_row(b, n), x) : 0.0;
-        const float w = race_weight(seed(), pc.u6, pc.u7, noise_row(b, n), x);
-        precise float a = max(0.0, p - q) * w;
+        const float u = philox_uniform(seed(), pc.u6, pc.u7, noise_row(b, n), x);
+        precise float ax = max(0.0, p - q);
+        if (arg_p != NONE && race_cannot_win(p, best_p, u) &&
+            (arg_a == NONE ? !(ax > 0.0) : race_cannot_win(ax, best_a, u)))
+            continue;
+        const float w = race_weight(u);
+        precise float a = ax * w;
         precise float s = p * w;
         if (a > 0.0 && better(a, x, best_a, arg_a)) {
             best_a = a;

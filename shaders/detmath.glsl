@@ -75,7 +75,12 @@ float philox_uniform(uvec2 seed, uint stream, uint step, uint row, uint element)
     return u;
 }
 
-float race_weight(uvec2 seed, uint stream, uint step, uint row, uint x) {
-    precise float e = -det_log(philox_uniform(seed, stream, step, row, x));
+float race_weight(float u) {
+    precise float e = -det_log(u);
     return det_recip(e);
+}
+
+bool race_cannot_win(float a, float best, float u) {
+    precise float bound = best * ((1.0 - u) * 0.999);
+    return a < bound;
 }

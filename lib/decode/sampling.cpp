@@ -89,7 +89,9 @@ int32_t exponential_race(std::span<const TokenProb> candidates, uint64_t seed, R
     float best_score = 0.0f;
     for (const TokenProb& c : candidates) {
         if (!(c.prob > 0.0f)) continue;
-        const float score = c.prob * det::race_weight(seed, stream, step, row, uint32_t(c.token));
+        const float u = philox_uniform(seed, stream, step, row, uint32_t(c.token));
+        if (best >= 0 && det::race_cannot_win(c.prob, best_score, u)) continue;
+        const float score = c.prob * det::race_weight(u);
         if (best < 0 || score > best_score) {
             best = c.token;
             best_score = score;
@@ -108,8 +110,13 @@ int32_t residual_race(std::span<const float> p_logits, const RowNorm& pn,
         const float px = processed_prob(p_logits[x], x, pn, inv_t);
         if (!(px > 0.0f)) continue;
         const float qx = q_logits.empty() ? 0.0f : processed_prob(q_logits[x], x, qn, inv_t);
-        const float w = det::race_weight(p.seed, stream, step, row, x);
-        const float a = std::max(0.0f, px - qx) * w, b = px * w;
+        const float u = philox_uniform(p.seed, stream, step, row, x);
+        const float ax = std::max(0.0f, px - qx);
+        if (best_p >= 0 && det::race_cannot_win(px, score_p, u) &&
+            (best_a < 0 ? !(ax > 0.0f) : det::race_cannot_win(ax, score_a, u)))
+            continue;
+        const float w = det::race_weight(u);
+        const float a = ax * w, b = px * w;
         if (a > 0.0f && (best_a < 0 || a > score_a)) {
             best_a = int32_t(x);
             score_a = a;
