@@ -101,6 +101,17 @@ TEST_F(Api, BackendNamesRoundTrip) {
     EXPECT_NE(std::string(specula_last_error()).find("metal"), std::string::npos);
 }
 
+TEST_F(Api, AutoBackendNeverTakesASoftwareDevice) {
+    specula_backend_params p = specula_backend_default_params();
+    p.kind = SPECULA_BACKEND_AUTO;
+    specula_backend* b = nullptr;
+    ASSERT_EQ(specula_backend_create(&p, &b), SPECULA_OK);
+    specula_device_info d{};
+    ASSERT_EQ(specula_backend_get_info(b, &d), SPECULA_OK);
+    EXPECT_FALSE(d.is_software) << d.name;  // llvmpipe is slower than the cpu backend
+    specula_backend_free(b);
+}
+
 TEST_F(Api, DevicesAndInfo) {
     size_t n = 0;
     ASSERT_EQ(specula_device_count(&n), SPECULA_OK);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The demo command: installs the build dependencies, builds specula (Release)
 # and runs speculative decoding with the bundled target/draft pair
-# (examples/models/) on the best available backend: a Vulkan GPU, else
-# llvmpipe (Vulkan on the CPU), else the cpu backend. It prints the text, the
+# (examples/models/) on the best available backend: CUDA, else a Vulkan GPU,
+# else the cpu backend (SPECULA_DEMO_BACKEND=vulkan asks for llvmpipe). It prints the text, the
 # acceptance rate, tokens per target call, and the speedup over the target
 # alone, measured in the same run.
 set -euo pipefail

@@ -22,6 +22,19 @@ bool print_piece(int32_t, const char* piece, size_t len, void*) {
     return true;
 }
 
+// A short untimed generation, so that one-time costs (a GPU backend compiles its
+// pipelines on first use) fall outside the timed runs compared below.
+void warm_up(specula_model* model, specula_session_params sp, const std::vector<int32_t>& prompt,
+             size_t n_prompt) {
+    specula_generate_params gp = specula_generate_default_params();
+    gp.max_tokens = 32;
+    specula_session* session = nullptr;
+    if (specula_session_create(model, &sp, &session) == SPECULA_OK &&
+        specula_session_eval(session, prompt.data(), n_prompt) == SPECULA_OK)
+        (void)specula_generate(session, &gp, nullptr, 0, nullptr);
+    specula_session_free(session);
+}
+
 // The same generation without the draft, timed in this run: the speedup is measured, not assumed.
 int compare_with_target_alone(specula_model* model, specula_session_params sp,
                               const std::vector<int32_t>& prompt, size_t n_prompt,
@@ -151,6 +164,12 @@ int main(int argc, char** argv) {
     } else if ((s = specula_session_eval(session, tokens.data(), n_tokens)) != SPECULA_OK) {
         rc = fail("prompt", s);
     } else {
+        if (compare && draft != nullptr) {
+            warm_up(model, sp, tokens, n_tokens);
+            specula_session_params alone = sp;
+            alone.draft = nullptr;
+            warm_up(model, alone, tokens, n_tokens);
+        }
         std::fputs(prompt.c_str(), stdout);
         s = specula_generate(session, &gp, nullptr, 0, nullptr);
         std::fputs("\n", stdout);

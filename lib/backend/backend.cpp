@@ -93,12 +93,20 @@ Status create_backend(const specula_backend_params& params, std::unique_ptr<Back
             if (create_cuda_backend(cu, out).ok()) return Status::Ok();
 #endif
 #ifdef SPECULA_HAVE_VULKAN
-            specula_backend_params vk = params;
-            vk.kind = SPECULA_BACKEND_VULKAN;
-            const Status s = create_vulkan_backend(vk, out);
-            if (s.ok()) return s;
-            log(SPECULA_LOG_INFO,
-                "auto backend: Vulkan unavailable (" + s.message() + "), using the cpu");
+            // A software device (llvmpipe) is a CPU running GPU-shaped code: the cpu
+            // backend is faster, so only a real GPU is taken.
+            const auto vulkan = enumerate_vulkan_devices();
+            for (size_t i = 0; i < vulkan.size(); ++i) {
+                if (vulkan[i].is_software) continue;
+                specula_backend_params vk = params;
+                vk.kind = SPECULA_BACKEND_VULKAN;
+                vk.device_index = int32_t(i);
+                vk.device_name = nullptr;
+                const Status s = create_vulkan_backend(vk, out);
+                if (s.ok()) return s;
+                log(SPECULA_LOG_INFO, "auto backend: Vulkan device " + std::string(vulkan[i].name) +
+                                          " unavailable (" + s.message() + ")");
+            }
 #endif
             *out = create_cpu_backend(params.n_threads);
             return Status::Ok();

@@ -81,7 +81,8 @@ typedef enum specula_backend_kind {
     SPECULA_BACKEND_CPU = 0,
     SPECULA_BACKEND_VULKAN = 1,
     SPECULA_BACKEND_CUDA = 2,
-    SPECULA_BACKEND_AUTO = 100 /* the best available: a discrete GPU, then any GPU, then cpu */
+    SPECULA_BACKEND_AUTO = 100 /* the best available: CUDA, then a Vulkan GPU (discrete first),
+                                  then cpu; software Vulkan devices are not chosen */
 } specula_backend_kind;
 
 /* "cpu", "vulkan", "cuda", "auto" <-> the kinds: one spelling for every front end. */
