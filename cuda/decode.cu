@@ -187,11 +187,20 @@ __device__ void reduce_best(Best a, Best b, Best* sh_a, Best* sh_b) {
     __syncthreads();
 }
 
+// The row maximum m, written by the row-max pass into the row's norm.
 __device__ float row_max(const Ctx& c, uint32_t r) {
-    float m = -INFINITY;
-    for (uint32_t j = 0; j < c.tiles; ++j)
-        m = fmaxf(m, bits(*c.tile_max(r, j)));
-    return m;
+    return bits(c.norm(r)[0]);
+}
+
+__global__ void row_max_kernel(Ctx c) {
+    __shared__ float sh[kLanes];
+    const uint32_t r = blockIdx.x, l = threadIdx.x;
+    sh[l] = l < c.tiles ? bits(*c.tile_max(r, l)) : -INFINITY;
+    for (uint32_t stride = kLanes / 2; stride > 0; stride >>= 1) {
+        __syncthreads();
+        if (l < stride) sh[l] = fmaxf(sh[l], sh[l + stride]);  // any order: max is exact
+    }
+    if (l == 0) c.norm(r)[0] = __float_as_uint(sh[0]);
 }
 
 __global__ void tile_max_kernel(Ctx c) {
@@ -423,6 +432,7 @@ void verify(cudaStream_t s, const DecodeLaunch& d) {
         accept_kernel<<<d.batch, 1, 0, s>>>(c);
         return;
     }
+    row_max_kernel<<<rows, kLanes, 0, s>>>(c);
     if (!d.filtered) tile_sum_kernel<<<rows * c.tiles, kLanes, 0, s>>>(c);
     row_norm_kernel<<<rows, kLanes, 0, s>>>(c);
     accept_kernel<<<d.batch, 1, 0, s>>>(c);

@@ -8,6 +8,8 @@
 //   u0 V, u1 batch, u2 gamma, u3 rows per sequence (gamma + 1 greedy, else 2 gamma + 1),
 //   u4 tiles per row, u5 top-k (0 off), u6 stream, u7 step, u8 row offset, u9/u10 seed,
 //   u11 flags: 1 greedy, 2 write result, 4 write token, 8 top-k/top-p active
+// Passes in order: tile max, row max, tile sum (unfiltered), row norm, accept, race,
+// finish; greedy: tile max, accept.
 //   f0 1 / temperature, f1 top-p (clamped)
 //
 // Row r of the R = batch * rows-per-sequence rows: the target rows of sequence b,
@@ -21,7 +23,7 @@ layout(constant_id = 0) const uint WG = 256u;  // = DET_LANES
 layout(constant_id = 1) const uint MODE = 0u;
 
 const uint MODE_TILE_MAX = 0u, MODE_TILE_SUM = 1u, MODE_ROW_NORM = 2u, MODE_ACCEPT = 3u,
-           MODE_RACE = 4u, MODE_FINISH = 5u;
+           MODE_RACE = 4u, MODE_FINISH = 5u, MODE_ROW_MAX = 6u;
 const uint NONE = 0xFFFFFFFFu;
 
 shared float sh_f[256];
@@ -133,11 +135,17 @@ void reduce_best(float v, uint id, float v2, uint id2) {
     barrier();
 }
 
-// Every invocation reads the (at most 256) tile maxima itself: no barriers.
-float row_max(uint r) {
-    float m = -1.0 / 0.0;
-    for (uint j = 0u; j < tiles(); ++j) m = max(m, uintBitsToFloat(b3[tile_max_at(r, j)]));
-    return m;
+// The row maximum m, written by the row-max pass into the row's norm.
+float row_max(uint r) { return uintBitsToFloat(b3[norm_at(r)]); }
+
+void write_row_max(uint r) {
+    const uint l = gl_LocalInvocationID.x;
+    sh_f[l] = l < tiles() ? uintBitsToFloat(b3[tile_max_at(r, l)]) : -1.0 / 0.0;
+    for (uint stride = WG / 2u; stride > 0u; stride >>= 1) {
+        barrier();
+        if (l < stride) sh_f[l] = max(sh_f[l], sh_f[l + stride]);  // any order: max is exact
+    }
+    if (l == 0u) b3[norm_at(r)] = floatBitsToUint(sh_f[0]);
 }
 
 // Tokens of row r inside the cut (key, id), canonically.
@@ -357,6 +365,8 @@ void main() {
         tile_max(g / tiles(), g % tiles());
     } else if (MODE == MODE_TILE_SUM) {
         tile_sum(g / tiles(), g % tiles());
+    } else if (MODE == MODE_ROW_MAX) {
+        write_row_max(g);
     } else if (MODE == MODE_ROW_NORM) {
         row_norm(g);
     } else if (MODE == MODE_ACCEPT) {

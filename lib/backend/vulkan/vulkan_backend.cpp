@@ -652,12 +652,13 @@ class VulkanBackend final : public Backend {
         pc.f[0] = a.sampling.inv_temperature();
         pc.f[1] = a.sampling.nucleus();
         const Bound bound = {&a.target, &a.draft, &a.drafts, &scratch, &a.result, &a.token};
-        enum Mode : uint32_t { kTileMax, kTileSum, kRowNorm, kAccept, kRace, kFinish };
+        enum Mode : uint32_t { kTileMax, kTileSum, kRowNorm, kAccept, kRace, kFinish, kRowMax };
         auto pass = [&](Mode mode, uint32_t groups) {
             dispatch("decode", bound, pc, groups, {det::kLanes, mode, 0});
         };
         pass(kTileMax, rows * tiles);
         if (greedy) return pass(kAccept, batch);
+        pass(kRowMax, rows);
         if (!filtered) pass(kTileSum, rows * tiles);
         pass(kRowNorm, rows);
         pass(kAccept, batch);
