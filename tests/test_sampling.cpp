@@ -36,7 +36,7 @@ TEST(Sampling, TopKAndTopPCut) {
     p.top_k = 1;
     auto d = processed_distribution(kLogits, p);
     ASSERT_EQ(d.size(), 1u);
-    EXPECT_EQ(d[0].token, 1);  // of the tied maxima, the lower id
+    EXPECT_EQ(d[0].token, 1);          // of the tied maxima, the lower id
     EXPECT_FLOAT_EQ(d[0].prob, 1.0f);  // 1 / Z by Newton steps: within an ulp
 
     p.top_k = 3;

@@ -159,7 +159,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
     std::vector<float> unused;
     if (gamma > 0) {
         // The draft is one or two committed tokens behind, which its first forward below
-        // takes; only a longer gap (rare) needs forwards of its own first.
+        // takes; only a gap longer than a batch (rare) is closed first, up to the last batch.
         draft_->truncate(L - 1);
         if (L - draft_->n_past() > draft_->max_batch())
             SPECULA_TRY(catch_up(*draft_, size_t(draft_->max_batch()), &unused));

@@ -71,7 +71,8 @@ class Generator {
     int next_gamma() const;
 
   private:
-    // Feeds committed tokens a context has not seen, except the last `keep` ones.
+    // Makes ctx hold exactly the committed tokens but the last `keep`: forgets positions
+    // beyond them and evaluates the missing ones.
     Status catch_up(LlamaContext& ctx, size_t keep, std::vector<float>* logits);
     Status step_on_device(int gamma, std::vector<int32_t>* emitted);
     Status sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted);

@@ -175,11 +175,9 @@ Status LlamaContext::forward(std::span<const int32_t> tokens, bool all_rows,
                              std::vector<float>* logits) {
     const LlamaConfig& c = model_.config();
     const int n = int(tokens.size());
+    // Checked before the ids are uploaded; record() checks the context length.
     if (n == 0 || n > max_batch_)
         return InvalidArgument("forward needs 1.." + std::to_string(max_batch_) + " tokens");
-    if (n_past_ + n > n_ctx_)
-        return {SPECULA_ERR_CONTEXT_FULL,
-                "the context of " + std::to_string(n_ctx_) + " tokens is full"};
     for (int32_t t : tokens)
         if (t < 0 || t >= c.n_vocab)
             return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary");
