@@ -62,28 +62,113 @@ __global__ void get_rows_kernel(const uint8_t* table, int64_t cols, const int32_
         out[i * cols + c] = weight<T>(row, c / 32, int(c % 32));
 }
 
-// One warp per weight row; lane l takes blocks l, l + 32, ...; N columns at once so
-// each weight is read once for the whole verification batch.
-template <GgmlType T, int N>
-__global__ void matmul_kernel(const uint8_t* w, int64_t in, int64_t rows, const float* x, int n,
-                              float* out, int64_t out_stride) {
-    const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-    const int lane = threadIdx.x % kWarp;
-    if (r >= rows) return;
-    const uint8_t* row = w + r * row_bytes<T>(in);
-    float acc[N];
-    for (int c = 0; c < N; ++c)
-        acc[c] = 0.0f;
-    for (int64_t b = lane; b < in / 32; b += kWarp) {
-        for (int j = 0; j < 32; ++j) {
-            const float wj = weight<T>(row, b, j);
-            for (int c = 0; c < N; ++c)
-                if (c < n) acc[c] = fmaf(wj, x[c * in + b * 32 + j], acc[c]);
+// Eight consecutive weights of a row: quarter q (0..3) of 32-weight block `block`.
+template <GgmlType T>
+__device__ void load_quarter(const uint8_t* row, int64_t block, int q, float w[8]);
+
+template <>
+__device__ void load_quarter<GgmlType::kF32>(const uint8_t* row, int64_t block, int q, float w[8]) {
+    const float* p = reinterpret_cast<const float*>(row) + block * 32 + q * 8;
+    for (int j = 0; j < 8; ++j)
+        w[j] = p[j];
+}
+template <>
+__device__ void load_quarter<GgmlType::kF16>(const uint8_t* row, int64_t block, int q, float w[8]) {
+    const auto* p = reinterpret_cast<const __half2*>(row + (block * 32 + q * 8) * 2);
+    for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(p[j]);
+        w[2 * j] = f.x;
+        w[2 * j + 1] = f.y;
+    }
+}
+template <>
+__device__ void load_quarter<GgmlType::kQ8_0>(const uint8_t* row, int64_t block, int q,
+                                              float w[8]) {
+    const uint8_t* b = row + block * 34;
+    const float d = half_at(b);
+    // Quants are 2-byte aligned (34-byte blocks): four 16-bit loads.
+    const auto* p = reinterpret_cast<const uint16_t*>(b + 2 + q * 8);
+    for (int j = 0; j < 4; ++j) {
+        const uint16_t v = p[j];
+        w[2 * j] = d * float(int8_t(v & 0xFF));
+        w[2 * j + 1] = d * float(int8_t(v >> 8));
+    }
+}
+template <>
+__device__ void load_quarter<GgmlType::kQ4_0>(const uint8_t* row, int64_t block, int q,
+                                              float w[8]) {
+    // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high ones.
+    const uint8_t* b = row + block * 18;
+    const float d = half_at(b);
+    const auto* p = reinterpret_cast<const uint16_t*>(b + 2 + (q % 2) * 8);
+    const int shift = q < 2 ? 0 : 4;
+    for (int j = 0; j < 4; ++j) {
+        const unsigned v = p[j];
+        w[2 * j] = d * float(int((v >> shift) & 0xF) - 8);
+        w[2 * j + 1] = d * float(int((v >> (8 + shift)) & 0xF) - 8);
+    }
+}
+
+// A block of kMatmulThreads threads computes R rows for N columns. Thread t takes quarter t % 4
+// of blocks t / 4, t / 4 + 32, ... of each of its rows: a warp reads 8 consecutive weight
+// blocks and 256 consecutive floats of x per step (coalesced), and each x value it loads serves
+// all R rows. A row's sum is reduced in one fixed order (per thread in block order, a butterfly
+// per warp, then the warps in order), which depends neither on n nor on R: batch invariant.
+constexpr int kMatmulThreads = 128;
+
+template <GgmlType T, int N, int R>
+__global__ void __launch_bounds__(kMatmulThreads)
+    matmul_kernel(const uint8_t* __restrict__ w, int64_t in, int64_t rows,
+                  const float* __restrict__ x, int n, float* __restrict__ out, int64_t out_stride) {
+    constexpr int kWarps = kMatmulThreads / kWarp;
+    __shared__ float partial[kWarps][R][N];
+    const int64_t r0 = int64_t(blockIdx.x) * R, blocks = in / 32, stride = row_bytes<T>(in);
+    const int t = threadIdx.x, q = t % 4;
+    float acc[R][N];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < N; ++c)
+            acc[r][c] = 0.0f;
+    for (int64_t b = t / 4; b < blocks; b += kMatmulThreads / 4) {
+        float wq[R][8];
+        for (int r = 0; r < R; ++r) {
+            if (r0 + r < rows) {
+                load_quarter<T>(w + (r0 + r) * stride, b, q, wq[r]);
+            } else {
+                for (int j = 0; j < 8; ++j)
+                    wq[r][j] = 0.0f;
+            }
+        }
+        for (int c = 0; c < N; ++c) {
+            if (c >= n) break;
+            const auto* xp = reinterpret_cast<const float4*>(x + c * in + b * 32 + q * 8);
+            const float4 lo = xp[0], hi = xp[1];
+            for (int r = 0; r < R; ++r) {
+                float s = wq[r][0] * lo.x;
+                s = fmaf(wq[r][1], lo.y, s);
+                s = fmaf(wq[r][2], lo.z, s);
+                s = fmaf(wq[r][3], lo.w, s);
+                s = fmaf(wq[r][4], hi.x, s);
+                s = fmaf(wq[r][5], hi.y, s);
+                s = fmaf(wq[r][6], hi.z, s);
+                s = fmaf(wq[r][7], hi.w, s);
+                acc[r][c] += s;
+            }
         }
     }
-    for (int c = 0; c < N; ++c) {
-        const float s = warp_sum(acc[c]);
-        if (lane == 0 && c < n) out[c * out_stride + r] = s;
+    const int warp = t / kWarp, lane = t % kWarp;
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < N; ++c) {
+            const float v = warp_sum(acc[r][c]);
+            if (lane == 0) partial[warp][r][c] = v;
+        }
+    __syncthreads();
+    for (int i = t; i < R * N; i += kMatmulThreads) {
+        const int r = i / N, c = i % N;
+        if (c >= n || r0 + r >= rows) continue;
+        float v = partial[0][r][c];
+        for (int k = 1; k < kWarps; ++k)
+            v += partial[k][r][c];
+        out[c * out_stride + r0 + r] = v;
     }
 }
 
@@ -203,27 +288,33 @@ unsigned blocks(int64_t n, int per) {
     return unsigned((n + per - 1) / per);
 }
 
+template <GgmlType T, int N, int R>
+void launch_matmul(cudaStream_t s, const uint8_t* w, int64_t in, int64_t rows, const float* x,
+                   int n, float* out, int64_t out_stride) {
+    matmul_kernel<T, N, R>
+        <<<blocks(rows, R), kMatmulThreads, 0, s>>>(w, in, rows, x, n, out, out_stride);
+}
+
 template <GgmlType T>
 void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const float* x,
                   int64_t n, float* out, int64_t out_stride) {
-    constexpr int kThreads = 256, kRowsPerBlock = kThreads / kWarp;
     const auto* wb = static_cast<const uint8_t*>(w);
     // Column counts round up to 1, 2, 4, 8 or 16 accumulators; wider batches in slices.
+    // More rows per block for more columns: each x value loaded then serves more rows.
     for (int64_t c0 = 0; c0 < n; c0 += 16) {
         const int m = int(n - c0 < 16 ? n - c0 : 16);
         const float* xs = x + c0 * in;
         float* os = out + c0 * out_stride;
-        const unsigned g = blocks(rows, kRowsPerBlock);
         if (m == 1)
-            matmul_kernel<T, 1><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 1, 4>(s, wb, in, rows, xs, m, os, out_stride);
         else if (m == 2)
-            matmul_kernel<T, 2><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 2, 4>(s, wb, in, rows, xs, m, os, out_stride);
         else if (m <= 4)
-            matmul_kernel<T, 4><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 4, 4>(s, wb, in, rows, xs, m, os, out_stride);
         else if (m <= 8)
-            matmul_kernel<T, 8><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 8, 8>(s, wb, in, rows, xs, m, os, out_stride);
         else
-            matmul_kernel<T, 16><<<g, kThreads, 0, s>>>(wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 16, 8>(s, wb, in, rows, xs, m, os, out_stride);
     }
 }
 

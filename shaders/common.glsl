@@ -74,4 +74,32 @@ void load_block(uint at, out float w[32]) {
     }
 #endif
 }
+
+// Eight consecutive weights: quarter q (0..3) of the block starting at byte `at` of binding 0.
+void load_quarter(uint at, uint q, out float w[8]) {
+#if defined(WEIGHT_F32)
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = uintBitsToFloat(b0[at / 4u + q * 8u + j]);
+#elif defined(WEIGHT_F16)
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        const vec2 h = unpackHalf2x16(b0[at / 4u + q * 4u + j]);
+        w[2u * j] = h.x;
+        w[2u * j + 1u] = h.y;
+    }
+#elif defined(WEIGHT_Q8_0)
+    const float d = HALF_AT(b0, at);
+    [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+        const int v = int(quant_word(at + 2u + q * 8u + 4u * i));
+        [[unroll]] for (uint k = 0u; k < 4u; ++k) w[4u * i + k] = d * float(bitfieldExtract(v, int(8u * k), 8));
+    }
+#elif defined(WEIGHT_Q4_0)
+    // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high ones.
+    const float d = HALF_AT(b0, at);
+    const uint shift = q < 2u ? 0u : 4u;
+    [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+        const uint v = quant_word(at + 2u + (q % 2u) * 8u + 4u * i);
+        [[unroll]] for (uint k = 0u; k < 4u; ++k)
+            w[4u * i + k] = d * float(int(bitfieldExtract(v, int(8u * k + shift), 4)) - 8);
+    }
+#endif
+}
 #endif

@@ -1,48 +1,77 @@
 #version 450
-// out[c][r] = dot(w[r], x[c]) for c < n <= 16: each weight block is read once
-// for all n columns. A row is shared by THREADS_PER_ROW threads (chosen from
-// the row length alone), WG / THREADS_PER_ROW rows per workgroup. Every column
-// is reduced in the same order whatever n is (batch invariance), and products
-// accumulate through fma() so that no compiler contracts them differently in
-// different columns.
-//   binding 0: w (rows x cols, weight type), 1: x (n x cols, f32), 2: out (n x rows, f32)
-// The per-column loops run to N, a specialization constant (1, 2, 4, 8 or 16: few
-// pipelines to compile), so they unroll into registers; columns n..N-1 are skipped.
+// out[c][r] = dot(w[r], x[c]) for c < n <= 16. A workgroup computes R rows for N
+// columns: invocation t takes quarter t % 4 of blocks t / 4, t / 4 + WG / 4, ... of
+// each of its rows, so neighbouring invocations read neighbouring weight blocks and
+// 16-byte pieces of x, and each x value loaded serves all R rows. A row's sum is
+// reduced in one fixed order (per invocation in block order, then a tree over the
+// workgroup) that depends neither on n nor on R: batch invariant. Products go
+// through fma() so that no compiler contracts them differently in different
+// pipelines.
+//   binding 0: w (rows x cols, weight type), 1: x (n x cols, f32, 16-byte aligned),
+//   2: out (n x rows, f32)
+// N is a specialization constant (1, 2, 4, 8 or 16: few pipelines to compile), so
+// the per-column loops unroll into registers; columns n..N-1 are skipped.
 //   u0 = cols, u1 = rows, u2 = n (<= N), u3 = out row stride (floats)
 #include "common.glsl"
 
-layout(constant_id = 0) const uint WG = 64u;
-layout(constant_id = 1) const uint THREADS_PER_ROW = 64u;
+layout(constant_id = 0) const uint WG = 128u;
+layout(constant_id = 1) const uint R = 4u;  // rows per workgroup
 layout(constant_id = 2) const uint N = 1u;  // at least the number of columns
 
-shared float partial[N][WG];
+layout(std430, binding = 1) readonly buffer XVectors { vec4 x4[]; };  // binding 1 again
+
+// (row, column) sums reduced per round through shared memory.
+const uint PAIRS = 32u;
+shared float partial[PAIRS][WG];
 
 void main() {
-    const uint tid = gl_LocalInvocationID.x, lane = tid % THREADS_PER_ROW;
-    const uint row = group_index() * (WG / THREADS_PER_ROW) + tid / THREADS_PER_ROW;
-    const bool valid = row < pc.u1;  // no early return: every thread reaches the barriers
-    const uint cols = pc.u0, n = pc.u2;
-    const uint row_bytes = cols / 32u * BLOCK_BYTES;
-    float acc[N];
-    for (uint c = 0u; c < N; ++c) acc[c] = 0.0;
-    for (uint blk = lane; valid && blk < cols / 32u; blk += THREADS_PER_ROW) {
-        float w[32];
-        load_block(pc.off0 + row * row_bytes + blk * BLOCK_BYTES, w);
-        for (uint c = 0u; c < N; ++c) {
+    const uint t = gl_LocalInvocationID.x, q = t % 4u;
+    const uint r0 = group_index() * R;
+    const uint cols = pc.u0, rows = pc.u1, n = pc.u2;
+    const uint blocks = cols / 32u, row_bytes = blocks * BLOCK_BYTES;
+    float acc[R * N];
+    [[unroll]] for (uint i = 0u; i < R * N; ++i) acc[i] = 0.0;
+    for (uint b = t / 4u; b < blocks; b += WG / 4u) {
+        float wq[R * 8u];
+        [[unroll]] for (uint r = 0u; r < R; ++r) {
+            float w8[8];
+            if (r0 + r < rows) {
+                load_quarter(pc.off0 + (r0 + r) * row_bytes + b * BLOCK_BYTES, q, w8);
+            } else {
+                [[unroll]] for (uint j = 0u; j < 8u; ++j) w8[j] = 0.0;
+            }
+            [[unroll]] for (uint j = 0u; j < 8u; ++j) wq[8u * r + j] = w8[j];
+        }
+        [[unroll]] for (uint c = 0u; c < N; ++c) {
             if (c >= n) break;
-            const uint xo = pc.off1 / 4u + c * cols + blk * 32u;
-            float s = 0.0;
-            [[unroll]] for (uint j = 0u; j < 32u; ++j) s = fma(w[j], uintBitsToFloat(b1[xo + j]), s);
-            acc[c] += s;
+            const uint xi = pc.off1 / 16u + (c * cols + b * 32u + q * 8u) / 4u;
+            const vec4 lo = x4[xi], hi = x4[xi + 1u];
+            [[unroll]] for (uint r = 0u; r < R; ++r) {
+                float s = wq[8u * r] * lo.x;
+                s = fma(wq[8u * r + 1u], lo.y, s);
+                s = fma(wq[8u * r + 2u], lo.z, s);
+                s = fma(wq[8u * r + 3u], lo.w, s);
+                s = fma(wq[8u * r + 4u], hi.x, s);
+                s = fma(wq[8u * r + 5u], hi.y, s);
+                s = fma(wq[8u * r + 6u], hi.z, s);
+                s = fma(wq[8u * r + 7u], hi.w, s);
+                acc[r * N + c] += s;
+            }
         }
     }
-    for (uint c = 0u; c < N; ++c) partial[c][tid] = acc[c];
-    barrier();
-    for (uint stride = THREADS_PER_ROW / 2u; stride > 0u; stride /= 2u) {
-        if (lane < stride)
-            for (uint c = 0u; c < N; ++c) partial[c][tid] += partial[c][tid + stride];
+    [[unroll]] for (uint p0 = 0u; p0 < R * N; p0 += PAIRS) {
+        [[unroll]] for (uint k = 0u; k < PAIRS; ++k)
+            if (p0 + k < R * N) partial[k][t] = acc[p0 + k];
+        barrier();
+        for (uint stride = WG / 2u; stride > 0u; stride /= 2u) {
+            if (t < stride)
+                [[unroll]] for (uint k = 0u; k < PAIRS; ++k)
+                    if (p0 + k < R * N) partial[k][t] += partial[k][t + stride];
+            barrier();
+        }
+        const uint i = p0 + t, r = i / N, c = i % N;
+        if (t < PAIRS && i < R * N && c < n && r0 + r < rows)
+            b2[pc.off2 / 4u + c * pc.u3 + r0 + r] = floatBitsToUint(partial[t][0]);
         barrier();
     }
-    if (valid && lane == 0u)
-        for (uint c = 0u; c < N && c < n; ++c) b2[pc.off2 / 4u + c * pc.u3 + row] = floatBitsToUint(partial[c][tid]);
 }

@@ -45,6 +45,7 @@ struct Result {
     double prompt_tps = 0, decode_tps = 0;
     Speculative spec;
     std::map<int, double> verify_ms;  // n -> median ms of one forward of n positions
+    double copy_gbps = 0;             // device-to-device copy, bytes read + written per second
     std::string error;
 };
 
@@ -134,6 +135,38 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
     return s == SPECULA_OK;
 }
 
+// The memory-bandwidth ceiling the decode figures are compared with: the backend's own copy
+// op over 512 MiB, far more than any cache, bytes read plus bytes written per second of device
+// time (Backend::mark_time), median of five. Eight buffers of 64 MiB each way, a size every
+// device's storage-buffer range allows.
+specula::Status measure_copy_bandwidth(specula::Backend& backend, double* gbps) {
+    using namespace specula;
+    constexpr int64_t kCols = 1 << 20, kRows = 16, kPieces = 8;
+    std::vector<std::unique_ptr<Buffer>> buffers(2 * kPieces);
+    Status s = Status::Ok();
+    for (auto& b : buffers)
+        if (s.ok()) s = backend.allocate(size_t(kCols * kRows) * sizeof(float), &b);
+    if (!s.ok()) return s;
+    const auto copy_all = [&] {
+        for (int64_t i = 0; i < kPieces; ++i)
+            backend.copy({buffers[size_t(2 * i)].get(), 0, GgmlType::kF32, kCols, kRows},
+                         {buffers[size_t(2 * i + 1)].get(), 0, GgmlType::kF32, kCols, kRows});
+    };
+    copy_all();  // warm-up: first touch, pipeline creation
+    s = backend.flush();
+    std::vector<double> rates;
+    for (int rep = 0; s.ok() && rep < 5; ++rep) {
+        backend.mark_time(0);
+        copy_all();
+        backend.mark_time(1);
+        s = backend.flush();
+        const double bytes = 2.0 * double(kPieces * kCols * kRows) * sizeof(float);
+        rates.push_back(bytes / backend.seconds_between(0, 1) / 1e9);
+    }
+    *gbps = median(rates);
+    return s;
+}
+
 // The verification forward: n positions with all n logits rows, after a context
 // of `context` tokens, rolled back after each repetition.
 bool run_verify(const Options& o, specula_backend_kind kind, Result* r) {
@@ -146,6 +179,7 @@ bool run_verify(const Options& o, specula_backend_kind kind, Result* r) {
     std::unique_ptr<LlamaModel> model;
     std::unique_ptr<LlamaContext> ctx;
     Status s = create_backend(bp, &backend);
+    if (s.ok()) s = measure_copy_bandwidth(*backend, &r->copy_gbps);
     if (s.ok()) s = MappedFile::open(o.model, &file);
     if (s.ok()) s = LlamaModel::load(*backend, std::move(file), nullptr, &model);
     if (s.ok()) s = LlamaContext::create(*model, o.context + 32, 16, &ctx);
@@ -219,17 +253,21 @@ int main(int argc, char** argv) {
     std::printf("model: %s, %.1fM params, %s, %.0f MB of weights\n\n", info.name,
                 double(info.n_params) / 1e6, weight_name(info.weight_type),
                 double(info.weight_bytes) / 1e6);
-    std::printf("| backend | pp%d tok/s | tg%d tok/s | weight GB/s at decode |", o.n_prompt,
-                o.n_decode);
+    std::printf(
+        "| backend | pp%d tok/s | tg%d tok/s | weight GB/s at decode | copy GB/s | "
+        "bandwidth bound |",
+        o.n_prompt, o.n_decode);
     for (int n : o.verify_sizes)
         std::printf(" verify n=%d ms (x n=1) |", n);
-    std::printf("\n|---|---|---|---|");
+    std::printf("\n|---|---|---|---|---|---|");
     for (size_t i = 0; i < o.verify_sizes.size(); ++i)
         std::printf("---|");
     std::printf("\n");
     for (const Result& r : results) {
-        std::printf("| %s | %.2f | %.2f | %.2f |", r.backend.c_str(), r.prompt_tps, r.decode_tps,
-                    double(info.weight_bytes) / 1e9 * r.decode_tps);
+        const double weight_gbps = double(info.weight_bytes) / 1e9 * r.decode_tps;
+        std::printf("| %s | %.2f | %.2f | %.2f | %.1f | %.1f%% |", r.backend.c_str(), r.prompt_tps,
+                    r.decode_tps, weight_gbps, r.copy_gbps,
+                    r.copy_gbps > 0 ? 100.0 * weight_gbps / r.copy_gbps : 0.0);
         for (int n : o.verify_sizes) {
             const double base = r.verify_ms.count(1) ? r.verify_ms.at(1) : 0.0;
             const double v = r.verify_ms.count(n) ? r.verify_ms.at(n) : 0.0;
@@ -283,6 +321,7 @@ int main(int argc, char** argv) {
                                     {"prompt_tokens_per_s", r.prompt_tps},
                                     {"decode_tokens_per_s", r.decode_tps},
                                     {"verify_ms", v},
+                                    {"copy_gb_per_s", r.copy_gbps},
                                     {"error", r.error}});
         }
         if (json_path == "-") {

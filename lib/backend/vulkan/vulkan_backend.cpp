@@ -311,7 +311,8 @@ struct PushConstants {
 };
 constexpr uint32_t kBindings = 6;
 
-constexpr uint32_t kMaxBatchColumns = 16;  // MAX_N in shaders/matmul.comp
+constexpr uint32_t kMaxBatchColumns = 16;  // the widest N of shaders/matmul.comp
+constexpr uint32_t kMatmulThreads = 128;
 constexpr size_t kStagingBytes = 16u << 20;
 constexpr uint32_t kSetsPerPool = 1024;
 
@@ -543,13 +544,10 @@ class VulkanBackend final : public Backend {
     }
 
     void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
-        // Threads per row: a power of two up to the workgroup, from the row's block count only
-        // (never from n), so a row is reduced the same way in every batch.
-        constexpr uint32_t kWg = 64;
-        uint32_t per_row = 1;
-        while (per_row < kWg && per_row * 2 <= uint32_t(w.cols / 32))
-            per_row *= 2;
-        const uint32_t rows_per_group = kWg / per_row;
+        // The shader reads x in 16-byte vectors: every activation tensor starts a row of a
+        // buffer, so this holds for the model's inputs.
+        if (x.offset % 16 != 0 || w.cols % 32 != 0)
+            return fail(Unsupported("Vulkan matmul needs 16-byte aligned inputs of whole blocks"));
         // Batches wider than the shader's column limit go in slices; each column's result is
         // computed the same way in any slice, so this keeps batch invariance.
         for (int64_t c0 = 0; c0 < x.rows; c0 += kMaxBatchColumns) {
@@ -563,9 +561,11 @@ class VulkanBackend final : public Backend {
             uint32_t bucket = 1;  // pipelines exist for 1, 2, 4, 8 and 16 columns only
             while (bucket < uint32_t(n))
                 bucket *= 2;
+            // More rows per workgroup for more columns: each x value loaded serves more rows.
+            const uint32_t rows_per_group = bucket <= 4 ? 4 : 8;
             dispatch_typed("matmul", w.type, {&w, &xs, &os}, pc,
                            uint32_t((w.rows + rows_per_group - 1) / rows_per_group),
-                           {kWg, per_row, bucket});
+                           {kMatmulThreads, rows_per_group, bucket});
         }
     }
 
