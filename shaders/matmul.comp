@@ -1,12 +1,12 @@
 #version 450
-// out[c][r] = dot(w[r], x[c]) for c < n <= 16. A workgroup computes R rows for N
-// columns: invocation t takes quarter t % 4 of blocks t / 4, t / 4 + WG / 4, ... of
-// each of its rows, so neighbouring invocations read neighbouring weight blocks and
-// 16-byte pieces of x, and each x value loaded serves all R rows. A row's sum is
-// reduced in one fixed order (per invocation in block order, then a tree over the
-// workgroup) that depends neither on n nor on R: batch invariant. Products go
-// through fma() so that no compiler contracts them differently in different
-// pipelines.
+// out[c][r] = dot(w[r], x[c]) for c < n <= 16. A workgroup holds WG / T groups of T
+// threads (T from the row length alone), and each group computes R rows for N
+// columns: thread l of a group takes quarter l % 4 of blocks l / 4, l / 4 + T / 4,
+// ... of each of its rows, so neighbouring threads read neighbouring weight blocks
+// and 16-byte pieces of x, and each x value loaded serves all R rows. A row's sum is
+// reduced in one fixed order (per thread in block order, then a tree over the
+// group) that depends neither on n nor on R: batch invariant. Products go through
+// fma() so that no compiler contracts them differently in different pipelines.
 //   binding 0: w (rows x cols, weight type), 1: x (n x cols, f32, 16-byte aligned),
 //   2: out (n x rows, f32)
 // N is a specialization constant (1, 2, 4, 8 or 16: few pipelines to compile), so
@@ -15,23 +15,25 @@
 #include "common.glsl"
 
 layout(constant_id = 0) const uint WG = 128u;
-layout(constant_id = 1) const uint R = 4u;  // rows per workgroup
+layout(constant_id = 1) const uint R = 4u;  // rows per group
 layout(constant_id = 2) const uint N = 1u;  // at least the number of columns
+layout(constant_id = 3) const uint T = 128u;  // threads per group: a power of two, 4..WG
 
 layout(std430, binding = 1) readonly buffer XVectors { vec4 x4[]; };  // binding 1 again
 
-// (row, column) sums reduced per round through shared memory.
-const uint PAIRS = 32u;
+// (row, column) sums reduced per round through shared memory: no more than there are
+// (shared memory costs every workgroup, on some devices per byte).
+const uint PAIRS = R * N < 32u ? R * N : 32u;
 shared float partial[PAIRS][WG];
 
 void main() {
-    const uint t = gl_LocalInvocationID.x, q = t % 4u;
-    const uint r0 = group_index() * R;
+    const uint t = gl_LocalInvocationID.x, l = t % T, q = l % 4u;
+    const uint r0 = (group_index() * (WG / T) + t / T) * R;
     const uint cols = pc.u0, rows = pc.u1, n = pc.u2;
     const uint blocks = cols / 32u, row_bytes = blocks * BLOCK_BYTES;
     float acc[R * N];
     [[unroll]] for (uint i = 0u; i < R * N; ++i) acc[i] = 0.0;
-    for (uint b = t / 4u; b < blocks; b += WG / 4u) {
+    for (uint b = l / 4u; b < blocks; b += T / 4u) {
         float wq[R * 8u];
         [[unroll]] for (uint r = 0u; r < R; ++r) {
             float w8[8];
@@ -63,15 +65,17 @@ void main() {
         [[unroll]] for (uint k = 0u; k < PAIRS; ++k)
             if (p0 + k < R * N) partial[k][t] = acc[p0 + k];
         barrier();
-        for (uint stride = WG / 2u; stride > 0u; stride /= 2u) {
-            if (t < stride)
+        for (uint stride = T / 2u; stride > 0u; stride /= 2u) {
+            if (l < stride)
                 [[unroll]] for (uint k = 0u; k < PAIRS; ++k)
                     if (p0 + k < R * N) partial[k][t] += partial[k][t + stride];
             barrier();
         }
-        const uint i = p0 + t, r = i / N, c = i % N;
-        if (t < PAIRS && i < R * N && c < n && r0 + r < rows)
-            b2[pc.off2 / 4u + c * pc.u3 + r0 + r] = floatBitsToUint(partial[t][0]);
+        for (uint k = l; k < PAIRS && p0 + k < R * N; k += T) {
+            const uint r = (p0 + k) / N, c = (p0 + k) % N;
+            if (c < n && r0 + r < rows)
+                b2[pc.off2 / 4u + c * pc.u3 + r0 + r] = floatBitsToUint(partial[k][t - l]);
+        }
         barrier();
     }
 }

@@ -7,7 +7,8 @@
 # 1B's shape with a 32000-token vocabulary), made here in Q8_0 and Q4_0.
 # SPECULA_REPORT_SHAPE overrides their specula-make-model shape options (smaller, for a quick
 # rehearsal on a machine without a GPU); SPECULA_REPORT_MODELS is where they are written
-# (default OUT_DIR/models, 1.8 GB); SPECULA_REPORT_TEST_SECONDS bounds the test run.
+# (default OUT_DIR/models, 1.8 GB); SPECULA_REPORT_TEST_SECONDS bounds the test run;
+# SPECULA_REPORT_STEPS picks steps (default: tests bench verify speculative profile).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
@@ -15,7 +16,9 @@ out=${2:-gpu-report}
 mkdir -p "$out"
 shape=${SPECULA_REPORT_SHAPE:-"--n-embd 2048 --n-layer 16 --n-head 32 --n-head-kv 8 --n-ff 8192 --n-ctx 2048"}
 
+steps=" ${SPECULA_REPORT_STEPS:-tests bench verify speculative profile} "
 step() { echo "== $1 ($(date +%T))"; }
+want() { [[ "$steps" == *" $1 "* ]]; }
 
 step "devices"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
@@ -30,29 +33,56 @@ for type in q8_0 q4_0; do
     --type $type --name "random-1b-$type" -o "$models/random-1b-$type.gguf" >"$out/make-$type.log" 2>&1 &
 done
 
+if want tests; then
 step "GPU tests (labels cuda, vulkan, exactness)"
 timeout "${SPECULA_REPORT_TEST_SECONDS:-600}" ctest --test-dir "$build" -L "cuda|vulkan|exactness" -j 4 --timeout 300 --output-on-failure \
   >"$out/ctest.log" 2>&1
 echo "ctest exit $?"
 grep -E "tests passed|Failed|\*\*\*|Not Run|Skipped" "$out/ctest.log" | tail -n 30
+fi
 wait
 
-step "decode, prompt and verification forwards on the random models"
-for type in q8_0 q4_0; do
+want bench && step "decode, prompt and verification forwards on the random models"
+want bench && for type in q8_0 q4_0; do
   "$build/tools/specula-bench" -m "$models/random-1b-$type.gguf" --backend cuda,vulkan \
     -p 128 -n 128 -r 5 --verify 1,4,8,16 --json "$out/bench-$type.json" 2>&1 | tee "$out/bench-$type.txt"
 done
 
-step "the verify passes: tiled vs multi-dispatch vs host readback"
-for backend in cuda vulkan; do
+want verify && step "the verify passes: tiled vs multi-dispatch vs host readback"
+want verify && for backend in cuda vulkan; do
   "$build/tools/specula-bench-verify" --backend $backend -r 20 --json "$out/verify-$backend.json" \
     2>&1 | tee "$out/verify-$backend.txt"
 done
 
-step "speculative decoding with the demo pair"
-for temp in 0 0.8; do
+want speculative && step "speculative decoding with the demo pair"
+want speculative && for temp in 0 0.8; do
   "$build/tools/specula-bench" -m examples/models/specula-demo-target.gguf \
     --model-draft examples/models/specula-demo-draft.gguf --backend cuda,vulkan,cpu \
     -p 32 -n 128 -r 3 --gamma 4 --gamma-policy fixed --temp $temp --verify 0 2>&1 | tee "$out/spec-$temp.txt"
 done
+if want profile; then
+  step "where a decode step's device time goes (Q8_0)"
+  SPECULA_VULKAN_PROFILE=1 "$build/tools/specula-bench" -m "$models/random-1b-q8_0.gguf" \
+    --backend vulkan -p 16 -n 64 -r 1 --verify 0 2>&1 | grep -A12 "vulkan profile" | tee "$out/profile-vulkan.txt"
+  # Nsight Compute, where installed: kernel durations at the clocks and caches the run has.
+  if command -v ncu >/dev/null; then
+    ncu --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+      --launch-skip 1500 --launch-count 400 --csv --print-units base \
+      "$build/tools/specula-bench" -m "$models/random-1b-q8_0.gguf" --backend cuda -p 16 -n 64 -r 1 \
+      --verify 0 >"$out/profile-cuda.csv" 2>"$out/profile-cuda.err"
+    python3 - "$out/profile-cuda.csv" <<'PY' | tee "$out/profile-cuda.txt"
+import collections, csv, sys
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+by_kernel = collections.defaultdict(lambda: [0, 0.0])
+for r in rows:
+    name = r["Kernel Name"].split("(")[0][-40:] + " grid " + r["Grid Size"]
+    by_kernel[name][0] += 1
+    by_kernel[name][1] += float(r["Metric Value"].replace(",", "")) / 1e3
+total = sum(v[1] for v in by_kernel.values())
+print(f"cuda kernels: {len(rows)} launches, {total:.1f} us")
+for name, (n, us) in sorted(by_kernel.items(), key=lambda kv: -kv[1][1]):
+    print(f"  {name:64s} {n:5d} x {us / n:8.2f} us = {100 * us / total:5.1f}%")
+PY
+  fi
+fi
 step "done"

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -336,6 +338,10 @@ class VulkanBackend final : public Backend {
         if (set_layout_) vk::vkDestroyDescriptorSetLayout(d, set_layout_, nullptr);
         if (fence_) vk::vkDestroyFence(d, fence_, nullptr);
         if (queries_) vk::vkDestroyQueryPool(d, queries_, nullptr);
+        if (profile_) {
+            vk::vkDestroyQueryPool(d, profile_, nullptr);
+            print_profile();
+        }
         if (pool_) vk::vkDestroyCommandPool(d, pool_, nullptr);
     }
 
@@ -381,6 +387,12 @@ class VulkanBackend final : public Backend {
             qpi.queryCount = kTimeSlots;
             SPECULA_TRY(
                 vk_check(vk::vkCreateQueryPool(d, &qpi, nullptr, &queries_), "vkCreateQueryPool"));
+            const char* profile = std::getenv("SPECULA_VULKAN_PROFILE");
+            if (profile != nullptr && std::strcmp(profile, "1") == 0) {
+                qpi.queryCount = kProfileQueries;
+                SPECULA_TRY(vk_check(vk::vkCreateQueryPool(d, &qpi, nullptr, &profile_),
+                                     "vkCreateQueryPool"));
+            }
         }
 
         std::array<VkDescriptorSetLayoutBinding, kBindings> bindings{};
@@ -493,6 +505,8 @@ class VulkanBackend final : public Backend {
         Status s = std::move(pending_);
         pending_ = Status::Ok();
         VkResult r = vk::vkEndCommandBuffer(cmd_);
+        const auto recorded = std::chrono::steady_clock::now();
+        if (profile_) profile_host_.record_s += seconds(recorded - recording_since_);
         if (s.ok() && r == VK_SUCCESS && n_recorded_ > 0) {
             VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
             si.commandBufferCount = 1;
@@ -506,6 +520,7 @@ class VulkanBackend final : public Backend {
         }
         if (r == VK_ERROR_DEVICE_LOST) lost_ = true;
         if (r == VK_SUCCESS && marked_ != 0) read_marks();
+        if (r == VK_SUCCESS && profile_ && n_recorded_ > 0) read_profile(recorded);
         if (!lost_) device_->free_buried();
         if (s.ok()) s = vk_check(r, "submitting work to the Vulkan device");
         if (lost_) return s;
@@ -540,7 +555,12 @@ class VulkanBackend final : public Backend {
         pc.u[0] = uint32_t(x.cols);
         pc.u[1] = uint32_t(x.rows);
         pc.f[0] = eps;
-        dispatch("rms_norm", {&x, &weight, &out}, pc, uint32_t(x.rows), {64, 1, 1});
+        // About four elements per thread: a long row read by a small workgroup is a chain of
+        // dependent loads. From the row length alone, so every batch reduces a row alike.
+        uint32_t threads = 64;
+        while (threads < 512 && threads * 8 <= uint32_t(x.cols))
+            threads *= 2;
+        dispatch("rms_norm", {&x, &weight, &out}, pc, uint32_t(x.rows), {threads, 1, 1});
     }
 
     void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
@@ -548,6 +568,11 @@ class VulkanBackend final : public Backend {
         // buffer, so this holds for the model's inputs.
         if (x.offset % 16 != 0 || w.cols % 32 != 0)
             return fail(Unsupported("Vulkan matmul needs 16-byte aligned inputs of whole blocks"));
+        // Threads per row: four per block up to the workgroup, from the row length alone
+        // (never from n), so a row is reduced the same way in every batch.
+        uint32_t per_row = 4;
+        while (per_row < kMatmulThreads && per_row * 2 <= uint32_t(w.cols / 32) * 4)
+            per_row *= 2;
         // Batches wider than the shader's column limit go in slices; each column's result is
         // computed the same way in any slice, so this keeps batch invariance.
         for (int64_t c0 = 0; c0 < x.rows; c0 += kMaxBatchColumns) {
@@ -561,11 +586,12 @@ class VulkanBackend final : public Backend {
             uint32_t bucket = 1;  // pipelines exist for 1, 2, 4, 8 and 16 columns only
             while (bucket < uint32_t(n))
                 bucket *= 2;
-            // More rows per workgroup for more columns: each x value loaded serves more rows.
+            // More rows per group for more columns: each x value loaded serves more rows.
             const uint32_t rows_per_group = bucket <= 4 ? 4 : 8;
+            const uint32_t rows_per_workgroup = rows_per_group * (kMatmulThreads / per_row);
             dispatch_typed("matmul", w.type, {&w, &xs, &os}, pc,
-                           uint32_t((w.rows + rows_per_group - 1) / rows_per_group),
-                           {kMatmulThreads, rows_per_group, bucket});
+                           uint32_t((w.rows + rows_per_workgroup - 1) / rows_per_workgroup),
+                           {kMatmulThreads, rows_per_group, bucket, per_row});
         }
     }
 
@@ -743,6 +769,12 @@ class VulkanBackend final : public Backend {
         SPECULA_TRY(vk_check(vk::vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer"));
         marked_ = 0;
         if (queries_) vk::vkCmdResetQueryPool(cmd_, queries_, 0, kTimeSlots);
+        if (profile_) {
+            vk::vkCmdResetQueryPool(cmd_, profile_, 0, kProfileQueries);
+            profile_names_.assign(1, "");
+            vk::vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, profile_, 0);
+            recording_since_ = std::chrono::steady_clock::now();
+        }
         return Status::Ok();
     }
 
@@ -758,8 +790,9 @@ class VulkanBackend final : public Backend {
         ++n_recorded_;
     }
 
-    // Specialization constants: 0 = workgroup size, 1 and 2 shader-specific (see the shader).
-    using Spec = std::array<uint32_t, 3>;
+    // Specialization constants: 0 = workgroup size, 1..3 shader-specific (see the shader).
+    static constexpr uint32_t kSpecConstants = 4;
+    using Spec = std::array<uint32_t, kSpecConstants>;
     Status pipeline(const std::string& name, Spec spec_values, VkPipeline* out) {
         std::string key = name;
         for (uint32_t v : spec_values) {
@@ -780,10 +813,11 @@ class VulkanBackend final : public Backend {
         VkShaderModule module = VK_NULL_HANDLE;
         SPECULA_TRY(vk_check(vk::vkCreateShaderModule(device_->handle, &mi, nullptr, &module),
                              "vkCreateShaderModule"));
-        std::array<VkSpecializationMapEntry, 3> entries{};
-        for (uint32_t i = 0; i < 3; ++i)
+        std::array<VkSpecializationMapEntry, kSpecConstants> entries{};
+        for (uint32_t i = 0; i < kSpecConstants; ++i)
             entries[i] = {i, uint32_t(i * sizeof(uint32_t)), sizeof(uint32_t)};
-        const VkSpecializationInfo spec{3, entries.data(), sizeof spec_values, spec_values.data()};
+        const VkSpecializationInfo spec{kSpecConstants, entries.data(), sizeof spec_values,
+                                        spec_values.data()};
         VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
         ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
         ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
@@ -869,6 +903,55 @@ class VulkanBackend final : public Backend {
         const uint32_t x = std::min(groups, max_x), y = (groups + x - 1) / x;
         vk::vkCmdDispatch(cmd_, x, y, 1);
         barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT);
+        if (profile_ && profile_names_.size() < kProfileQueries) {
+            vk::vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, profile_,
+                                    uint32_t(profile_names_.size()));
+            profile_names_.push_back(shader);
+        }
+    }
+
+    // SPECULA_VULKAN_PROFILE=1: device time per shader (each dispatch with its barrier, from
+    // the timestamp after the previous one) and host time spent recording and waiting,
+    // summed over the backend's life and printed to stderr when it is destroyed.
+    static constexpr uint32_t kProfileQueries = 4096;
+    struct ProfileTotals {
+        double record_s = 0, wait_s = 0, device_s = 0;
+        uint64_t submissions = 0;
+    };
+    static double seconds(std::chrono::steady_clock::duration d) {
+        return std::chrono::duration<double>(d).count();
+    }
+    void read_profile(std::chrono::steady_clock::time_point submitted) {
+        profile_host_.wait_s += seconds(std::chrono::steady_clock::now() - submitted);
+        ++profile_host_.submissions;
+        std::vector<uint64_t> ticks(profile_names_.size());
+        if (vk::vkGetQueryPoolResults(device_->handle, profile_, 0, uint32_t(ticks.size()),
+                                      ticks.size() * sizeof(uint64_t), ticks.data(),
+                                      sizeof(uint64_t), VK_QUERY_RESULT_64_BIT) != VK_SUCCESS)
+            return;
+        for (size_t i = 1; i < ticks.size(); ++i) {
+            const double s = double(ticks[i] - ticks[i - 1]) * double(period_ns_) * 1e-9;
+            auto& [count, total] = profile_by_shader_[profile_names_[i]];
+            ++count;
+            total += s;
+            profile_host_.device_s += s;
+        }
+    }
+    void print_profile() const {
+        std::vector<std::pair<std::string, std::pair<uint64_t, double>>> rows(
+            profile_by_shader_.begin(), profile_by_shader_.end());
+        std::sort(rows.begin(), rows.end(),
+                  [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+        std::fprintf(stderr,
+                     "specula vulkan profile: %llu submissions, host recording %.3f ms, host "
+                     "waiting %.3f ms, device (dispatches) %.3f ms\n",
+                     static_cast<unsigned long long>(profile_host_.submissions),
+                     profile_host_.record_s * 1e3, profile_host_.wait_s * 1e3,
+                     profile_host_.device_s * 1e3);
+        for (const auto& [name, v] : rows)
+            std::fprintf(stderr, "  %-24s %8llu dispatches %10.3f ms %8.2f us each\n", name.c_str(),
+                         static_cast<unsigned long long>(v.first), v.second * 1e3,
+                         v.second * 1e6 / double(v.first));
     }
 
     void elementwise(uint32_t op, const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -886,8 +969,13 @@ class VulkanBackend final : public Backend {
     VkCommandPool pool_ = VK_NULL_HANDLE;
     VkCommandBuffer cmd_ = VK_NULL_HANDLE;
     VkFence fence_ = VK_NULL_HANDLE;
-    VkQueryPool queries_ = VK_NULL_HANDLE;  // null when the queue has no timestamps
-    uint32_t marked_ = 0;                   // slots written in the current command buffer
+    VkQueryPool queries_ = VK_NULL_HANDLE;    // null when the queue has no timestamps
+    VkQueryPool profile_ = VK_NULL_HANDLE;    // SPECULA_VULKAN_PROFILE=1 only
+    std::vector<std::string> profile_names_;  // the shader behind each profile query
+    std::map<std::string, std::pair<uint64_t, double>> profile_by_shader_;  // dispatches, seconds
+    ProfileTotals profile_host_;
+    std::chrono::steady_clock::time_point recording_since_;
+    uint32_t marked_ = 0;  // slots written in the current command buffer
     std::array<uint64_t, kTimeSlots> ticks_{};
     float period_ns_ = 0;
     VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
