@@ -303,15 +303,16 @@ void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const
                   int64_t n, float* out, int64_t out_stride) {
     const auto* wb = static_cast<const uint8_t*>(w);
     // Column counts round up to 1, 2, 4, 8 or 16 accumulators; wider batches in slices.
-    // More rows per block for more columns: each x value loaded then serves more rows.
+    // More rows per block for more columns: each x value loaded then serves more rows. With one
+    // or two columns, two rows: more blocks in flight on small matrices.
     for (int64_t c0 = 0; c0 < n; c0 += 16) {
         const int m = int(n - c0 < 16 ? n - c0 : 16);
         const float* xs = x + c0 * in;
         float* os = out + c0 * out_stride;
         if (m == 1)
-            launch_matmul<T, 1, 4>(s, wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 1, 2>(s, wb, in, rows, xs, m, os, out_stride);
         else if (m == 2)
-            launch_matmul<T, 2, 4>(s, wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 2, 2>(s, wb, in, rows, xs, m, os, out_stride);
         else if (m <= 4)
             launch_matmul<T, 4, 4>(s, wb, in, rows, xs, m, os, out_stride);
         else if (m <= 8)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a machine with a GPU: the GPU tests and the benchmarks of a finished build, every log
+# On a machine with a GPU: the whole test suite and the benchmarks of a finished build, every log
 # written under OUT_DIR and a summary printed last.
 #   bash tools/gpu_report.sh [BUILD_DIR] [OUT_DIR]
 # Builds nothing: BUILD_DIR (default build/release) must hold a Release build with the tests
@@ -34,8 +34,8 @@ for type in q8_0 q4_0; do
 done
 
 if want tests; then
-step "GPU tests (labels cuda, vulkan, exactness)"
-timeout "${SPECULA_REPORT_TEST_SECONDS:-600}" ctest --test-dir "$build" -L "cuda|vulkan|exactness" -j 4 --timeout 300 --output-on-failure \
+step "the whole test suite"
+timeout "${SPECULA_REPORT_TEST_SECONDS:-600}" ctest --test-dir "$build" -j 8 --timeout 300 --output-on-failure \
   >"$out/ctest.log" 2>&1
 echo "ctest exit $?"
 grep -E "tests passed|Failed|\*\*\*|Not Run|Skipped" "$out/ctest.log" | tail -n 30

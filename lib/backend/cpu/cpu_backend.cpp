@@ -3,6 +3,7 @@
 // whatever the batch size, in a fixed reduction order, so they are batch invariant.
 #include "backend/cpu/cpu_backend.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -98,6 +99,13 @@ class CpuBackend final : public Backend {
     const specula_device_info& info() const override { return info_; }
 
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
+        // Where the kernel overcommits memory, an allocation larger than the machine succeeds
+        // and zero-filling it gets the process killed: refuse it here instead.
+        const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
+        if (pages > 0 && page_bytes > 0 && bytes / size_t(page_bytes) > size_t(pages))
+            return OutOfMemory(
+                "cannot allocate " + std::to_string(bytes) + " bytes: more than this machine's " +
+                std::to_string(size_t(pages) * size_t(page_bytes)) + " bytes of memory");
         auto buffer = std::make_unique<CpuBuffer>(bytes);
         if (!buffer->allocated())
             return OutOfMemory("cannot allocate " + std::to_string(bytes) +

@@ -125,9 +125,31 @@ struct PhysicalDevice {
     VkPhysicalDevice handle = VK_NULL_HANDLE;
     uint32_t queue_family = 0;
     bool timestamps = false;  // the compute queue can write timestamps
+    // Subgroup size of compute shaders when it is one fixed power of two and shuffles work
+    // (a subgroup butterfly then sums in one fixed order); 0 otherwise.
+    uint32_t fixed_subgroup = 0;
     specula_device_info info{};
     int rank = 0;  // lower is preferred
 };
+
+uint32_t fixed_subgroup_size(VkPhysicalDevice h, uint32_t api_version) {
+    const char* env = std::getenv("SPECULA_VULKAN_SUBGROUPS");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return 0;  // tests the fallback
+    // Before Vulkan 1.3 nothing says that the size is the same in every pipeline.
+    if (api_version < VK_API_VERSION_1_3) return 0;
+    VkPhysicalDeviceSubgroupSizeControlProperties control{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES};
+    VkPhysicalDeviceSubgroupProperties subgroup{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, &control};
+    VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &subgroup};
+    vk::vkGetPhysicalDeviceProperties2(h, &props2);
+    const uint32_t size = subgroup.subgroupSize;
+    const bool usable = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                        (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) &&
+                        control.minSubgroupSize == size && control.maxSubgroupSize == size &&
+                        size >= 4 && size <= 128 && (size & (size - 1)) == 0;
+    return usable ? size : 0;
+}
 
 std::vector<PhysicalDevice> physical_devices() {
     const Instance* inst = nullptr;
@@ -153,6 +175,7 @@ std::vector<PhysicalDevice> physical_devices() {
         d.handle = h;
         d.queue_family = uint32_t(q - queues.begin());
         d.timestamps = q->timestampValidBits > 0 && props.limits.timestampPeriod > 0;
+        d.fixed_subgroup = fixed_subgroup_size(h, props.apiVersion);
         d.info.kind = SPECULA_BACKEND_VULKAN;
         std::snprintf(d.info.name, sizeof d.info.name, "%s", props.deviceName);
         d.info.is_discrete_gpu = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
@@ -203,13 +226,16 @@ struct Device {
         std::lock_guard lock(graveyard_mutex);
         graveyard.emplace_back(b, m);
     }
-    void free_buried() {
+    // Whether any buffer was destroyed (its handle may then come back for a new buffer).
+    bool free_buried() {
         std::lock_guard lock(graveyard_mutex);
         for (auto [b, m] : graveyard) {
             if (b != VK_NULL_HANDLE) vk::vkDestroyBuffer(handle, b, nullptr);
             if (m != VK_NULL_HANDLE) vk::vkFreeMemory(handle, m, nullptr);
         }
+        const bool freed = !graveyard.empty();
         graveyard.clear();
+        return freed;
     }
     ~Device() {
         if (handle != VK_NULL_HANDLE) {
@@ -521,7 +547,7 @@ class VulkanBackend final : public Backend {
         if (r == VK_ERROR_DEVICE_LOST) lost_ = true;
         if (r == VK_SUCCESS && marked_ != 0) read_marks();
         if (r == VK_SUCCESS && profile_ && n_recorded_ > 0) read_profile(recorded);
-        if (!lost_) device_->free_buried();
+        if (!lost_ && device_->free_buried()) forget_descriptor_sets();
         if (s.ok()) s = vk_check(r, "submitting work to the Vulkan device");
         if (lost_) return s;
         if (Status b = begin(); s.ok()) s = std::move(b);
@@ -573,6 +599,9 @@ class VulkanBackend final : public Backend {
         uint32_t per_row = 4;
         while (per_row < kMatmulThreads && per_row * 2 <= uint32_t(w.cols / 32) * 4)
             per_row *= 2;
+        // Sums over subgroups where a row's threads fill whole ones (also from the row length
+        // and the device alone).
+        const uint32_t subgroup = per_row >= phys_.fixed_subgroup ? phys_.fixed_subgroup : 0;
         // Batches wider than the shader's column limit go in slices; each column's result is
         // computed the same way in any slice, so this keeps batch invariance.
         for (int64_t c0 = 0; c0 < x.rows; c0 += kMaxBatchColumns) {
@@ -586,12 +615,13 @@ class VulkanBackend final : public Backend {
             uint32_t bucket = 1;  // pipelines exist for 1, 2, 4, 8 and 16 columns only
             while (bucket < uint32_t(n))
                 bucket *= 2;
-            // More rows per group for more columns: each x value loaded serves more rows.
-            const uint32_t rows_per_group = bucket <= 4 ? 4 : 8;
+            // More rows per group for more columns: each x value loaded serves more rows; two
+            // for one or two columns, so that small matrices still spread over many groups.
+            const uint32_t rows_per_group = bucket <= 2 ? 2 : bucket <= 4 ? 4 : 8;
             const uint32_t rows_per_workgroup = rows_per_group * (kMatmulThreads / per_row);
             dispatch_typed("matmul", w.type, {&w, &xs, &os}, pc,
                            uint32_t((w.rows + rows_per_workgroup - 1) / rows_per_workgroup),
-                           {kMatmulThreads, rows_per_group, bucket, per_row});
+                           {kMatmulThreads, rows_per_group, bucket, per_row, subgroup});
         }
     }
 
@@ -758,9 +788,6 @@ class VulkanBackend final : public Backend {
     }
 
     Status begin() {
-        for (VkDescriptorPool p : pools_)
-            vk::vkResetDescriptorPool(device_->handle, p, 0);
-        pool_index_ = 0;
         staging_used_ = 0;
         n_recorded_ = 0;
         SPECULA_TRY(vk_check(vk::vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer"));
@@ -790,8 +817,8 @@ class VulkanBackend final : public Backend {
         ++n_recorded_;
     }
 
-    // Specialization constants: 0 = workgroup size, 1..3 shader-specific (see the shader).
-    static constexpr uint32_t kSpecConstants = 4;
+    // Specialization constants: 0 = workgroup size, 1..4 shader-specific (see the shader).
+    static constexpr uint32_t kSpecConstants = 5;
     using Spec = std::array<uint32_t, kSpecConstants>;
     Status pipeline(const std::string& name, Spec spec_values, VkPipeline* out) {
         std::string key = name;
@@ -833,7 +860,44 @@ class VulkanBackend final : public Backend {
         return Status::Ok();
     }
 
-    Status descriptor_set(VkDescriptorSet* out) {
+    // Descriptor sets are made once per combination of buffers and kept: a forward binds the
+    // same buffers every time (offsets travel in push constants), so recording it writes no
+    // descriptors. Forgotten when buffers are destroyed, after a wait for the device.
+    using BufferSet = std::array<VkBuffer, kBindings>;
+    void forget_descriptor_sets() {
+        for (VkDescriptorPool p : pools_)
+            vk::vkResetDescriptorPool(device_->handle, p, 0);
+        pool_index_ = 0;
+        descriptor_sets_.clear();
+    }
+    Status descriptor_set(const std::array<const VulkanBuffer*, kBindings>& bound,
+                          VkDescriptorSet* out) {
+        BufferSet buffers{};
+        for (size_t i = 0; i < kBindings; ++i)
+            buffers[i] = bound[i]->handle();
+        if (auto it = descriptor_sets_.find(buffers); it != descriptor_sets_.end()) {
+            *out = it->second;
+            return Status::Ok();
+        }
+        SPECULA_TRY(new_descriptor_set(out));
+        std::array<VkDescriptorBufferInfo, kBindings> infos{};
+        std::array<VkWriteDescriptorSet, kBindings> writes{};
+        for (size_t i = 0; i < kBindings; ++i) {
+            infos[i] = {buffers[i], 0,
+                        std::min<VkDeviceSize>(bound[i]->capacity(),
+                                               device_->limits.maxStorageBufferRange)};
+            writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+            writes[i].dstSet = *out;
+            writes[i].dstBinding = uint32_t(i);
+            writes[i].descriptorCount = 1;
+            writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+            writes[i].pBufferInfo = &infos[i];
+        }
+        vk::vkUpdateDescriptorSets(device_->handle, kBindings, writes.data(), 0, nullptr);
+        descriptor_sets_[buffers] = *out;
+        return Status::Ok();
+    }
+    Status new_descriptor_set(VkDescriptorSet* out) {
         for (;; ++pool_index_) {
             if (pool_index_ == pools_.size()) {
                 const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -874,26 +938,15 @@ class VulkanBackend final : public Backend {
         VkPipeline p = VK_NULL_HANDLE;
         VkDescriptorSet set = VK_NULL_HANDLE;
         if (Status s = pipeline(shader, spec, &p); !s.ok()) return fail(std::move(s));
-        if (Status s = descriptor_set(&set); !s.ok()) return fail(std::move(s));
-        std::array<VkDescriptorBufferInfo, kBindings> infos{};
-        std::array<VkWriteDescriptorSet, kBindings> writes{};
+        std::array<const VulkanBuffer*, kBindings> bound{};
         for (size_t i = 0; i < kBindings; ++i) {
             const Tensor* t = tensors[i] && tensors[i]->buffer ? tensors[i] : nullptr;
-            const VulkanBuffer& b = t ? vbuf(*t) : *dummy_;
             if (t && t->offset + t->bytes() > device_->limits.maxStorageBufferRange)
                 return fail(Unsupported("a tensor lies beyond this device's storage-buffer range"));
-            infos[i] = {
-                b.handle(), 0,
-                std::min<VkDeviceSize>(b.capacity(), device_->limits.maxStorageBufferRange)};
+            bound[i] = t ? &vbuf(*t) : dummy_.get();
             pc.off[i] = t ? uint32_t(t->offset) : 0;
-            writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
-            writes[i].dstSet = set;
-            writes[i].dstBinding = uint32_t(i);
-            writes[i].descriptorCount = 1;
-            writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-            writes[i].pBufferInfo = &infos[i];
         }
-        vk::vkUpdateDescriptorSets(device_->handle, kBindings, writes.data(), 0, nullptr);
+        if (Status s = descriptor_set(bound, &set); !s.ok()) return fail(std::move(s));
         vk::vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
         vk::vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set, 0,
                                     nullptr);
@@ -984,6 +1037,7 @@ class VulkanBackend final : public Backend {
     std::map<std::string, VkPipeline> pipelines_;
     std::vector<VkDescriptorPool> pools_;
     size_t pool_index_ = 0;
+    std::map<BufferSet, VkDescriptorSet> descriptor_sets_;
     std::unique_ptr<VulkanBuffer> staging_, readback_, dummy_, verify_scratch_;
     std::vector<std::unique_ptr<VulkanBuffer>> baseline_;
     size_t staging_used_ = 0;
