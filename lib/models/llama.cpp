@@ -161,8 +161,6 @@ Status LlamaContext::create(const LlamaModel& model, int n_ctx, int max_batch,
     SPECULA_TRY(ctx->allocate(&ctx->x_, GgmlType::kF32, c.n_embd, b));
     SPECULA_TRY(ctx->allocate(&ctx->norm_, GgmlType::kF32, c.n_embd, b));
     SPECULA_TRY(ctx->allocate(&ctx->q_, GgmlType::kF32, c.n_embd, b));
-    SPECULA_TRY(ctx->allocate(&ctx->k_, GgmlType::kF32, c.kv_dim(), b));
-    SPECULA_TRY(ctx->allocate(&ctx->v_, GgmlType::kF32, c.kv_dim(), b));
     SPECULA_TRY(ctx->allocate(&ctx->attn_, GgmlType::kF32, c.n_embd, b));
     SPECULA_TRY(ctx->allocate(&ctx->gate_, GgmlType::kF32, c.n_ff, b));
     SPECULA_TRY(ctx->allocate(&ctx->up_, GgmlType::kF32, c.n_ff, b));
@@ -217,7 +215,7 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
     be.upload(pos_n, positions.data());
 
     const Tensor x = x_.row_range(0, n), h = norm_.row_range(0, n), q = q_.row_range(0, n);
-    const Tensor k = k_.row_range(0, n), v = v_.row_range(0, n), attn = attn_.row_range(0, n);
+    const Tensor attn = attn_.row_range(0, n);
     const Tensor gate = gate_.row_range(0, n), up = up_.row_range(0, n);
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
 
@@ -225,13 +223,14 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
     for (int l = 0; l < c.n_layer; ++l) {
         const LlamaModel::Layer& L = model_.layers_[size_t(l)];
         be.rms_norm(x, L.attn_norm, c.rms_eps, h);
+        // Keys and values are computed straight into their cache rows (F32), keys rotated there.
+        const Tensor k = k_cache_[size_t(l)].row_range(n_past_, n);
+        const Tensor v = v_cache_[size_t(l)].row_range(n_past_, n);
         be.matmul(L.wq, h, q);
         be.matmul(L.wk, h, k);
         be.matmul(L.wv, h, v);
         be.rope(q, pos_n, rope_table_, c.head_dim, c.n_rot);
         be.rope(k, pos_n, rope_table_, c.head_dim, c.n_rot);
-        be.copy(k, k_cache_[size_t(l)].row_range(n_past_, n));
-        be.copy(v, v_cache_[size_t(l)].row_range(n_past_, n));
         be.attention(q, k_cache_[size_t(l)], v_cache_[size_t(l)], attn, c.n_head, c.n_head_kv,
                      c.head_dim, scale, n_past_);
         be.matmul(L.wo, attn, h);

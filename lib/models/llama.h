@@ -101,7 +101,7 @@ class LlamaContext {
     uint64_t forward_calls_ = 0, positions_evaluated_ = 0;
     std::vector<std::unique_ptr<Buffer>> buffers_;
     std::vector<Tensor> k_cache_, v_cache_;
-    Tensor rope_table_, ids_, positions_, x_, norm_, q_, k_, v_, attn_, gate_, up_, logits_;
+    Tensor rope_table_, ids_, positions_, x_, norm_, q_, attn_, gate_, up_, logits_;
 };
 
 }  // namespace specula
