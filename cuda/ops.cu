@@ -1,7 +1,9 @@
 // The forward-pass kernels. Every row is reduced in one fixed order whatever
-// the batch size (a warp per weight row, a butterfly over its lanes), so
-// results are batch invariant like the other backends'.
+// the batch size (see matmul_kernel), so results are batch invariant like the
+// other backends'.
 #include <cuda_fp16.h>
+
+#include <cstdint>
 
 #include "kernels.h"
 
@@ -237,6 +239,7 @@ __global__ void attention_kernel(const float* q, const float* k, const float* v,
     const int row = blockIdx.x / n_head, head = blockIdx.x % n_head;
     const int kv_head = head / (n_head / n_head_kv), kv_cols = n_head_kv * hd;
     const int n_keys = pos0 + row + 1, tid = threadIdx.x;
+    const bool k_vectors = hd % 4 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0;
     const float* qh = q + (int64_t(row) * n_head + head) * hd;
     for (int d = tid; d < hd; d += kAttnThreads)
         q_s[d] = qh[d];
@@ -248,8 +251,19 @@ __global__ void attention_kernel(const float* q, const float* k, const float* v,
         if (t < n_keys) {
             const float* kt = k + int64_t(t) * kv_cols + kv_head * hd;
             float dot = 0.0f;
-            for (int d = 0; d < hd; ++d)
-                dot = fmaf(q_s[d], kt[d], dot);
+            if (k_vectors) {  // the same products in the same order, in 16-byte loads
+                const auto* k4 = reinterpret_cast<const float4*>(kt);
+                for (int d = 0; d < hd / 4; ++d) {
+                    const float4 kv = k4[d];
+                    dot = fmaf(q_s[4 * d], kv.x, dot);
+                    dot = fmaf(q_s[4 * d + 1], kv.y, dot);
+                    dot = fmaf(q_s[4 * d + 2], kv.z, dot);
+                    dot = fmaf(q_s[4 * d + 3], kv.w, dot);
+                }
+            } else {
+                for (int d = 0; d < hd; ++d)
+                    dot = fmaf(q_s[d], kt[d], dot);
+            }
             s = dot * scale;
         }
         const float m_new = fmaxf(m, block_max(s, shared));

@@ -10,6 +10,8 @@
 
 layout(constant_id = 0) const uint WG = 128u;
 
+layout(std430, binding = 1) readonly buffer KeyVectors { vec4 k4[]; };  // binding 1 again
+
 shared float q_s[2u * WG];
 shared float tile[WG];
 shared float red[WG];
@@ -36,6 +38,7 @@ void main() {
     const uint kv_cols = pc.u1 * hd;
     const uint n_keys = pc.u3 + row + 1u;
     const uint tid = gl_LocalInvocationID.x;
+    const bool k_vectors = (pc.off1 & 15u) == 0u && (hd & 3u) == 0u;
     const uint q_at = pc.off0 / 4u + row * n_head * hd + head * hd;
     for (uint d = tid; d < hd; d += WG) q_s[d] = uintBitsToFloat(b0[q_at + d]);
     barrier();
@@ -48,7 +51,17 @@ void main() {
         if (t < n_keys) {
             const uint k_at = pc.off1 / 4u + t * kv_cols + kv_head * hd;
             float dot_qk = 0.0;
-            for (uint d = 0u; d < hd; ++d) dot_qk = fma(q_s[d], uintBitsToFloat(b1[k_at + d]), dot_qk);
+            if (k_vectors) {  // the same products in the same order, in 16-byte loads
+                for (uint d = 0u; d < hd / 4u; ++d) {
+                    const vec4 kv = k4[k_at / 4u + d];
+                    dot_qk = fma(q_s[4u * d], kv.x, dot_qk);
+                    dot_qk = fma(q_s[4u * d + 1u], kv.y, dot_qk);
+                    dot_qk = fma(q_s[4u * d + 2u], kv.z, dot_qk);
+                    dot_qk = fma(q_s[4u * d + 3u], kv.w, dot_qk);
+                }
+            } else {
+                for (uint d = 0u; d < hd; ++d) dot_qk = fma(q_s[d], uintBitsToFloat(b1[k_at + d]), dot_qk);
+            }
             s = dot_qk * pc.f0;
         }
         const float m_new = max(m, reduce(s, true));

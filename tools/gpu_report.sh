@@ -3,7 +3,8 @@
 # written under OUT_DIR and a summary printed last.
 #   bash tools/gpu_report.sh [BUILD_DIR] [OUT_DIR]
 # Builds nothing: BUILD_DIR (default build/release) must hold a Release build with the tests
-# and tools. The benchmark models are random Llama models of about 1.1B parameters (Llama 3.2
+# and tools. CTest asks for the Khronos validation layer on every Vulkan test, so the layer must
+# be installed (or found through VK_ADD_LAYER_PATH). The benchmark models are random Llama models of about 1.1B parameters (Llama 3.2
 # 1B's shape with a 32000-token vocabulary), made here in Q8_0 and Q4_0.
 # SPECULA_REPORT_SHAPE overrides their specula-make-model shape options (smaller, for a quick
 # rehearsal on a machine without a GPU); SPECULA_REPORT_MODELS is where they are written
