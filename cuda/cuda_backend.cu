@@ -161,13 +161,14 @@ class CudaBackend final : public Backend {
         cuda::rms_norm(stream_, dev(x), dev(weight), eps, x.cols, x.rows, dev(out));
         check(cudaGetLastError(), "rms_norm");
     }
-    void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
+    void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
+                Accumulate accumulate) override {
         // The kernel reads x in 16-byte vectors: every activation tensor starts a row of a
         // buffer, so this holds for the model's inputs.
         if (reinterpret_cast<uintptr_t>(dev(x)) % 16 != 0 || w.cols % 32 != 0)
             return fail(Unsupported("CUDA matmul needs 16-byte aligned inputs of whole blocks"));
         cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows, dev(out),
-                     out.cols);
+                     out.cols, accumulate == Accumulate::kYes);
         check(cudaGetLastError(), "matmul");
     }
     void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,

@@ -121,7 +121,8 @@ constexpr int kMatmulThreads = 128;
 template <GgmlType T, int N, int R>
 __global__ void __launch_bounds__(kMatmulThreads)
     matmul_kernel(const uint8_t* __restrict__ w, int64_t in, int64_t rows,
-                  const float* __restrict__ x, int n, float* __restrict__ out, int64_t out_stride) {
+                  const float* __restrict__ x, int n, float* __restrict__ out, int64_t out_stride,
+                  bool accumulate) {
     constexpr int kWarps = kMatmulThreads / kWarp;
     __shared__ float partial[kWarps][R][N];
     const int64_t r0 = int64_t(blockIdx.x) * R, blocks = in / 32, stride = row_bytes<T>(in);
@@ -173,7 +174,8 @@ __global__ void __launch_bounds__(kMatmulThreads)
         float v = partial[0][r][c];
         for (int k = 1; k < kWarps; ++k)
             v += partial[k][r][c];
-        out[c * out_stride + r0 + r] = v;
+        float& o = out[c * out_stride + r0 + r];
+        o = accumulate ? o + v : v;
     }
 }
 
@@ -307,14 +309,14 @@ unsigned blocks(int64_t n, int per) {
 
 template <GgmlType T, int N, int R>
 void launch_matmul(cudaStream_t s, const uint8_t* w, int64_t in, int64_t rows, const float* x,
-                   int n, float* out, int64_t out_stride) {
+                   int n, float* out, int64_t out_stride, bool accumulate) {
     matmul_kernel<T, N, R>
-        <<<blocks(rows, R), kMatmulThreads, 0, s>>>(w, in, rows, x, n, out, out_stride);
+        <<<blocks(rows, R), kMatmulThreads, 0, s>>>(w, in, rows, x, n, out, out_stride, accumulate);
 }
 
 template <GgmlType T>
 void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const float* x,
-                  int64_t n, float* out, int64_t out_stride) {
+                  int64_t n, float* out, int64_t out_stride, bool accumulate) {
     const auto* wb = static_cast<const uint8_t*>(w);
     // Column counts round up to 1, 2, 4, 8 or 16 accumulators; wider batches in slices.
     // More rows per block for more columns: each x value loaded then serves more rows. With one
@@ -324,15 +326,15 @@ void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const
         const float* xs = x + c0 * in;
         float* os = out + c0 * out_stride;
         if (m == 1)
-            launch_matmul<T, 1, 2>(s, wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 1, 2>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
         else if (m == 2)
-            launch_matmul<T, 2, 2>(s, wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 2, 2>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
         else if (m <= 4)
-            launch_matmul<T, 4, 4>(s, wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 4, 4>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
         else if (m <= 8)
-            launch_matmul<T, 8, 8>(s, wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 8, 8>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
         else
-            launch_matmul<T, 16, 8>(s, wb, in, rows, xs, m, os, out_stride);
+            launch_matmul<T, 16, 8>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
     }
 }
 
@@ -360,16 +362,20 @@ void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t
 }
 
 void matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
-            const float* x, int64_t n, float* out, int64_t out_stride) {
+            const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate) {
     switch (type) {
         case GgmlType::kF32:
-            return matmul_typed<GgmlType::kF32>(s, w, in, out_features, x, n, out, out_stride);
+            return matmul_typed<GgmlType::kF32>(s, w, in, out_features, x, n, out, out_stride,
+                                                accumulate);
         case GgmlType::kF16:
-            return matmul_typed<GgmlType::kF16>(s, w, in, out_features, x, n, out, out_stride);
+            return matmul_typed<GgmlType::kF16>(s, w, in, out_features, x, n, out, out_stride,
+                                                accumulate);
         case GgmlType::kQ8_0:
-            return matmul_typed<GgmlType::kQ8_0>(s, w, in, out_features, x, n, out, out_stride);
+            return matmul_typed<GgmlType::kQ8_0>(s, w, in, out_features, x, n, out, out_stride,
+                                                 accumulate);
         default:
-            return matmul_typed<GgmlType::kQ4_0>(s, w, in, out_features, x, n, out, out_stride);
+            return matmul_typed<GgmlType::kQ4_0>(s, w, in, out_features, x, n, out, out_stride,
+                                                 accumulate);
     }
 }
 

@@ -12,7 +12,7 @@
 //   2: out (n x rows, f32)
 // N is a specialization constant (1, 2, 4, 8 or 16: few pipelines to compile), so
 // the per-column loops unroll into registers; columns n..N-1 are skipped.
-//   u0 = cols, u1 = rows, u2 = n (<= N), u3 = out row stride (floats)
+//   u0 = cols, u1 = rows, u2 = n (<= N), u3 = out row stride (floats), u4 = 1: out += sum
 #extension GL_KHR_shader_subgroup_shuffle : enable
 #include "common.glsl"
 
@@ -36,7 +36,8 @@ shared float subgroup_sums[R * N][SUBGROUP > 0u ? SUBGROUPS : 1u];
 
 void write_out(uint i, uint r0, float v) {
     const uint r = i / N, c = i % N;
-    if (c < pc.u2 && r0 + r < pc.u1) b2[pc.off2 / 4u + c * pc.u3 + r0 + r] = floatBitsToUint(v);
+    const uint at = pc.off2 / 4u + c * pc.u3 + r0 + r;
+    if (c < pc.u2 && r0 + r < pc.u1) b2[at] = floatBitsToUint(pc.u4 != 0u ? uintBitsToFloat(b2[at]) + v : v);
 }
 
 void main() {

@@ -101,11 +101,43 @@ TEST_P(BackendOps, MatmulEveryTypeAndBatch) {
                 auto x =
                     p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 2));
                 auto out = p.tensor(GgmlType::kF32, rows, n, {});
-                p.cpu->matmul(w.first, x.first, out.first);
-                p.gpu->matmul(w.second, x.second, out.second);
+                p.cpu->matmul(w.first, x.first, out.first, Backend::Accumulate::kNo);
+                p.gpu->matmul(w.second, x.second, out.second, Backend::Accumulate::kNo);
                 expect_close(p, out);
             }
         }
+    }
+}
+
+// Accumulate::kYes adds the product to what out holds, as add() would: the same result on every
+// backend as a product followed by add(), bit for bit.
+TEST_P(BackendOps, MatmulAccumulatesLikeAdd) {
+    const int64_t cols = 256, rows = 45;
+    for (int64_t n : {1, 8}) {
+        SCOPED_TRACE("n " + std::to_string(n));
+        auto w =
+            p.tensor(GgmlType::kQ8_0, cols, rows, random_bytes(GgmlType::kQ8_0, cols, rows, 7));
+        auto x = p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 8));
+        const auto residual = random_bytes(GgmlType::kF32, rows, n, 9);
+        auto sum = p.tensor(GgmlType::kF32, rows, n, residual);
+        auto product = p.tensor(GgmlType::kF32, rows, n, {});
+        auto expected = p.tensor(GgmlType::kF32, rows, n, residual);
+        const auto read = [](Backend& be, const Tensor& t) {
+            std::vector<float> v(size_t(t.cols * t.rows));
+            EXPECT_TRUE(be.download(t, v.data()).ok());
+            return v;
+        };
+        for (Backend* be : {p.cpu.get(), p.gpu.get()}) {
+            const bool cpu = be == p.cpu.get();
+            const auto pick = [&](const std::pair<Tensor, Tensor>& t) {
+                return cpu ? t.first : t.second;
+            };
+            be->matmul(pick(w), pick(x), pick(sum), Backend::Accumulate::kYes);
+            be->matmul(pick(w), pick(x), pick(product), Backend::Accumulate::kNo);
+            be->add(pick(expected), pick(product), pick(expected));
+            EXPECT_EQ(read(*be, pick(sum)), read(*be, pick(expected))) << be->info().name;
+        }
+        expect_close(p, sum);
     }
 }
 

@@ -96,10 +96,14 @@ class Backend {
     virtual void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
     // out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight.
     virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) = 0;
-    // out[i][r] = dot(w[r], x[i]): w is (out_features rows x in_features cols) of any weight
-    // type, x is (n x in_features), out (n x out_features). The result of a row does not
-    // depend on n (batch invariance, DESIGN §4).
-    virtual void matmul(const Tensor& w, const Tensor& x, const Tensor& out) = 0;
+    // out[i][r] = dot(w[r], x[i]), or with Accumulate::kYes out[i][r] += dot(w[r], x[i]) (the
+    // same single addition as add(), so a residual add needs no op of its own): w is
+    // (out_features rows x in_features cols) of any weight type, x is (n x in_features), out
+    // (n x out_features). The result of a row does not depend on n (batch invariance,
+    // DESIGN §4).
+    enum class Accumulate : bool { kNo, kYes };
+    virtual void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
+                        Accumulate accumulate) = 0;
     // Rotates adjacent pairs (x[2j], x[2j+1]) of the first n_rot dims of every head of row
     // i, in place (GGUF's Q/K layout), by the angle whose cosine and sine are
     // table[positions[i]][2j] and [2j+1]. The table (see rope_table()) is computed once on the

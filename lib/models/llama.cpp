@@ -226,26 +226,25 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
         // Keys and values are computed straight into their cache rows (F32), keys rotated there.
         const Tensor k = k_cache_[size_t(l)].row_range(n_past_, n);
         const Tensor v = v_cache_[size_t(l)].row_range(n_past_, n);
-        be.matmul(L.wq, h, q);
-        be.matmul(L.wk, h, k);
-        be.matmul(L.wv, h, v);
+        be.matmul(L.wq, h, q, Backend::Accumulate::kNo);
+        be.matmul(L.wk, h, k, Backend::Accumulate::kNo);
+        be.matmul(L.wv, h, v, Backend::Accumulate::kNo);
         be.rope(q, pos_n, rope_table_, c.head_dim, c.n_rot);
         be.rope(k, pos_n, rope_table_, c.head_dim, c.n_rot);
         be.attention(q, k_cache_[size_t(l)], v_cache_[size_t(l)], attn, c.n_head, c.n_head_kv,
                      c.head_dim, scale, n_past_);
-        be.matmul(L.wo, attn, h);
-        be.add(x, h, x);
+        be.matmul(L.wo, attn, x, Backend::Accumulate::kYes);  // the residual add
         be.rms_norm(x, L.ffn_norm, c.rms_eps, h);
-        be.matmul(L.w_gate, h, gate);
-        be.matmul(L.w_up, h, up);
+        be.matmul(L.w_gate, h, gate, Backend::Accumulate::kNo);
+        be.matmul(L.w_up, h, up, Backend::Accumulate::kNo);
         be.silu_mul(gate, up, gate);
-        be.matmul(L.w_down, gate, h);
-        be.add(x, h, x);
+        be.matmul(L.w_down, gate, x, Backend::Accumulate::kYes);
     }
     const int first = all_rows ? 0 : n - 1;
     const int rows = n - first;
     be.rms_norm(x.row_range(first, rows), model_.output_norm_, c.rms_eps, h.row_range(0, rows));
-    be.matmul(model_.output_, h.row_range(0, rows), logits_.row_range(0, rows));
+    be.matmul(model_.output_, h.row_range(0, rows), logits_.row_range(0, rows),
+              Backend::Accumulate::kNo);
     n_past_ += n;
     ++forward_calls_;
     positions_evaluated_ += uint64_t(n);

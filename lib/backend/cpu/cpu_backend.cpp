@@ -167,14 +167,18 @@ class CpuBackend final : public Backend {
         }
     }
 
-    void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
+    void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
+                Accumulate accumulate) override {
         // Each worker converts a weight row once and uses it for all n input rows.
         parallel_for(size_t(w.rows), size_t(w.cols * x.rows), [&](size_t begin, size_t end) {
             std::vector<float> row(size_t(w.cols));
             for (size_t r = begin; r < end; ++r) {
                 row_to_f32(w.type, bytes_of(w) + r * w.row_bytes(), row.data(), w.cols);
-                for (int64_t i = 0; i < x.rows; ++i)
-                    f32(out)[i * out.cols + int64_t(r)] = dot(row.data(), row_f32(x, i), w.cols);
+                for (int64_t i = 0; i < x.rows; ++i) {
+                    float& o = f32(out)[i * out.cols + int64_t(r)];
+                    const float d = dot(row.data(), row_f32(x, i), w.cols);
+                    o = accumulate == Accumulate::kYes ? o + d : d;
+                }
             }
         });
     }

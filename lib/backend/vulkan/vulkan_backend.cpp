@@ -589,7 +589,8 @@ class VulkanBackend final : public Backend {
         dispatch("rms_norm", {&x, &weight, &out}, pc, uint32_t(x.rows), {threads, 1, 1});
     }
 
-    void matmul(const Tensor& w, const Tensor& x, const Tensor& out) override {
+    void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
+                Accumulate accumulate) override {
         // The shader reads x in 16-byte vectors: every activation tensor starts a row of a
         // buffer, so this holds for the model's inputs.
         if (x.offset % 16 != 0 || w.cols % 32 != 0)
@@ -612,6 +613,7 @@ class VulkanBackend final : public Backend {
             pc.u[1] = uint32_t(w.rows);
             pc.u[2] = uint32_t(n);
             pc.u[3] = uint32_t(out.cols);
+            pc.u[4] = accumulate == Accumulate::kYes ? 1 : 0;
             uint32_t bucket = 1;  // pipelines exist for 1, 2, 4, 8 and 16 columns only
             while (bucket < uint32_t(n))
                 bucket *= 2;
