@@ -28,7 +28,7 @@ uint group_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroup
 #define HALF_AT(buf, byte) unpackHalf2x16((buf[(byte) >> 2] >> (((byte) & 2u) << 3)) & 0xFFFFu).x
 
 // Weight element types: each shader that reads weights is compiled once per type
-// with one of these defined, and reads 32 consecutive weights of a row at a time.
+// with one of these defined, and reads a row in blocks of 32 weights, eight at a time.
 #if defined(WEIGHT_F32)
 const uint BLOCK_BYTES = 128u;
 #elif defined(WEIGHT_F16)
@@ -45,34 +45,6 @@ const uint BLOCK_BYTES = 18u;
 uint quant_word(uint byte) {
     const uint i = byte >> 2;
     return (byte & 2u) == 0u ? b0[i] : (b0[i] >> 16) | (b0[i + 1u] << 16);
-}
-
-// The 32 weights of one block starting at byte `at` of binding 0.
-void load_block(uint at, out float w[32]) {
-#if defined(WEIGHT_F32)
-    [[unroll]] for (uint j = 0u; j < 32u; ++j) w[j] = uintBitsToFloat(b0[at / 4u + j]);
-#elif defined(WEIGHT_F16)
-    [[unroll]] for (uint j = 0u; j < 16u; ++j) {
-        const vec2 h = unpackHalf2x16(b0[at / 4u + j]);
-        w[2u * j] = h.x;
-        w[2u * j + 1u] = h.y;
-    }
-#elif defined(WEIGHT_Q8_0)
-    const float d = HALF_AT(b0, at);
-    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
-        const int q = int(quant_word(at + 2u + 4u * i));
-        [[unroll]] for (uint k = 0u; k < 4u; ++k) w[4u * i + k] = d * float(bitfieldExtract(q, int(8u * k), 8));
-    }
-#elif defined(WEIGHT_Q4_0)
-    const float d = HALF_AT(b0, at);
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-        const uint q = quant_word(at + 2u + 4u * i);
-        [[unroll]] for (uint k = 0u; k < 4u; ++k) {
-            w[4u * i + k] = d * float(int(bitfieldExtract(q, int(8u * k), 4)) - 8);
-            w[4u * i + k + 16u] = d * float(int(bitfieldExtract(q, int(8u * k + 4u), 4)) - 8);
-        }
-    }
-#endif
 }
 
 // Eight consecutive weights: quarter q (0..3) of the block starting at byte `at` of binding 0.

@@ -12,10 +12,9 @@ void main() {
     const uint cols = pc.u0;
     const uint id = min(b1[pc.off1 / 4u + i], pc.u2 - 1u);  // ids are validated on the host; never read out of bounds
     const uint row_bytes = cols / 32u * BLOCK_BYTES;
-    for (uint blk = gl_LocalInvocationID.x; blk < cols / 32u; blk += WG) {
-        float w[32];
-        load_block(pc.off0 + id * row_bytes + blk * BLOCK_BYTES, w);
-        [[unroll]] for (uint j = 0u; j < 32u; ++j)
-            b2[pc.off2 / 4u + i * cols + blk * 32u + j] = floatBitsToUint(w[j]);
+    for (uint g = gl_LocalInvocationID.x; g < cols / 8u; g += WG) {  // g: quarter g % 4 of block g / 4
+        float w[8];
+        load_quarter(pc.off0 + id * row_bytes + g / 4u * BLOCK_BYTES, g % 4u, w);
+        [[unroll]] for (uint j = 0u; j < 8u; ++j) b2[pc.off2 / 4u + i * cols + g * 8u + j] = floatBitsToUint(w[j]);
     }
 }
