@@ -127,12 +127,12 @@ __global__ void __launch_bounds__(kMatmulThreads)
     __shared__ float partial[kWarps][R][N];
     const int64_t r0 = int64_t(blockIdx.x) * R, blocks = in / 32, stride = row_bytes<T>(in);
     const int t = threadIdx.x, q = t % 4;
+    // With few accumulators the step loop is unrolled so that the loads of two steps are in
+    // flight together (with 8 x 16 accumulators the registers run out instead).
     float acc[R][N];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < N; ++c)
             acc[r][c] = 0.0f;
-            // Few accumulators: unrolled so that the loads of two steps are in flight together
-            // (with 8 x 16 accumulators the registers run out instead).
 #pragma unroll(R* N <= 16 ? 2 : 1)
     for (int64_t b = t / 4; b < blocks; b += kMatmulThreads / 4) {
         float wq[R][8];
