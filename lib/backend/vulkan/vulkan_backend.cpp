@@ -92,14 +92,23 @@ Status instance(const Instance** out) {
         app.pEngineName = "specula";
         app.apiVersion = VK_API_VERSION_1_1;
         const char* layer = "VK_LAYER_KHRONOS_validation";
-        const char* ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+        const std::array<const char*, 2> extensions = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME,
+                                                       VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME};
+        // Synchronization validation too: barriers are placed only where one dispatch
+        // depends on another, and the layer reports any hazard left without one.
+        const VkValidationFeatureEnableEXT sync =
+            VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT;
+        VkValidationFeaturesEXT features{VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT};
+        features.enabledValidationFeatureCount = 1;
+        features.pEnabledValidationFeatures = &sync;
         VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
         ci.pApplicationInfo = &app;
         if (want_validation) {
+            ci.pNext = &features;
             ci.enabledLayerCount = 1;
             ci.ppEnabledLayerNames = &layer;
-            ci.enabledExtensionCount = 1;
-            ci.ppEnabledExtensionNames = &ext;
+            ci.enabledExtensionCount = uint32_t(extensions.size());
+            ci.ppEnabledExtensionNames = extensions.data();
         }
         status = vk_check(vk::vkCreateInstance(&ci, nullptr, &inst.handle), "vkCreateInstance");
         if (!status.ok()) return;
@@ -457,7 +466,7 @@ class VulkanBackend final : public Backend {
         std::unique_ptr<VulkanBuffer> b;
         SPECULA_TRY(make_buffer(bytes, false, &b));
         vk::vkCmdFillBuffer(cmd_, b->handle(), 0, VK_WHOLE_SIZE, 0);
-        barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+        barrier();
         *out = std::move(b);
         return Status::Ok();
     }
@@ -477,7 +486,7 @@ class VulkanBackend final : public Backend {
             std::memcpy(staging_->mapped(), host.data() + done, n);
             const VkBufferCopy region{0, done, n};
             vk::vkCmdCopyBuffer(cmd_, staging_->handle(), b->handle(), 1, &region);
-            barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+            barrier();
         }
         SPECULA_TRY(flush());
         *out = std::move(b);
@@ -501,8 +510,9 @@ class VulkanBackend final : public Backend {
             std::memcpy(staging_->mapped() + at, from + done, n);
             staging_used_ = at + n;
             const VkBufferCopy region{at, dst.offset + done, n};
+            settle();
             vk::vkCmdCopyBuffer(cmd_, staging_->handle(), vbuf(dst).handle(), 1, &region);
-            barrier(VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+            barrier();
             done += n;
         }
     }
@@ -518,6 +528,7 @@ class VulkanBackend final : public Backend {
             SPECULA_TRY(make_buffer(std::max(bytes, size_t(1) << 20), true, &readback_));
         }
         const VkBufferCopy region{src.offset, 0, bytes};
+        settle();
         vk::vkCmdCopyBuffer(cmd_, vbuf(src).handle(), readback_->handle(), 1, &region);
         ++n_recorded_;  // a download right after another must still be submitted
         SPECULA_TRY(flush());
@@ -573,7 +584,8 @@ class VulkanBackend final : public Backend {
         pc.u[0] = uint32_t(table.cols);
         pc.u[1] = uint32_t(ids.cols * ids.rows);
         pc.u[2] = uint32_t(table.rows);
-        dispatch_typed("get_rows", table.type, {&table, &ids, &out}, pc, pc.u[1], {64, 1, 1});
+        dispatch_typed("get_rows", table.type, {&table, &ids, &out}, kWrites2, pc, pc.u[1],
+                       {64, 1, 1});
     }
 
     void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
@@ -586,7 +598,7 @@ class VulkanBackend final : public Backend {
         uint32_t threads = 64;
         while (threads < 512 && threads * 8 <= uint32_t(x.cols))
             threads *= 2;
-        dispatch("rms_norm", {&x, &weight, &out}, pc, uint32_t(x.rows), {threads, 1, 1});
+        dispatch("rms_norm", {&x, &weight, &out}, kWrites2, pc, uint32_t(x.rows), {threads, 1, 1});
     }
 
     void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
@@ -621,7 +633,7 @@ class VulkanBackend final : public Backend {
             // for one or two columns, so that small matrices still spread over many groups.
             const uint32_t rows_per_group = bucket <= 2 ? 2 : bucket <= 4 ? 4 : 8;
             const uint32_t rows_per_workgroup = rows_per_group * (kMatmulThreads / per_row);
-            dispatch_typed("matmul", w.type, {&w, &xs, &os}, pc,
+            dispatch_typed("matmul", w.type, {&w, &xs, &os}, kWrites2, pc,
                            uint32_t((w.rows + rows_per_workgroup - 1) / rows_per_workgroup),
                            {kMatmulThreads, rows_per_group, bucket, per_row, subgroup});
         }
@@ -635,7 +647,8 @@ class VulkanBackend final : public Backend {
         pc.u[2] = uint32_t(head_dim);
         pc.u[3] = uint32_t(n_rot);
         const uint64_t pairs = uint64_t(x.rows) * uint64_t(x.cols / head_dim) * uint64_t(n_rot / 2);
-        dispatch("rope", {&x, &positions, &table}, pc, uint32_t((pairs + 63) / 64), {64, 1, 1});
+        dispatch("rope", {&x, &positions, &table}, kWrites0, pc, uint32_t((pairs + 63) / 64),
+                 {64, 1, 1});
     }
 
     void copy(const Tensor& src, const Tensor& dst) override {
@@ -658,8 +671,8 @@ class VulkanBackend final : public Backend {
         pc.u[3] = uint32_t(pos0);
         pc.u[4] = uint32_t(q.rows);
         pc.f[0] = scale;
-        dispatch("attention", {&q, &k_cache, &v_cache, &out}, pc, uint32_t(q.rows * n_head),
-                 {kWg, 1, 1});
+        dispatch("attention", {&q, &k_cache, &v_cache, &out}, kWrites3, pc,
+                 uint32_t(q.rows * n_head), {kWg, 1, 1});
     }
 
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
@@ -712,7 +725,7 @@ class VulkanBackend final : public Backend {
         const Bound bound = {&a.target, &a.draft, &a.drafts, &scratch, &a.result, &a.token};
         enum Mode : uint32_t { kTileMax, kTileSum, kRowNorm, kAccept, kRace, kFinish, kRowMax };
         auto pass = [&](Mode mode, uint32_t groups) {
-            dispatch("decode", bound, pc, groups, {det::kLanes, mode, 0});
+            dispatch("decode", bound, kWritesAll, pc, groups, {det::kLanes, mode, 0});
         };
         pass(kTileMax, rows * tiles);
         if (greedy) return pass(kAccept, batch);
@@ -745,7 +758,7 @@ class VulkanBackend final : public Backend {
         pc.u[2] = g;
         pc.f[0] = a.sampling.inv_temperature();
         auto pass = [&](uint32_t mode, Bound bound, uint32_t groups) {
-            dispatch("verify_baseline", bound, pc, groups, {256, mode, 0});
+            dispatch("verify_baseline", bound, kWritesAll, pc, groups, {256, mode, 0});
         };
         pass(0, {&a.target, &t[0]}, B * (g + 1));
         pass(0, {&a.draft, &t[1]}, B * g);
@@ -792,6 +805,8 @@ class VulkanBackend final : public Backend {
     Status begin() {
         staging_used_ = 0;
         n_recorded_ = 0;
+        read_since_barrier_.clear();
+        written_since_barrier_.clear();
         SPECULA_TRY(vk_check(vk::vkResetCommandBuffer(cmd_, 0), "vkResetCommandBuffer"));
         VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
         bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
@@ -807,16 +822,46 @@ class VulkanBackend final : public Backend {
         return Status::Ok();
     }
 
-    // Everything written before (by shaders or copies) is visible to everything after.
-    void barrier(VkPipelineStageFlags src_stage, VkAccessFlags src_access) {
+    // Everything recorded before (shaders or copies) happens before, and is visible to,
+    // everything after.
+    void barrier() {
+        constexpr VkPipelineStageFlags stages =
+            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
         VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-        mb.srcAccessMask = src_access;
+        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
         mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
                            VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-        vk::vkCmdPipelineBarrier(
-            cmd_, src_stage, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-            0, 1, &mb, 0, nullptr, 0, nullptr);
+        vk::vkCmdPipelineBarrier(cmd_, stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+        read_since_barrier_.clear();
+        written_since_barrier_.clear();
         ++n_recorded_;
+    }
+    // Before a copy: the dispatches since the last barrier finish first.
+    void settle() {
+        if (!read_since_barrier_.empty() || !written_since_barrier_.empty()) barrier();
+    }
+    // A dispatch waits (barrier) only for those before it that it depends on: any that wrote a
+    // buffer it binds, or read one it writes. Whole buffers, as the descriptors bind them, so
+    // the synchronization validation of the tests sees the same hazards. Independent
+    // dispatches (the q, k and v projections; gate and up) may then run together.
+    void order_after_dependencies(const std::array<const VulkanBuffer*, kBindings>& bound,
+                                  uint32_t writes) {
+        auto holds = [](const std::vector<VkBuffer>& v, VkBuffer b) {
+            return std::find(v.begin(), v.end(), b) != v.end();
+        };
+        bool depends = false;
+        for (size_t i = 0; i < kBindings && !depends; ++i) {
+            if (bound[i] == dummy_.get()) continue;
+            const VkBuffer b = bound[i]->handle();
+            depends = holds(written_since_barrier_, b) ||
+                      ((writes >> i & 1u) != 0 && holds(read_since_barrier_, b));
+        }
+        if (depends) barrier();
+        for (size_t i = 0; i < kBindings; ++i) {
+            if (bound[i] == dummy_.get()) continue;
+            auto& list = (writes >> i & 1u) != 0 ? written_since_barrier_ : read_since_barrier_;
+            if (!holds(list, bound[i]->handle())) list.push_back(bound[i]->handle());
+        }
     }
 
     // Specialization constants: 0 = workgroup size, 1..4 shader-specific (see the shader).
@@ -926,16 +971,20 @@ class VulkanBackend final : public Backend {
     }
 
     using Bound = std::array<const Tensor*, kBindings>;
-    void dispatch_typed(const char* op, GgmlType type, Bound t, PushConstants pc, uint32_t groups,
-                        Spec spec) {
+    // Which bindings a shader writes (see order_after_dependencies).
+    static constexpr uint32_t kWrites0 = 1u << 0, kWrites2 = 1u << 2, kWrites3 = 1u << 3,
+                              kWritesAll = (1u << kBindings) - 1;
+    void dispatch_typed(const char* op, GgmlType type, Bound t, uint32_t writes, PushConstants pc,
+                        uint32_t groups, Spec spec) {
         const char* suffix = weight_suffix(type);
         if (suffix == nullptr)
             return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
-        dispatch(std::string(op) + "_" + suffix, t, pc, groups, spec);
+        dispatch(std::string(op) + "_" + suffix, t, writes, pc, groups, spec);
     }
 
-    void dispatch(const std::string& shader, Bound tensors, PushConstants pc, uint32_t groups,
-                  Spec spec) {
+    // writes: a bit per binding the shader writes (the others it only reads).
+    void dispatch(const std::string& shader, Bound tensors, uint32_t writes, PushConstants pc,
+                  uint32_t groups, Spec spec) {
         if (!pending_.ok() || lost_ || groups == 0) return;
         VkPipeline p = VK_NULL_HANDLE;
         VkDescriptorSet set = VK_NULL_HANDLE;
@@ -949,6 +998,7 @@ class VulkanBackend final : public Backend {
             pc.off[i] = t ? uint32_t(t->offset) : 0;
         }
         if (Status s = descriptor_set(bound, &set); !s.ok()) return fail(std::move(s));
+        order_after_dependencies(bound, writes);
         vk::vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
         vk::vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set, 0,
                                     nullptr);
@@ -957,7 +1007,7 @@ class VulkanBackend final : public Backend {
         const uint32_t max_x = device_->limits.maxComputeWorkGroupCount[0];
         const uint32_t x = std::min(groups, max_x), y = (groups + x - 1) / x;
         vk::vkCmdDispatch(cmd_, x, y, 1);
-        barrier(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT);
+        ++n_recorded_;
         if (profile_ && profile_names_.size() < kProfileQueries) {
             vk::vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, profile_,
                                     uint32_t(profile_names_.size()));
@@ -965,9 +1015,10 @@ class VulkanBackend final : public Backend {
         }
     }
 
-    // SPECULA_VULKAN_PROFILE=1: device time per shader (each dispatch with its barrier, from
-    // the timestamp after the previous one) and host time spent recording and waiting,
-    // summed over the backend's life and printed to stderr when it is destroyed.
+    // SPECULA_VULKAN_PROFILE=1: device time per shader (from the timestamp after the previous
+    // dispatch to the one after this; a dispatch that runs beside the one before it, with no
+    // barrier between, shows only the time it adds) and host time spent recording and
+    // waiting, summed over the backend's life and printed to stderr when it is destroyed.
     static constexpr uint32_t kProfileQueries = 4096;
     struct ProfileTotals {
         double record_s = 0, wait_s = 0, device_s = 0;
@@ -1014,7 +1065,8 @@ class VulkanBackend final : public Backend {
         const uint64_t n = uint64_t(a.cols) * uint64_t(a.rows);
         pc.u[0] = uint32_t(n);
         pc.u[1] = op;
-        dispatch("elementwise", {&a, &b, &out}, pc, uint32_t((n + 255) / 256), {256, 1, 1});
+        dispatch("elementwise", {&a, &b, &out}, kWrites2, pc, uint32_t((n + 255) / 256),
+                 {256, 1, 1});
     }
 
     PhysicalDevice phys_;
@@ -1044,6 +1096,8 @@ class VulkanBackend final : public Backend {
     std::vector<std::unique_ptr<VulkanBuffer>> baseline_;
     size_t staging_used_ = 0;
     size_t n_recorded_ = 0;
+    // Buffers bound by dispatches since the last barrier (see order_after_dependencies).
+    std::vector<VkBuffer> read_since_barrier_, written_since_barrier_;
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;
