@@ -1,7 +1,13 @@
 // Shared by every compute shader: six storage buffers seen as 32-bit words
 // (no 8/16-bit storage needed), one push-constant block, and readers for the
 // GGUF weight layouts. Offsets in the push constants are in bytes.
+// Shaders that read weights are also built with SMALL_STORAGE, for devices with
+// 8- and 16-bit storage: they then read halves, bytes and quants as such.
 #extension GL_EXT_control_flow_attributes : enable
+#if defined(SMALL_STORAGE)
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_8bit_storage : require
+#endif
 
 layout(local_size_x_id = 0) in;
 
@@ -39,6 +45,13 @@ const uint BLOCK_BYTES = 34u;
 const uint BLOCK_BYTES = 18u;
 #endif
 
+#if defined(SMALL_STORAGE)
+// Binding 0 (the weights) again, as halves and bytes.
+layout(std430, binding = 0) readonly buffer Halves0 { float16_t halves0[]; };
+layout(std430, binding = 0) readonly buffer Signed0 { int8_t signed0[]; };
+layout(std430, binding = 0) readonly buffer Bytes0 { uint8_t bytes0[]; };
+#endif
+
 #if defined(WEIGHT_F32) || defined(WEIGHT_F16) || defined(WEIGHT_Q8_0) || defined(WEIGHT_Q4_0)
 // Four bytes of binding 0 starting at an even byte offset (blocks of 34 and 18
 // bytes leave their quants 2-byte aligned): one or two word loads.
@@ -49,7 +62,18 @@ uint quant_word(uint byte) {
 
 // Eight consecutive weights: quarter q (0..3) of the block starting at byte `at` of binding 0.
 void load_quarter(uint at, uint q, out float w[8]) {
-#if defined(WEIGHT_F32)
+#if defined(SMALL_STORAGE) && defined(WEIGHT_F16)
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = float(halves0[at / 2u + q * 8u + j]);
+#elif defined(SMALL_STORAGE) && defined(WEIGHT_Q8_0)
+    const float d = float(halves0[at / 2u]);
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = d * float(int(signed0[at + 2u + q * 8u + j]));
+#elif defined(SMALL_STORAGE) && defined(WEIGHT_Q4_0)
+    // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high ones.
+    const float d = float(halves0[at / 2u]);
+    const uint shift = q < 2u ? 0u : 4u;
+    [[unroll]] for (uint j = 0u; j < 8u; ++j)
+        w[j] = d * float(int((uint(bytes0[at + 2u + (q % 2u) * 8u + j]) >> shift) & 0xFu) - 8);
+#elif defined(WEIGHT_F32)
     [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = uintBitsToFloat(b0[at / 4u + q * 8u + j]);
 #elif defined(WEIGHT_F16)
     [[unroll]] for (uint j = 0u; j < 4u; ++j) {

@@ -210,6 +210,50 @@ TEST_P(BackendOps, OutOfMemoryIsAStatusAndTheBackendSurvives) {
     EXPECT_TRUE(p.gpu->flush().ok());
 }
 
+#ifdef SPECULA_HAVE_VULKAN
+// With 8/16-bit storage, weights are read as halves and bytes; the 32-bit word reads (devices
+// without it) must give the same floats. Both are forced here, whatever the device's default.
+TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
+    std::string why;
+    setenv("SPECULA_VULKAN_SMALL_STORAGE", "0", 1);
+    std::unique_ptr<Backend> words = test::try_backend(SPECULA_BACKEND_VULKAN, &why);
+    setenv("SPECULA_VULKAN_SMALL_STORAGE", "1", 1);
+    std::unique_ptr<Backend> small = test::try_backend(SPECULA_BACKEND_VULKAN, &why);
+    unsetenv("SPECULA_VULKAN_SMALL_STORAGE");
+    if (!words) GTEST_SKIP() << why;
+    ASSERT_TRUE(small) << why;
+    EXPECT_FALSE(vulkan_reads_small_storage(*words));
+    if (!vulkan_reads_small_storage(*small)) GTEST_SKIP() << "no 8/16-bit storage on this device";
+    Pair p{std::move(words), std::move(small), {}};  // the pair's "cpu" reads words here
+    for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+        for (int64_t cols : {96, 256}) {  // 96: Q4_0/Q8_0 rows that start 2-byte aligned
+            for (int64_t n : {1, 8}) {
+                SCOPED_TRACE(std::string(ggml_type_name(type)) + " cols " + std::to_string(cols) +
+                             " n " + std::to_string(n));
+                const int64_t rows = 45;
+                auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 1));
+                auto x =
+                    p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 2));
+                const std::vector<int32_t> row_ids = {0, 44, 7};
+                auto ids = p.tensor(GgmlType::kI32, 3, 1, as_bytes(row_ids));
+                auto out = p.tensor(GgmlType::kF32, rows, n, {});
+                auto rows_out = p.tensor(GgmlType::kF32, cols, 3, {});
+                for (bool second : {false, true}) {
+                    Backend& be = second ? *p.gpu : *p.cpu;
+                    const auto pick = [&](const std::pair<Tensor, Tensor>& t) {
+                        return second ? t.second : t.first;
+                    };
+                    be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
+                    be.get_rows(pick(w), pick(ids), pick(rows_out));
+                }
+                expect_close(p, out, 0.0);
+                expect_close(p, rows_out, 0.0);
+            }
+        }
+    }
+}
+#endif
+
 INSTANTIATE_TEST_SUITE_P(Gpu, BackendOps,
                          ::testing::Values(SPECULA_BACKEND_VULKAN, SPECULA_BACKEND_CUDA),
                          [](const auto& info) {

@@ -49,6 +49,15 @@ want bench && for type in q8_0 q4_0; do
     -p 128 -n 128 -r 5 --verify 1,4,8,16 --json "$out/bench-$type.json" 2>&1 | tee "$out/bench-$type.txt"
 done
 
+want bench && step "Vulkan weight reads: 8/16-bit storage (1) vs 32-bit words (0), alternating"
+want bench && for type in q8_0 q4_0; do
+  for small in 1 0 1 0; do
+    printf 'SPECULA_VULKAN_SMALL_STORAGE=%s %s ' $small $type
+    SPECULA_VULKAN_SMALL_STORAGE=$small "$build/tools/specula-bench" -m "$models/random-1b-$type.gguf" \
+      --backend vulkan -p 16 -n 128 -r 3 --verify 0 2>&1 | grep '^| [^b-]'
+  done
+done | tee "$out/bench-vulkan-reads.txt"
+
 want verify && step "the verify passes: tiled vs multi-dispatch vs host readback"
 want verify && for backend in cuda vulkan; do
   "$build/tools/specula-bench-verify" --backend $backend -r 20 --json "$out/verify-$backend.json" \

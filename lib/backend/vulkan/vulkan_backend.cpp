@@ -90,7 +90,8 @@ Status instance(const Instance** out) {
         VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
         app.pApplicationName = "specula";
         app.pEngineName = "specula";
-        app.apiVersion = VK_API_VERSION_1_1;
+        // The newest version whose features are queried (a device reports its own).
+        app.apiVersion = VK_API_VERSION_1_3;
         const char* layer = "VK_LAYER_KHRONOS_validation";
         const std::array<const char*, 2> extensions = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME,
                                                        VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME};
@@ -137,6 +138,9 @@ struct PhysicalDevice {
     // Subgroup size of compute shaders when it is one fixed power of two and shuffles work
     // (a subgroup butterfly then sums in one fixed order); 0 otherwise.
     uint32_t fixed_subgroup = 0;
+    // Storage buffers readable as 8- and 16-bit values (Vulkan 1.2 features): weight readers
+    // then load halves and bytes as such (the shaders' _small variants).
+    bool small_storage = false;
     specula_device_info info{};
     int rank = 0;  // lower is preferred
 };
@@ -158,6 +162,23 @@ uint32_t fixed_subgroup_size(VkPhysicalDevice h, uint32_t api_version) {
                         control.minSubgroupSize == size && control.maxSubgroupSize == size &&
                         size >= 4 && size <= 128 && (size & (size - 1)) == 0;
     return usable ? size : 0;
+}
+
+// Whether weights are read through 8/16-bit storage. SPECULA_VULKAN_SMALL_STORAGE=0: never,
+// =1: wherever the device has it; unset: on GPUs that have it, not on CPU devices (on
+// llvmpipe the byte loads made decoding about 10% slower than the word reads).
+bool use_small_storage(VkPhysicalDevice h, const VkPhysicalDeviceProperties& props) {
+    const char* env = std::getenv("SPECULA_VULKAN_SMALL_STORAGE");
+    const bool forced = env != nullptr && std::strcmp(env, "1") == 0;
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    if (!forced && props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) return false;
+    if (props.apiVersion < VK_API_VERSION_1_2) return false;
+    VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceVulkan11Features v11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+                                         &v12};
+    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &v11};
+    vk::vkGetPhysicalDeviceFeatures2(h, &features);
+    return v11.storageBuffer16BitAccess && v12.storageBuffer8BitAccess;
 }
 
 std::vector<PhysicalDevice> physical_devices() {
@@ -185,6 +206,7 @@ std::vector<PhysicalDevice> physical_devices() {
         d.queue_family = uint32_t(q - queues.begin());
         d.timestamps = q->timestampValidBits > 0 && props.limits.timestampPeriod > 0;
         d.fixed_subgroup = fixed_subgroup_size(h, props.apiVersion);
+        d.small_storage = use_small_storage(h, props);
         d.info.kind = SPECULA_BACKEND_VULKAN;
         std::snprintf(d.info.name, sizeof d.info.name, "%s", props.deviceName);
         d.info.is_discrete_gpu = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
@@ -395,7 +417,13 @@ class VulkanBackend final : public Backend {
         qi.queueFamilyIndex = phys.queue_family;
         qi.queueCount = 1;
         qi.pQueuePriorities = &priority;
+        VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+        v12.storageBuffer8BitAccess = VK_TRUE;
+        VkPhysicalDeviceVulkan11Features v11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
+                                             &v12};
+        v11.storageBuffer16BitAccess = VK_TRUE;
         VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+        di.pNext = phys.small_storage ? &v11 : nullptr;
         di.queueCreateInfoCount = 1;
         di.pQueueCreateInfos = &qi;
         SPECULA_TRY(vk_check(vk::vkCreateDevice(phys.handle, &di, nullptr, &device_->handle),
@@ -460,6 +488,7 @@ class VulkanBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
+    bool reads_small_storage() const { return phys_.small_storage; }
 
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
         SPECULA_TRY(usable());
@@ -979,7 +1008,9 @@ class VulkanBackend final : public Backend {
         const char* suffix = weight_suffix(type);
         if (suffix == nullptr)
             return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
-        dispatch(std::string(op) + "_" + suffix, t, writes, pc, groups, spec);
+        const bool small = phys_.small_storage && type != GgmlType::kF32;
+        dispatch(std::string(op) + "_" + suffix + (small ? "_small" : ""), t, writes, pc, groups,
+                 spec);
     }
 
     // writes: a bit per binding the shader writes (the others it only reads).
@@ -1104,6 +1135,11 @@ class VulkanBackend final : public Backend {
 };
 
 }  // namespace
+
+bool vulkan_reads_small_storage(const Backend& vulkan) {
+    const auto* backend = dynamic_cast<const VulkanBackend*>(&vulkan);
+    return backend != nullptr && backend->reads_small_storage();
+}
 
 std::vector<specula_device_info> enumerate_vulkan_devices() {
     std::vector<specula_device_info> out;

@@ -20,6 +20,10 @@ Status create_vulkan_backend(const specula_backend_params& params, std::unique_p
 Status vulkan_verify_multi_dispatch(Backend& vulkan, const VerifyArgs& args,
                                     std::vector<int32_t>* tokens);
 
+// Whether this Vulkan backend reads weights through 8/16-bit storage (see
+// SPECULA_VULKAN_SMALL_STORAGE in the README); false for any other backend.
+bool vulkan_reads_small_storage(const Backend& vulkan);
+
 // Messages of severity "error" that the Khronos validation layer reported in
 // this process. The layer is enabled when SPECULA_VULKAN_VALIDATION=1.
 uint64_t vulkan_validation_error_count();
