@@ -58,6 +58,13 @@ want bench && for type in q8_0 q4_0; do
   done
 done | tee "$out/bench-vulkan-reads.txt"
 
+want bench && step "Vulkan barriers: only where a dispatch depends on another vs after every dispatch, alternating"
+want bench && for barriers in deps all deps all; do
+  printf 'SPECULA_VULKAN_BARRIERS=%s ' $barriers
+  SPECULA_VULKAN_BARRIERS=$barriers "$build/tools/specula-bench" -m "$models/random-1b-q8_0.gguf" \
+    --backend vulkan -p 16 -n 128 -r 3 --verify 1,8 2>&1 | grep '^| [^b-]'
+done | tee "$out/bench-vulkan-barriers.txt"
+
 want verify && step "the verify passes: tiled vs multi-dispatch vs host readback"
 want verify && for backend in cuda vulkan; do
   "$build/tools/specula-bench-verify" --backend $backend -r 20 --json "$out/verify-$backend.json" \

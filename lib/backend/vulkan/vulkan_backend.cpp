@@ -444,6 +444,10 @@ class VulkanBackend final : public Backend {
             vk_check(vk::vkAllocateCommandBuffers(d, &ai, &cmd_), "vkAllocateCommandBuffers"));
         VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
         SPECULA_TRY(vk_check(vk::vkCreateFence(d, &fi, nullptr, &fence_), "vkCreateFence"));
+        // SPECULA_VULKAN_BARRIERS=all: a barrier after every dispatch, as a baseline for
+        // measuring what the dependency-only barriers gain.
+        const char* barriers = std::getenv("SPECULA_VULKAN_BARRIERS");
+        barrier_every_dispatch_ = barriers != nullptr && std::strcmp(barriers, "all") == 0;
         if (phys.timestamps) {
             VkQueryPoolCreateInfo qpi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
             qpi.queryType = VK_QUERY_TYPE_TIMESTAMP;
@@ -878,7 +882,7 @@ class VulkanBackend final : public Backend {
         auto holds = [](const std::vector<VkBuffer>& v, VkBuffer b) {
             return std::find(v.begin(), v.end(), b) != v.end();
         };
-        bool depends = false;
+        bool depends = barrier_every_dispatch_;
         for (size_t i = 0; i < kBindings && !depends; ++i) {
             if (bound[i] == dummy_.get()) continue;
             const VkBuffer b = bound[i]->handle();
@@ -1129,6 +1133,7 @@ class VulkanBackend final : public Backend {
     size_t n_recorded_ = 0;
     // Buffers bound by dispatches since the last barrier (see order_after_dependencies).
     std::vector<VkBuffer> read_since_barrier_, written_since_barrier_;
+    bool barrier_every_dispatch_ = false;
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;
