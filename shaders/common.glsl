@@ -27,11 +27,8 @@ layout(push_constant) uniform PushConstants {
 // The linear index of this workgroup when a large grid is folded into x and y.
 uint group_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 
-#define F32_AT(buf, off, i) uintBitsToFloat(buf[(off) / 4u + (i)])
-
-// Byte and half-word reads from word arrays (weights are little-endian).
-#define BYTE_AT(buf, byte) ((buf[(byte) >> 2] >> (((byte) & 3u) << 3)) & 0xFFu)
-#define HALF_AT(buf, byte) unpackHalf2x16((buf[(byte) >> 2] >> (((byte) & 2u) << 3)) & 0xFFFFu).x
+// The feed-forward's gate: silu(g) * u (elementwise.comp, and the gated matmul's output).
+float silu_times(float g, float u) { return g / (1.0 + exp(-g)) * u; }
 
 // Weight element types: each shader that reads weights is compiled once per type
 // with one of these defined, and reads a row in blocks of 32 weights, eight at a time.
@@ -45,54 +42,74 @@ const uint BLOCK_BYTES = 34u;
 const uint BLOCK_BYTES = 18u;
 #endif
 
+// Weights are read from binding 0, or with which = 3 from binding 3 (the second matrix of the
+// gated matmul); `which` is a constant wherever these are inlined, so the choice costs nothing.
+uint weight_word(uint which, uint i) { return which == 3u ? b3[i] : b0[i]; }
+
 #if defined(SMALL_STORAGE)
-// Binding 0 (the weights) again, as halves and bytes.
+// The weight bindings again, as halves and bytes.
 layout(std430, binding = 0) readonly buffer Halves0 { float16_t halves0[]; };
 layout(std430, binding = 0) readonly buffer Signed0 { int8_t signed0[]; };
 layout(std430, binding = 0) readonly buffer Bytes0 { uint8_t bytes0[]; };
+layout(std430, binding = 3) readonly buffer Halves3 { float16_t halves3[]; };
+layout(std430, binding = 3) readonly buffer Signed3 { int8_t signed3[]; };
+layout(std430, binding = 3) readonly buffer Bytes3 { uint8_t bytes3[]; };
+// Converted before they are chosen: arithmetic on 8/16-bit values (a select is) needs more
+// than storage features.
+float weight_half(uint which, uint i) { return which == 3u ? float(halves3[i]) : float(halves0[i]); }
+int weight_int8(uint which, uint i) { return which == 3u ? int(signed3[i]) : int(signed0[i]); }
+uint weight_uint8(uint which, uint i) { return which == 3u ? uint(bytes3[i]) : uint(bytes0[i]); }
 #endif
 
 #if defined(WEIGHT_F32) || defined(WEIGHT_F16) || defined(WEIGHT_Q8_0) || defined(WEIGHT_Q4_0)
-// Four bytes of binding 0 starting at an even byte offset (blocks of 34 and 18
-// bytes leave their quants 2-byte aligned): one or two word loads.
-uint quant_word(uint byte) {
-    const uint i = byte >> 2;
-    return (byte & 2u) == 0u ? b0[i] : (b0[i] >> 16) | (b0[i + 1u] << 16);
+// The half at an even byte offset (a block's scale).
+float half_at(uint which, uint byte) {
+    return unpackHalf2x16((weight_word(which, byte >> 2) >> ((byte & 2u) << 3)) & 0xFFFFu).x;
 }
 
-// Eight consecutive weights: quarter q (0..3) of the block starting at byte `at` of binding 0.
-void load_quarter(uint at, uint q, out float w[8]) {
+// Four bytes starting at an even byte offset (blocks of 34 and 18 bytes leave their quants
+// 2-byte aligned): one or two word loads.
+uint quant_word(uint which, uint byte) {
+    const uint i = byte >> 2;
+    const uint lo = weight_word(which, i);
+    return (byte & 2u) == 0u ? lo : (lo >> 16) | (weight_word(which, i + 1u) << 16);
+}
+
+// Eight consecutive weights: quarter q (0..3) of the block starting at byte `at` of the
+// weight binding `which`.
+void load_quarter(uint which, uint at, uint q, out float w[8]) {
 #if defined(SMALL_STORAGE) && defined(WEIGHT_F16)
-    [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = float(halves0[at / 2u + q * 8u + j]);
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = weight_half(which, at / 2u + q * 8u + j);
 #elif defined(SMALL_STORAGE) && defined(WEIGHT_Q8_0)
-    const float d = float(halves0[at / 2u]);
-    [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = d * float(int(signed0[at + 2u + q * 8u + j]));
+    const float d = weight_half(which, at / 2u);
+    [[unroll]] for (uint j = 0u; j < 8u; ++j)
+        w[j] = d * float(weight_int8(which, at + 2u + q * 8u + j));
 #elif defined(SMALL_STORAGE) && defined(WEIGHT_Q4_0)
     // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high ones.
-    const float d = float(halves0[at / 2u]);
+    const float d = weight_half(which, at / 2u);
     const uint shift = q < 2u ? 0u : 4u;
     [[unroll]] for (uint j = 0u; j < 8u; ++j)
-        w[j] = d * float(int((uint(bytes0[at + 2u + (q % 2u) * 8u + j]) >> shift) & 0xFu) - 8);
+        w[j] = d * float(int((weight_uint8(which, at + 2u + (q % 2u) * 8u + j) >> shift) & 0xFu) - 8);
 #elif defined(WEIGHT_F32)
-    [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = uintBitsToFloat(b0[at / 4u + q * 8u + j]);
+    [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = uintBitsToFloat(weight_word(which, at / 4u + q * 8u + j));
 #elif defined(WEIGHT_F16)
     [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-        const vec2 h = unpackHalf2x16(b0[at / 4u + q * 4u + j]);
+        const vec2 h = unpackHalf2x16(weight_word(which, at / 4u + q * 4u + j));
         w[2u * j] = h.x;
         w[2u * j + 1u] = h.y;
     }
 #elif defined(WEIGHT_Q8_0)
-    const float d = HALF_AT(b0, at);
+    const float d = half_at(which, at);
     [[unroll]] for (uint i = 0u; i < 2u; ++i) {
-        const int v = int(quant_word(at + 2u + q * 8u + 4u * i));
+        const int v = int(quant_word(which, at + 2u + q * 8u + 4u * i));
         [[unroll]] for (uint k = 0u; k < 4u; ++k) w[4u * i + k] = d * float(bitfieldExtract(v, int(8u * k), 8));
     }
 #elif defined(WEIGHT_Q4_0)
     // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high ones.
-    const float d = HALF_AT(b0, at);
+    const float d = half_at(which, at);
     const uint shift = q < 2u ? 0u : 4u;
     [[unroll]] for (uint i = 0u; i < 2u; ++i) {
-        const uint v = quant_word(at + 2u + (q % 2u) * 8u + 4u * i);
+        const uint v = quant_word(which, at + 2u + (q % 2u) * 8u + 4u * i);
         [[unroll]] for (uint k = 0u; k < 4u; ++k)
             w[4u * i + k] = d * float(int(bitfieldExtract(v, int(8u * k + shift), 4)) - 8);
     }

@@ -14,7 +14,7 @@ void main() {
     if (pc.u1 == 0u) {
         r = a + uintBitsToFloat(b1[pc.off1 / 4u + i]);
     } else if (pc.u1 == 1u) {
-        r = a / (1.0 + exp(-a)) * uintBitsToFloat(b1[pc.off1 / 4u + i]);
+        r = silu_times(a, uintBitsToFloat(b1[pc.off1 / 4u + i]));
     } else {
         r = a;
     }

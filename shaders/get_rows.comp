@@ -14,7 +14,7 @@ void main() {
     const uint row_bytes = cols / 32u * BLOCK_BYTES;
     for (uint g = gl_LocalInvocationID.x; g < cols / 8u; g += WG) {  // g: quarter g % 4 of block g / 4
         float w[8];
-        load_quarter(pc.off0 + id * row_bytes + g / 4u * BLOCK_BYTES, g % 4u, w);
+        load_quarter(0u, pc.off0 + id * row_bytes + g / 4u * BLOCK_BYTES, g % 4u, w);
         [[unroll]] for (uint j = 0u; j < 8u; ++j) b2[pc.off2 / 4u + i * cols + g * 8u + j] = floatBitsToUint(w[j]);
     }
 }

@@ -10,6 +10,8 @@
 // fma() so that no compiler contracts them differently in different pipelines.
 //   binding 0: w (rows x cols, weight type), 1: x (n x cols, f32, 16-byte aligned),
 //   2: out (n x rows, f32)
+// GATED = 1: out[c][r] = silu(dot(w[r], x[c])) * dot(w3[r], x[c]) with w3 (the same shape and
+// type) in binding 3: each group computes its R rows of both matrices, reduced as above.
 // N is a specialization constant (1, 2, 4, 8 or 16: few pipelines to compile), so
 // the per-column loops unroll into registers; columns n..N-1 are skipped.
 //   u0 = cols, u1 = rows, u2 = n (<= N), u3 = out row stride (floats), u4 = 1: out += sum
@@ -23,16 +25,23 @@ layout(constant_id = 3) const uint T = 128u;  // threads per group: a power of t
 // The device's fixed subgroup size, at most T, with subgroups made of consecutive
 // invocations; 0: no subgroup operations.
 layout(constant_id = 4) const uint SUBGROUP = 0u;
+layout(constant_id = 5) const uint GATED = 0u;
+
+const uint MATRICES = GATED != 0u ? 2u : 1u;
+const uint SUMS = MATRICES * R * N;  // per group: matrix m, row r, column c at (m * R + r) * N + c
+const uint GROUPS = WG / T;
 
 layout(std430, binding = 1) readonly buffer XVectors { vec4 x4[]; };  // binding 1 again
 
 // (row, column) sums reduced per round through shared memory: no more than there are
 // (shared memory costs every workgroup, on some devices per byte).
-const uint PAIRS = R * N < 32u ? R * N : 32u;
+const uint PAIRS = SUMS < 32u ? SUMS : 32u;
 shared float partial[PAIRS][WG];
 // One sum per (row, column) and subgroup on the subgroup path.
 const uint SUBGROUPS = WG / (SUBGROUP > 4u ? SUBGROUP : 4u);
-shared float subgroup_sums[R * N][SUBGROUP > 0u ? SUBGROUPS : 1u];
+shared float subgroup_sums[SUMS][SUBGROUP > 0u ? SUBGROUPS : 1u];
+// Gated: a group's reduced sums, until both of a pair are there.
+shared float gated_sums[GATED != 0u ? GROUPS : 1u][GATED != 0u ? SUMS : 1u];
 
 void write_out(uint i, uint r0, float v) {
     const uint r = i / N, c = i % N;
@@ -40,67 +49,86 @@ void write_out(uint i, uint r0, float v) {
     if (c < pc.u2 && r0 + r < pc.u1) b2[at] = floatBitsToUint(pc.u4 != 0u ? uintBitsToFloat(b2[at]) + v : v);
 }
 
+// Sum i of group g is reduced: written out, or (gated) kept for its pair.
+void reduced(uint g, uint i, uint r0, float v) {
+    if (GATED != 0u) {
+        gated_sums[g][i] = v;
+    } else {
+        write_out(i, r0, v);
+    }
+}
+
+void write_gated(uint g, uint l, uint r0) {
+    if (GATED == 0u) return;
+    barrier();
+    for (uint i = l; i < R * N; i += T) write_out(i, r0, silu_times(gated_sums[g][i], gated_sums[g][R * N + i]));
+}
+
 void main() {
     const uint t = gl_LocalInvocationID.x, l = t % T, q = l % 4u;
-    const uint r0 = (group_index() * (WG / T) + t / T) * R;
+    const uint g = t / T, r0 = (group_index() * GROUPS + g) * R;
     const uint cols = pc.u0, rows = pc.u1, n = pc.u2;
     const uint blocks = cols / 32u, row_bytes = blocks * BLOCK_BYTES;
-    float acc[R * N];
-    [[unroll]] for (uint i = 0u; i < R * N; ++i) acc[i] = 0.0;
+    float acc[SUMS];
+    [[unroll]] for (uint i = 0u; i < SUMS; ++i) acc[i] = 0.0;
     for (uint b = l / 4u; b < blocks; b += T / 4u) {
-        float wq[R * 8u];
-        [[unroll]] for (uint r = 0u; r < R; ++r) {
+        float wq[MATRICES * R * 8u];
+        [[unroll]] for (uint mr = 0u; mr < MATRICES * R; ++mr) {  // matrix mr / R, row mr % R
+            const uint r = mr % R, which = mr < R ? 0u : 3u;
+            const uint off = mr < R ? pc.off0 : pc.off3;
             float w8[8];
             if (r0 + r < rows) {
-                load_quarter(pc.off0 + (r0 + r) * row_bytes + b * BLOCK_BYTES, q, w8);
+                load_quarter(which, off + (r0 + r) * row_bytes + b * BLOCK_BYTES, q, w8);
             } else {
                 [[unroll]] for (uint j = 0u; j < 8u; ++j) w8[j] = 0.0;
             }
-            [[unroll]] for (uint j = 0u; j < 8u; ++j) wq[8u * r + j] = w8[j];
+            [[unroll]] for (uint j = 0u; j < 8u; ++j) wq[8u * mr + j] = w8[j];
         }
         [[unroll]] for (uint c = 0u; c < N; ++c) {
             if (c >= n) break;
             const uint xi = pc.off1 / 16u + (c * cols + b * 32u + q * 8u) / 4u;
             const vec4 lo = x4[xi], hi = x4[xi + 1u];
-            [[unroll]] for (uint r = 0u; r < R; ++r) {
-                float s = wq[8u * r] * lo.x;
-                s = fma(wq[8u * r + 1u], lo.y, s);
-                s = fma(wq[8u * r + 2u], lo.z, s);
-                s = fma(wq[8u * r + 3u], lo.w, s);
-                s = fma(wq[8u * r + 4u], hi.x, s);
-                s = fma(wq[8u * r + 5u], hi.y, s);
-                s = fma(wq[8u * r + 6u], hi.z, s);
-                s = fma(wq[8u * r + 7u], hi.w, s);
-                acc[r * N + c] += s;
+            [[unroll]] for (uint mr = 0u; mr < MATRICES * R; ++mr) {
+                float s = wq[8u * mr] * lo.x;
+                s = fma(wq[8u * mr + 1u], lo.y, s);
+                s = fma(wq[8u * mr + 2u], lo.z, s);
+                s = fma(wq[8u * mr + 3u], lo.w, s);
+                s = fma(wq[8u * mr + 4u], hi.x, s);
+                s = fma(wq[8u * mr + 5u], hi.y, s);
+                s = fma(wq[8u * mr + 6u], hi.z, s);
+                s = fma(wq[8u * mr + 7u], hi.w, s);
+                acc[mr * N + c] += s;
             }
         }
     }
     if (SUBGROUP > 0u) {
-        [[unroll]] for (uint i = 0u; i < R * N; ++i) {
+        [[unroll]] for (uint i = 0u; i < SUMS; ++i) {
             float v = acc[i];
             for (uint m = SUBGROUP / 2u; m > 0u; m /= 2u) v += subgroupShuffleXor(v, m);
             if (t % SUBGROUP == 0u) subgroup_sums[i][t / SUBGROUP] = v;
         }
         barrier();
         const uint first = (t - l) / SUBGROUP;  // this group's subgroups, in order
-        for (uint i = l; i < R * N; i += T) {
+        for (uint i = l; i < SUMS; i += T) {
             float v = subgroup_sums[i][first];
             for (uint k = 1u; k < T / SUBGROUP; ++k) v += subgroup_sums[i][first + k];
-            write_out(i, r0, v);
+            reduced(g, i, r0, v);
         }
+        write_gated(g, l, r0);
         return;
     }
-    [[unroll]] for (uint p0 = 0u; p0 < R * N; p0 += PAIRS) {
+    [[unroll]] for (uint p0 = 0u; p0 < SUMS; p0 += PAIRS) {
         [[unroll]] for (uint k = 0u; k < PAIRS; ++k)
-            if (p0 + k < R * N) partial[k][t] = acc[p0 + k];
+            if (p0 + k < SUMS) partial[k][t] = acc[p0 + k];
         barrier();
         for (uint stride = T / 2u; stride > 0u; stride /= 2u) {
             if (l < stride)
                 [[unroll]] for (uint k = 0u; k < PAIRS; ++k)
-                    if (p0 + k < R * N) partial[k][t] += partial[k][t + stride];
+                    if (p0 + k < SUMS) partial[k][t] += partial[k][t + stride];
             barrier();
         }
-        for (uint k = l; k < PAIRS && p0 + k < R * N; k += T) write_out(p0 + k, r0, partial[k][t - l]);
+        for (uint k = l; k < PAIRS && p0 + k < SUMS; k += T) reduced(g, p0 + k, r0, partial[k][t - l]);
         barrier();
     }
+    write_gated(g, l, r0);
 }

@@ -141,6 +141,52 @@ TEST_P(BackendOps, MatmulAccumulatesLikeAdd) {
     }
 }
 
+// The feed-forward's gated product equals its three ops (two products, silu_mul) bit for bit on
+// the same backend, whether the backend computes it in one pass or not, and the cpu's within
+// the tolerance. A gate and up of different types take the three ops.
+TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
+    const auto read = [](Backend& be, const Tensor& t) {
+        std::vector<float> v(size_t(t.cols * t.rows));
+        EXPECT_TRUE(be.download(t, v.data()).ok());
+        return v;
+    };
+    const std::vector<std::pair<GgmlType, GgmlType>> types = {{GgmlType::kF32, GgmlType::kF32},
+                                                              {GgmlType::kF16, GgmlType::kF16},
+                                                              {GgmlType::kQ8_0, GgmlType::kQ8_0},
+                                                              {GgmlType::kQ4_0, GgmlType::kQ4_0},
+                                                              {GgmlType::kQ8_0, GgmlType::kQ4_0}};
+    for (auto [gate_type, up_type] : types) {
+        for (int64_t cols : {96, 256}) {
+            for (int64_t n : {1, 8, 19}) {  // 19: a pass of 16 columns, then one of 3
+                SCOPED_TRACE(std::string(ggml_type_name(gate_type)) + "/" +
+                             ggml_type_name(up_type) + " cols " + std::to_string(cols) + " n " +
+                             std::to_string(n));
+                const int64_t rows = 45;
+                auto wg = p.tensor(gate_type, cols, rows, random_bytes(gate_type, cols, rows, 11));
+                auto wu = p.tensor(up_type, cols, rows, random_bytes(up_type, cols, rows, 12));
+                auto x =
+                    p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 13));
+                auto gated = p.tensor(GgmlType::kF32, rows, n, {});
+                auto scratch = p.tensor(GgmlType::kF32, rows, n, {});
+                auto three = p.tensor(GgmlType::kF32, rows, n, {});
+                auto up = p.tensor(GgmlType::kF32, rows, n, {});
+                for (Backend* be : {p.cpu.get(), p.gpu.get()}) {
+                    const bool cpu = be == p.cpu.get();
+                    const auto pick = [&](const std::pair<Tensor, Tensor>& t) {
+                        return cpu ? t.first : t.second;
+                    };
+                    be->matmul_gated(pick(wg), pick(wu), pick(x), pick(gated), pick(scratch));
+                    be->matmul(pick(wg), pick(x), pick(three), Backend::Accumulate::kNo);
+                    be->matmul(pick(wu), pick(x), pick(up), Backend::Accumulate::kNo);
+                    be->silu_mul(pick(three), pick(up), pick(three));
+                    EXPECT_EQ(read(*be, pick(gated)), read(*be, pick(three))) << be->info().name;
+                }
+                expect_close(p, gated);
+            }
+        }
+    }
+}
+
 TEST_P(BackendOps, GetRowsEveryType) {
     for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
         auto table = p.tensor(type, 96, 50, random_bytes(type, 96, 50, 3));

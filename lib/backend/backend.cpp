@@ -27,6 +27,13 @@ Tensor Tensor::row_range(int64_t first, int64_t count) const {
     return v;
 }
 
+void Backend::matmul_gated(const Tensor& w_gate, const Tensor& w_up, const Tensor& x,
+                           const Tensor& out, const Tensor& up) {
+    matmul(w_gate, x, out, Accumulate::kNo);
+    matmul(w_up, x, up, Accumulate::kNo);
+    silu_mul(out, up, out);
+}
+
 std::vector<float> rope_table(int n_ctx, int n_rot, float base) {
     std::vector<float> table(size_t(n_ctx) * size_t(n_rot));
     for (int pos = 0; pos < n_ctx; ++pos) {

@@ -104,6 +104,12 @@ class Backend {
     enum class Accumulate : bool { kNo, kYes };
     virtual void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
                         Accumulate accumulate) = 0;
+    // out = silu(x·w_gateᵀ) * (x·w_upᵀ), the feed-forward's gated product: what matmul(w_gate,
+    // x, out), matmul(w_up, x, up) and silu_mul(out, up, out) compute, which is the default (up:
+    // scratch of out's shape). A backend may compute it in one pass without up; the products
+    // are then still summed as matmul() sums them.
+    virtual void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const Tensor& x,
+                              const Tensor& out, const Tensor& up);
     // Rotates adjacent pairs (x[2j], x[2j+1]) of the first n_rot dims of every head of row
     // i, in place (GGUF's Q/K layout), by the angle whose cosine and sine are
     // table[positions[i]][2j] and [2j+1]. The table (see rope_table()) is computed once on the

@@ -235,9 +235,7 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
                      c.head_dim, scale, n_past_);
         be.matmul(L.wo, attn, x, Backend::Accumulate::kYes);  // the residual add
         be.rms_norm(x, L.ffn_norm, c.rms_eps, h);
-        be.matmul(L.w_gate, h, gate, Backend::Accumulate::kNo);
-        be.matmul(L.w_up, h, up, Backend::Accumulate::kNo);
-        be.silu_mul(gate, up, gate);
+        be.matmul_gated(L.w_gate, L.w_up, h, gate, up);
         be.matmul(L.w_down, gate, x, Backend::Accumulate::kYes);
     }
     const int first = all_rows ? 0 : n - 1;

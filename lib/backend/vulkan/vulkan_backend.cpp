@@ -636,6 +636,21 @@ class VulkanBackend final : public Backend {
 
     void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
                 Accumulate accumulate) override {
+        matmul_shader(w, nullptr, x, out, accumulate);
+    }
+
+    // One pass for both products of the feed-forward's gate (the shader's GATED variant), where
+    // both matrices have one type and shape (mixed-type files take the three ops).
+    void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const Tensor& x, const Tensor& out,
+                      const Tensor& up) override {
+        if (w_up.type != w_gate.type || w_up.cols != w_gate.cols || w_up.rows != w_gate.rows)
+            return Backend::matmul_gated(w_gate, w_up, x, out, up);
+        matmul_shader(w_gate, &w_up, x, out, Accumulate::kNo);
+    }
+
+    // out = w·x, or with `gated_by` out = silu(w·x) * (gated_by·x).
+    void matmul_shader(const Tensor& w, const Tensor* gated_by, const Tensor& x, const Tensor& out,
+                       Accumulate accumulate) {
         // The shader reads x in 16-byte vectors: every activation tensor starts a row of a
         // buffer, so this holds for the model's inputs.
         if (x.offset % 16 != 0 || w.cols % 32 != 0)
@@ -664,11 +679,14 @@ class VulkanBackend final : public Backend {
                 bucket *= 2;
             // More rows per group for more columns: each x value loaded serves more rows; two
             // for one or two columns, so that small matrices still spread over many groups.
-            const uint32_t rows_per_group = bucket <= 2 ? 2 : bucket <= 4 ? 4 : 8;
+            // Gated, a group loads its rows of both matrices: half as many rows, as many loads.
+            uint32_t rows_per_group = bucket <= 2 ? 2 : bucket <= 4 ? 4 : 8;
+            if (gated_by != nullptr) rows_per_group /= 2;
             const uint32_t rows_per_workgroup = rows_per_group * (kMatmulThreads / per_row);
-            dispatch_typed("matmul", w.type, {&w, &xs, &os}, kWrites2, pc,
+            dispatch_typed("matmul", w.type, {&w, &xs, &os, gated_by}, kWrites2, pc,
                            uint32_t((w.rows + rows_per_workgroup - 1) / rows_per_workgroup),
-                           {kMatmulThreads, rows_per_group, bucket, per_row, subgroup});
+                           {kMatmulThreads, rows_per_group, bucket, per_row, subgroup,
+                            gated_by != nullptr ? 1u : 0u});
         }
     }
 
@@ -897,8 +915,8 @@ class VulkanBackend final : public Backend {
         }
     }
 
-    // Specialization constants: 0 = workgroup size, 1..4 shader-specific (see the shader).
-    static constexpr uint32_t kSpecConstants = 5;
+    // Specialization constants: 0 = workgroup size, 1..5 shader-specific (see the shader).
+    static constexpr uint32_t kSpecConstants = 6;
     using Spec = std::array<uint32_t, kSpecConstants>;
     Status pipeline(const std::string& name, Spec spec_values, VkPipeline* out) {
         std::string key = name;
