@@ -64,6 +64,17 @@ std::vector<uint8_t> as_bytes(const std::vector<T>& v) {
     return b;
 }
 
+std::vector<float> read_floats(Backend& be, const Tensor& t) {
+    std::vector<float> v(size_t(t.cols * t.rows));
+    EXPECT_TRUE(be.download(t, v.data()).ok());
+    return v;
+}
+
+std::string case_name(GgmlType type, int64_t cols, int64_t n) {
+    return std::string(ggml_type_name(type)) + " cols " + std::to_string(cols) + " n " +
+           std::to_string(n);
+}
+
 void expect_close(Pair& p, const std::pair<Tensor, Tensor>& t, double tolerance = kTolerance) {
     std::vector<float> a(size_t(t.first.cols * t.first.rows)), b(a.size());
     ASSERT_TRUE(p.cpu->download(t.first, a.data()).ok());
@@ -94,8 +105,7 @@ TEST_P(BackendOps, MatmulEveryTypeAndBatch) {
     for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
         for (int64_t cols : {32, 96, 256}) {       // 96: Q4_0/Q8_0 rows that start 2-byte aligned
             for (int64_t n : {1, 3, 8, 16, 19}) {  // 19: wider than one shader pass
-                SCOPED_TRACE(std::string(ggml_type_name(type)) + " cols " + std::to_string(cols) +
-                             " n " + std::to_string(n));
+                SCOPED_TRACE(case_name(type, cols, n));
                 const int64_t rows = 45;
                 auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 1));
                 auto x =
@@ -122,11 +132,6 @@ TEST_P(BackendOps, MatmulAccumulatesLikeAdd) {
         auto sum = p.tensor(GgmlType::kF32, rows, n, residual);
         auto product = p.tensor(GgmlType::kF32, rows, n, {});
         auto expected = p.tensor(GgmlType::kF32, rows, n, residual);
-        const auto read = [](Backend& be, const Tensor& t) {
-            std::vector<float> v(size_t(t.cols * t.rows));
-            EXPECT_TRUE(be.download(t, v.data()).ok());
-            return v;
-        };
         for (Backend* be : {p.cpu.get(), p.gpu.get()}) {
             const bool cpu = be == p.cpu.get();
             const auto pick = [&](const std::pair<Tensor, Tensor>& t) {
@@ -135,7 +140,8 @@ TEST_P(BackendOps, MatmulAccumulatesLikeAdd) {
             be->matmul(pick(w), pick(x), pick(sum), Backend::Accumulate::kYes);
             be->matmul(pick(w), pick(x), pick(product), Backend::Accumulate::kNo);
             be->add(pick(expected), pick(product), pick(expected));
-            EXPECT_EQ(read(*be, pick(sum)), read(*be, pick(expected))) << be->info().name;
+            EXPECT_EQ(read_floats(*be, pick(sum)), read_floats(*be, pick(expected)))
+                << be->info().name;
         }
         expect_close(p, sum);
     }
@@ -145,11 +151,6 @@ TEST_P(BackendOps, MatmulAccumulatesLikeAdd) {
 // the same backend, whether the backend computes it in one pass or not, and the cpu's within
 // the tolerance. A gate and up of different types take the three ops.
 TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
-    const auto read = [](Backend& be, const Tensor& t) {
-        std::vector<float> v(size_t(t.cols * t.rows));
-        EXPECT_TRUE(be.download(t, v.data()).ok());
-        return v;
-    };
     const std::vector<std::pair<GgmlType, GgmlType>> types = {{GgmlType::kF32, GgmlType::kF32},
                                                               {GgmlType::kF16, GgmlType::kF16},
                                                               {GgmlType::kQ8_0, GgmlType::kQ8_0},
@@ -179,7 +180,8 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
                     be->matmul(pick(wg), pick(x), pick(three), Backend::Accumulate::kNo);
                     be->matmul(pick(wu), pick(x), pick(up), Backend::Accumulate::kNo);
                     be->silu_mul(pick(three), pick(up), pick(three));
-                    EXPECT_EQ(read(*be, pick(gated)), read(*be, pick(three))) << be->info().name;
+                    EXPECT_EQ(read_floats(*be, pick(gated)), read_floats(*be, pick(three)))
+                        << be->info().name;
                 }
                 expect_close(p, gated);
             }
@@ -274,8 +276,7 @@ TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
     for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
         for (int64_t cols : {96, 256}) {  // 96: Q4_0/Q8_0 rows that start 2-byte aligned
             for (int64_t n : {1, 8}) {
-                SCOPED_TRACE(std::string(ggml_type_name(type)) + " cols " + std::to_string(cols) +
-                             " n " + std::to_string(n));
+                SCOPED_TRACE(case_name(type, cols, n));
                 const int64_t rows = 45;
                 auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 1));
                 auto x =
