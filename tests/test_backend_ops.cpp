@@ -40,6 +40,17 @@ struct Pair {
         keep.push_back(std::move(b));
         return {ta, tb};
     }
+
+    // f(backend, side) for the cpu and then the gpu; side(t) is t's tensor on that backend.
+    template <typename F>
+    void on_each(F f) {
+        for (bool second : {false, true}) {
+            const auto side = [second](const std::pair<Tensor, Tensor>& t) {
+                return second ? t.second : t.first;
+            };
+            f(second ? *gpu : *cpu, side);
+        }
+    }
 };
 
 std::vector<uint8_t> random_bytes(GgmlType type, int64_t cols, int64_t rows, uint32_t seed,
@@ -132,17 +143,13 @@ TEST_P(BackendOps, MatmulAccumulatesLikeAdd) {
         auto sum = p.tensor(GgmlType::kF32, rows, n, residual);
         auto product = p.tensor(GgmlType::kF32, rows, n, {});
         auto expected = p.tensor(GgmlType::kF32, rows, n, residual);
-        for (Backend* be : {p.cpu.get(), p.gpu.get()}) {
-            const bool cpu = be == p.cpu.get();
-            const auto pick = [&](const std::pair<Tensor, Tensor>& t) {
-                return cpu ? t.first : t.second;
-            };
-            be->matmul(pick(w), pick(x), pick(sum), Backend::Accumulate::kYes);
-            be->matmul(pick(w), pick(x), pick(product), Backend::Accumulate::kNo);
-            be->add(pick(expected), pick(product), pick(expected));
-            EXPECT_EQ(read_floats(*be, pick(sum)), read_floats(*be, pick(expected)))
-                << be->info().name;
-        }
+        p.on_each([&](Backend& be, auto pick) {
+            be.matmul(pick(w), pick(x), pick(sum), Backend::Accumulate::kYes);
+            be.matmul(pick(w), pick(x), pick(product), Backend::Accumulate::kNo);
+            be.add(pick(expected), pick(product), pick(expected));
+            EXPECT_EQ(read_floats(be, pick(sum)), read_floats(be, pick(expected)))
+                << be.info().name;
+        });
         expect_close(p, sum);
     }
 }
@@ -171,18 +178,14 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
                 auto scratch = p.tensor(GgmlType::kF32, rows, n, {});
                 auto three = p.tensor(GgmlType::kF32, rows, n, {});
                 auto up = p.tensor(GgmlType::kF32, rows, n, {});
-                for (Backend* be : {p.cpu.get(), p.gpu.get()}) {
-                    const bool cpu = be == p.cpu.get();
-                    const auto pick = [&](const std::pair<Tensor, Tensor>& t) {
-                        return cpu ? t.first : t.second;
-                    };
-                    be->matmul_gated(pick(wg), pick(wu), pick(x), pick(gated), pick(scratch));
-                    be->matmul(pick(wg), pick(x), pick(three), Backend::Accumulate::kNo);
-                    be->matmul(pick(wu), pick(x), pick(up), Backend::Accumulate::kNo);
-                    be->silu_mul(pick(three), pick(up), pick(three));
-                    EXPECT_EQ(read_floats(*be, pick(gated)), read_floats(*be, pick(three)))
-                        << be->info().name;
-                }
+                p.on_each([&](Backend& be, auto pick) {
+                    be.matmul_gated(pick(wg), pick(wu), pick(x), pick(gated), pick(scratch));
+                    be.matmul(pick(wg), pick(x), pick(three), Backend::Accumulate::kNo);
+                    be.matmul(pick(wu), pick(x), pick(up), Backend::Accumulate::kNo);
+                    be.silu_mul(pick(three), pick(up), pick(three));
+                    EXPECT_EQ(read_floats(be, pick(gated)), read_floats(be, pick(three)))
+                        << be.info().name;
+                });
                 expect_close(p, gated);
             }
         }
@@ -285,14 +288,10 @@ TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
                 auto ids = p.tensor(GgmlType::kI32, 3, 1, as_bytes(row_ids));
                 auto out = p.tensor(GgmlType::kF32, rows, n, {});
                 auto rows_out = p.tensor(GgmlType::kF32, cols, 3, {});
-                for (bool second : {false, true}) {
-                    Backend& be = second ? *p.gpu : *p.cpu;
-                    const auto pick = [&](const std::pair<Tensor, Tensor>& t) {
-                        return second ? t.second : t.first;
-                    };
+                p.on_each([&](Backend& be, auto pick) {
                     be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
                     be.get_rows(pick(w), pick(ids), pick(rows_out));
-                }
+                });
                 expect_close(p, out, 0.0);
                 expect_close(p, rows_out, 0.0);
             }

@@ -22,6 +22,12 @@ namespace {
 
 std::atomic<uint64_t> g_validation_errors{0};
 
+// Whether the environment variable `name` is set to `value` (the SPECULA_VULKAN_* switches).
+bool env_is(const char* name, const char* value) {
+    const char* env = std::getenv(name);
+    return env != nullptr && std::strcmp(env, value) == 0;
+}
+
 Status vk_check(VkResult r, const std::string& what) {
     switch (r) {
         case VK_SUCCESS:
@@ -72,8 +78,7 @@ Status instance(const Instance** out) {
             status = {SPECULA_ERR_NO_DEVICE, "no Vulkan loader (libvulkan.so.1) is installed"};
             return;
         }
-        const char* env = std::getenv("SPECULA_VULKAN_VALIDATION");
-        bool want_validation = env != nullptr && std::strcmp(env, "1") == 0;
+        bool want_validation = env_is("SPECULA_VULKAN_VALIDATION", "1");
         if (want_validation) {
             uint32_t n = 0;
             vk::vkEnumerateInstanceLayerProperties(&n, nullptr);
@@ -146,8 +151,7 @@ struct PhysicalDevice {
 };
 
 uint32_t fixed_subgroup_size(VkPhysicalDevice h, uint32_t api_version) {
-    const char* env = std::getenv("SPECULA_VULKAN_SUBGROUPS");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return 0;  // tests the fallback
+    if (env_is("SPECULA_VULKAN_SUBGROUPS", "0")) return 0;  // tests the fallback
     // Before Vulkan 1.3 nothing says that the size is the same in every pipeline.
     if (api_version < VK_API_VERSION_1_3) return 0;
     VkPhysicalDeviceSubgroupSizeControlProperties control{
@@ -168,10 +172,10 @@ uint32_t fixed_subgroup_size(VkPhysicalDevice h, uint32_t api_version) {
 // =1: wherever the device has it; unset: on GPUs that have it, not on CPU devices (on
 // llvmpipe the byte loads made decoding about 10% slower than the word reads).
 bool use_small_storage(VkPhysicalDevice h, const VkPhysicalDeviceProperties& props) {
-    const char* env = std::getenv("SPECULA_VULKAN_SMALL_STORAGE");
-    const bool forced = env != nullptr && std::strcmp(env, "1") == 0;
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    if (!forced && props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) return false;
+    if (env_is("SPECULA_VULKAN_SMALL_STORAGE", "0")) return false;
+    if (!env_is("SPECULA_VULKAN_SMALL_STORAGE", "1") &&
+        props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU)
+        return false;
     if (props.apiVersion < VK_API_VERSION_1_2) return false;
     VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     VkPhysicalDeviceVulkan11Features v11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
@@ -446,16 +450,14 @@ class VulkanBackend final : public Backend {
         SPECULA_TRY(vk_check(vk::vkCreateFence(d, &fi, nullptr, &fence_), "vkCreateFence"));
         // SPECULA_VULKAN_BARRIERS=all: a barrier after every dispatch, as a baseline for
         // measuring what the dependency-only barriers gain.
-        const char* barriers = std::getenv("SPECULA_VULKAN_BARRIERS");
-        barrier_every_dispatch_ = barriers != nullptr && std::strcmp(barriers, "all") == 0;
+        barrier_every_dispatch_ = env_is("SPECULA_VULKAN_BARRIERS", "all");
         if (phys.timestamps) {
             VkQueryPoolCreateInfo qpi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
             qpi.queryType = VK_QUERY_TYPE_TIMESTAMP;
             qpi.queryCount = kTimeSlots;
             SPECULA_TRY(
                 vk_check(vk::vkCreateQueryPool(d, &qpi, nullptr, &queries_), "vkCreateQueryPool"));
-            const char* profile = std::getenv("SPECULA_VULKAN_PROFILE");
-            if (profile != nullptr && std::strcmp(profile, "1") == 0) {
+            if (env_is("SPECULA_VULKAN_PROFILE", "1")) {
                 qpi.queryCount = kProfileQueries;
                 SPECULA_TRY(vk_check(vk::vkCreateQueryPool(d, &qpi, nullptr, &profile_),
                                      "vkCreateQueryPool"));
