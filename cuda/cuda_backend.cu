@@ -161,8 +161,9 @@ class CudaBackend final : public Backend {
         cuda::rms_norm(stream_, dev(x), dev(weight), eps, x.cols, x.rows, dev(out));
         check(cudaGetLastError(), "rms_norm");
     }
-    void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
+    void matmul(const Tensor& w, const MatmulInput& input, const Tensor& out,
                 Accumulate accumulate) override {
+        const Tensor x = apply_norm(input);
         // The kernel reads x in 16-byte vectors: every activation tensor starts a row of a
         // buffer, so this holds for the model's inputs.
         if (reinterpret_cast<uintptr_t>(dev(x)) % 16 != 0 || w.cols % 32 != 0)

@@ -30,6 +30,14 @@ uint group_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroup
 // The feed-forward's gate: silu(g) * u (elementwise.comp, and the gated matmul's output).
 float silu_times(float g, float u) { return g / (1.0 + exp(-g)) * u; }
 
+// Element `second` of the pair (a, b) rotated by the angle of cosine c and sine s (rope.comp,
+// and the rotating matmul's output). precise: never contracted into fma, so every pipeline
+// rounds a rotation alike (and as the cpu reference does).
+float rotated(float a, float b, float c, float s, bool second) {
+    precise float r = second ? a * s + b * c : a * c - b * s;
+    return r;
+}
+
 // Weight element types: each shader that reads weights is compiled once per type
 // with one of these defined, and reads a row in blocks of 32 weights, eight at a time.
 #if defined(WEIGHT_F32)

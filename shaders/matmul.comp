@@ -12,6 +12,15 @@
 //   2: out (n x rows, f32)
 // GATED = 1: out[c][r] = silu(dot(w[r], x[c])) * dot(w3[r], x[c]) with w3 (the same shape and
 // type) in binding 3: each group computes its R rows of both matrices, reduced as above.
+// NORMED = 1: x[c] is first rms-normed with the weight in binding 4 (f32) and eps f0: x is read
+// times the weight, each thread also sums the squares of the x it reads (in block order, like
+// its products), that sum is reduced with the products, and every product of column c is then
+// scaled by 1 / sqrt(mean(x[c]^2) + eps). The normed x never exists: no rms_norm dispatch, and
+// no barrier between it and the matmuls.
+// ROPE = 1 (never with GATED): out is rotated as rope.comp rotates it, pairs of rows (2j, 2j + 1)
+// of the first u6 dims of every head of u5 rows, by the angles at table (binding 5, u6 floats
+// per position) row positions[c] (binding 3, i32). R is even, so both rows of a pair are in
+// one group.
 // N is a specialization constant (1, 2, 4, 8 or 16: few pipelines to compile), so
 // the per-column loops unroll into registers; columns n..N-1 are skipped.
 //   u0 = cols, u1 = rows, u2 = n (<= N), u3 = out row stride (floats), u4 = 1: out += sum
@@ -26,22 +35,29 @@ layout(constant_id = 3) const uint T = 128u;  // threads per group: a power of t
 // invocations; 0: no subgroup operations.
 layout(constant_id = 4) const uint SUBGROUP = 0u;
 layout(constant_id = 5) const uint GATED = 0u;
+layout(constant_id = 6) const uint NORMED = 0u;
+layout(constant_id = 7) const uint ROPE = 0u;
 
 const uint MATRICES = GATED != 0u ? 2u : 1u;
-const uint SUMS = MATRICES * R * N;  // per group: matrix m, row r, column c at (m * R + r) * N + c
+const uint PRODUCTS = MATRICES * R * N;  // matrix m, row r, column c at (m * R + r) * N + c
+const uint SUMS = PRODUCTS + (NORMED != 0u ? N : 0u);  // then column c's sum of squares
 const uint GROUPS = WG / T;
 
 layout(std430, binding = 1) readonly buffer XVectors { vec4 x4[]; };  // binding 1 again
+layout(std430, binding = 4) readonly buffer NormVectors { vec4 norm4[]; };  // binding 4 again
 
-// (row, column) sums reduced per round through shared memory: no more than there are
-// (shared memory costs every workgroup, on some devices per byte).
+// Without subgroups, (row, column) sums reduced per round through shared memory: no more than
+// there are (shared memory costs every workgroup, on some devices per byte); with subgroups,
+// one row that is never used.
 const uint PAIRS = SUMS < 32u ? SUMS : 32u;
-shared float partial[PAIRS][WG];
+shared float partial[SUBGROUP > 0u ? 1u : PAIRS][WG];
 // One sum per (row, column) and subgroup on the subgroup path.
 const uint SUBGROUPS = WG / (SUBGROUP > 4u ? SUBGROUP : 4u);
 shared float subgroup_sums[SUMS][SUBGROUP > 0u ? SUBGROUPS : 1u];
-// Gated: a group's reduced sums, until both of a pair are there.
-shared float gated_sums[GATED != 0u ? GROUPS : 1u][GATED != 0u ? SUMS : 1u];
+// Gated, normed or rotated, a group's sums depend on each other (both products of a row; a
+// column's sum of squares; the two rows of a pair): they wait here until all are reduced.
+const bool STAGED = GATED != 0u || NORMED != 0u || ROPE != 0u;
+shared float staged[STAGED ? GROUPS : 1u][STAGED ? SUMS : 1u];
 
 void write_out(uint i, uint r0, float v) {
     const uint r = i / N, c = i % N;
@@ -49,19 +65,37 @@ void write_out(uint i, uint r0, float v) {
     if (c < pc.u2 && r0 + r < pc.u1) b2[at] = floatBitsToUint(pc.u4 != 0u ? uintBitsToFloat(b2[at]) + v : v);
 }
 
-// Sum i of group g is reduced: written out, or (gated) kept for its pair.
+// Sum i of group g is reduced: written out, or kept until the group's others are there.
 void reduced(uint g, uint i, uint r0, float v) {
-    if (GATED != 0u) {
-        gated_sums[g][i] = v;
+    if (STAGED) {
+        staged[g][i] = v;
     } else {
         write_out(i, r0, v);
     }
 }
 
-void write_gated(uint g, uint l, uint r0) {
-    if (GATED == 0u) return;
+// Product i (row i / N, column i % N) of group g, normed where x is.
+float product(uint g, uint i) {
+    const float v = staged[g][i];
+    return NORMED != 0u ? v * (1.0 / sqrt(staged[g][PRODUCTS + i % N] / float(pc.u0) + pc.f0)) : v;
+}
+
+void write_staged(uint g, uint l, uint r0) {
+    if (!STAGED) return;
     barrier();
-    for (uint i = l; i < R * N; i += T) write_out(i, r0, silu_times(gated_sums[g][i], gated_sums[g][R * N + i]));
+    for (uint i = l; i < R * N; i += T) {
+        float v = product(g, i);
+        if (GATED != 0u) v = silu_times(v, product(g, R * N + i));
+        const uint r = i / N, c = i % N;
+        if (ROPE != 0u && (r0 + r) % pc.u5 < pc.u6 && c < pc.u2) {
+            const uint first = i - (r % 2u) * N;  // row r & ~1, column c
+            const uint angle =
+                pc.off5 / 4u + b3[pc.off3 / 4u + c] * pc.u6 + ((r0 + r) % pc.u5 & ~1u);
+            v = rotated(product(g, first), product(g, first + N), uintBitsToFloat(b5[angle]),
+                        uintBitsToFloat(b5[angle + 1u]), r % 2u == 1u);
+        }
+        write_out(i, r0, v);
+    }
 }
 
 void main() {
@@ -84,10 +118,29 @@ void main() {
             }
             [[unroll]] for (uint j = 0u; j < 8u; ++j) wq[8u * mr + j] = w8[j];
         }
+        vec4 norm_lo = vec4(1.0), norm_hi = vec4(1.0);
+        if (NORMED != 0u) {
+            const uint ni = pc.off4 / 16u + (b * 32u + q * 8u) / 4u;
+            norm_lo = norm4[ni];
+            norm_hi = norm4[ni + 1u];
+        }
         [[unroll]] for (uint c = 0u; c < N; ++c) {
             if (c >= n) break;
             const uint xi = pc.off1 / 16u + (c * cols + b * 32u + q * 8u) / 4u;
-            const vec4 lo = x4[xi], hi = x4[xi + 1u];
+            vec4 lo = x4[xi], hi = x4[xi + 1u];
+            if (NORMED != 0u) {
+                float ss = lo.x * lo.x;
+                ss = fma(lo.y, lo.y, ss);
+                ss = fma(lo.z, lo.z, ss);
+                ss = fma(lo.w, lo.w, ss);
+                ss = fma(hi.x, hi.x, ss);
+                ss = fma(hi.y, hi.y, ss);
+                ss = fma(hi.z, hi.z, ss);
+                ss = fma(hi.w, hi.w, ss);
+                acc[PRODUCTS + c] += ss;
+                lo *= norm_lo;
+                hi *= norm_hi;
+            }
             [[unroll]] for (uint mr = 0u; mr < MATRICES * R; ++mr) {
                 float s = wq[8u * mr] * lo.x;
                 s = fma(wq[8u * mr + 1u], lo.y, s);
@@ -114,7 +167,7 @@ void main() {
             for (uint k = 1u; k < T / SUBGROUP; ++k) v += subgroup_sums[i][first + k];
             reduced(g, i, r0, v);
         }
-        write_gated(g, l, r0);
+        write_staged(g, l, r0);
         return;
     }
     [[unroll]] for (uint p0 = 0u; p0 < SUMS; p0 += PAIRS) {
@@ -130,5 +183,5 @@ void main() {
         for (uint k = l; k < PAIRS && p0 + k < SUMS; k += T) reduced(g, p0 + k, r0, partial[k][t - l]);
         barrier();
     }
-    write_gated(g, l, r0);
+    write_staged(g, l, r0);
 }

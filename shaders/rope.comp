@@ -17,6 +17,6 @@ void main() {
     const float s = uintBitsToFloat(b2[pc.off2 / 4u + pos * pc.u3 + 2u * j + 1u]);
     const uint at = pc.off0 / 4u + row * pc.u0 + head * pc.u2 + 2u * j;
     const float a = uintBitsToFloat(b0[at]), b = uintBitsToFloat(b0[at + 1u]);
-    b0[at] = floatBitsToUint(a * c - b * s);
-    b0[at + 1u] = floatBitsToUint(a * s + b * c);
+    b0[at] = floatBitsToUint(rotated(a, b, c, s, false));
+    b0[at + 1u] = floatBitsToUint(rotated(a, b, c, s, true));
 }

@@ -15,6 +15,12 @@
 
 namespace specula::test {
 
+// Whether environment variable `name` is set to `value` (the SPECULA_VULKAN_* switches).
+inline bool env_is(const char* name, const char* value) {
+    const char* env = std::getenv(name);
+    return env != nullptr && std::string(env) == value;
+}
+
 inline const char* backend_name(specula_backend_kind kind) {
     return specula_backend_kind_name(kind);
 }
@@ -40,8 +46,7 @@ inline std::unique_ptr<Backend> try_backend(specula_backend_kind kind, std::stri
 class VulkanValidationCheck : public ::testing::Environment {
   public:
     void SetUp() override {
-        const char* env = std::getenv("SPECULA_VULKAN_VALIDATION");
-        if (env != nullptr && std::string(env) == "1" && !enumerate_vulkan_devices().empty()) {
+        if (env_is("SPECULA_VULKAN_VALIDATION", "1") && !enumerate_vulkan_devices().empty()) {
             EXPECT_TRUE(vulkan_validation_enabled())
                 << "validation was requested but the layer did not load";
         }

@@ -192,6 +192,94 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
     }
 }
 
+// A normed input (Backend::normed) read by a matmul and a gated matmul gives what rms_norm and
+// then the op give on the cpu. Vulkan (here on every device) leaves the norm pending and applies
+// it in the matmul shader; the norm's sums then run in another order, hence the tolerance, not
+// bit for bit.
+TEST_P(BackendOps, MatmulOfANormedInput) {
+    const bool fused = GetParam() == SPECULA_BACKEND_VULKAN;
+    if (fused) {
+        setenv("SPECULA_VULKAN_FUSED_NORM", "1", 1);
+        std::string why;
+        p.gpu = test::try_backend(GetParam(), &why);
+        unsetenv("SPECULA_VULKAN_FUSED_NORM");
+        ASSERT_TRUE(p.gpu) << why;
+    }
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+        for (int64_t cols : {96, 256}) {
+            for (int64_t n : {1, 8, 19}) {
+                SCOPED_TRACE(case_name(type, cols, n));
+                const int64_t rows = 45;
+                auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 21));
+                auto wu = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 22));
+                auto x = p.tensor(GgmlType::kF32, cols, n,
+                                  random_bytes(GgmlType::kF32, cols, n, 23, 3.0f));
+                auto norm =
+                    p.tensor(GgmlType::kF32, cols, 1, random_bytes(GgmlType::kF32, cols, 1, 24));
+                auto h = p.tensor(GgmlType::kF32, cols, n, {});
+                auto out = p.tensor(GgmlType::kF32, rows, n, {});
+                auto gated = p.tensor(GgmlType::kF32, rows, n, {});
+                auto up = p.tensor(GgmlType::kF32, rows, n, {});
+                p.cpu->rms_norm(x.first, norm.first, 1e-5f, h.first);
+                p.cpu->matmul(w.first, h.first, out.first, Backend::Accumulate::kNo);
+                p.cpu->matmul_gated(w.first, wu.first, h.first, gated.first, up.first);
+                const Backend::MatmulInput in =
+                    p.gpu->normed(x.second, norm.second, 1e-5f, h.second);
+                EXPECT_EQ(in.has_norm(), fused);
+                p.gpu->matmul(w.second, in, out.second, Backend::Accumulate::kNo);
+                p.gpu->matmul_gated(w.second, wu.second, in, gated.second, up.second);
+                expect_close(p, out);
+                expect_close(p, gated);
+            }
+        }
+    }
+}
+
+// A rotated product (matmul_rope: the q and k projections) equals matmul and then rope bit for
+// bit on the same backend, whether the backend rotates in the matmul or not, for a plain and a
+// normed input, and the cpu's within the tolerance.
+TEST_P(BackendOps, MatmulRopeIsMatmulThenRope) {
+    // 3 heads of 64 rows, rotating 48 of each head's dims, at scattered positions.
+    const int head_dim = 64, n_rot = 48;
+    const int64_t rows = 3 * head_dim;
+    const auto table_values = rope_table(100, n_rot, 10000.0f);
+    auto table = p.tensor(GgmlType::kF32, n_rot, 100, as_bytes(table_values));
+    std::vector<int32_t> positions(19);
+    for (size_t i = 0; i < positions.size(); ++i)
+        positions[i] = int32_t(i * 37 % 100);
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+        for (int64_t n : {1, 8, 19}) {
+            for (bool with_norm : {false, true}) {
+                const int64_t cols = 96;
+                SCOPED_TRACE(case_name(type, cols, n) + (with_norm ? " normed" : ""));
+                auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 31));
+                auto x = p.tensor(GgmlType::kF32, cols, n,
+                                  random_bytes(GgmlType::kF32, cols, n, 32, 3.0f));
+                auto norm =
+                    p.tensor(GgmlType::kF32, cols, 1, random_bytes(GgmlType::kF32, cols, 1, 33));
+                auto pos = p.tensor(
+                    GgmlType::kI32, n, 1,
+                    as_bytes(std::vector<int32_t>(positions.begin(), positions.begin() + n)));
+                auto h = p.tensor(GgmlType::kF32, cols, n, {});
+                auto rotated = p.tensor(GgmlType::kF32, rows, n, {});
+                auto two_ops = p.tensor(GgmlType::kF32, rows, n, {});
+                p.on_each([&](Backend& be, auto pick) {
+                    const Backend::MatmulInput in =
+                        with_norm ? be.normed(pick(x), pick(norm), 1e-5f, pick(h))
+                                  : Backend::MatmulInput(pick(x));
+                    be.matmul_rope(pick(w), in, pick(rotated),
+                                   {pick(pos), pick(table), head_dim, n_rot});
+                    be.matmul(pick(w), in, pick(two_ops), Backend::Accumulate::kNo);
+                    be.rope(pick(two_ops), pick(pos), pick(table), head_dim, n_rot);
+                    EXPECT_EQ(read_floats(be, pick(rotated)), read_floats(be, pick(two_ops)))
+                        << be.info().name;
+                });
+                expect_close(p, rotated);
+            }
+        }
+    }
+}
+
 TEST_P(BackendOps, GetRowsEveryType) {
     for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
         auto table = p.tensor(type, 96, 50, random_bytes(type, 96, 50, 3));

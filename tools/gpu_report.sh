@@ -49,21 +49,25 @@ want bench && for type in q8_0 q4_0; do
     -p 128 -n 128 -r 5 --verify 1,4,8,16 --json "$out/bench-$type.json" 2>&1 | tee "$out/bench-$type.txt"
 done
 
-want bench && step "Vulkan weight reads: 8/16-bit storage (1) vs 32-bit words (0), alternating"
-want bench && for type in q8_0 q4_0; do
-  for small in 1 0 1 0; do
-    printf 'SPECULA_VULKAN_SMALL_STORAGE=%s %s ' $small $type
-    SPECULA_VULKAN_SMALL_STORAGE=$small "$build/tools/specula-bench" -m "$models/random-1b-$type.gguf" \
-      --backend vulkan -p 16 -n 128 -r 3 --verify 0 2>&1 | grep '^| [^b-]'
-  done
-done | tee "$out/bench-vulkan-reads.txt"
-
-want bench && step "Vulkan barriers: only where a dispatch depends on another vs after every dispatch, alternating"
-want bench && for barriers in deps all deps all; do
-  printf 'SPECULA_VULKAN_BARRIERS=%s ' $barriers
-  SPECULA_VULKAN_BARRIERS=$barriers "$build/tools/specula-bench" -m "$models/random-1b-q8_0.gguf" \
-    --backend vulkan -p 16 -n 128 -r 3 --verify 1,8 2>&1 | grep '^| [^b-]'
-done | tee "$out/bench-vulkan-barriers.txt"
+# One SPECULA_VULKAN_* switch against its alternative on a 1B model, the settings alternating so
+# that both see the machine alike: compare NAME TYPE "VALUES" OUT_FILE.
+compare() {
+  for value in $3; do
+    printf '%s=%s %s ' "$1" "$value" "$2"
+    env "$1=$value" "$build/tools/specula-bench" -m "$models/random-1b-$2.gguf" \
+      --backend vulkan -p 16 -n 128 -r 3 --verify 1,8 2>&1 | grep '^| [^b-]'
+  done | tee -a "$out/$4"
+}
+if want bench; then
+step "Vulkan weight reads: 8/16-bit storage (1) vs 32-bit words (0), alternating"
+for type in q8_0 q4_0; do compare SPECULA_VULKAN_SMALL_STORAGE $type "1 0 1 0" bench-vulkan-reads.txt; done
+step "Vulkan barriers: only where a dispatch depends on another vs after every dispatch, alternating"
+compare SPECULA_VULKAN_BARRIERS q8_0 "deps all deps all" bench-vulkan-barriers.txt
+step "Vulkan: norms applied in the matmuls (1) vs rms_norm dispatches (0), alternating"
+for type in q8_0 q4_0; do compare SPECULA_VULKAN_FUSED_NORM $type "1 0 1 0" bench-vulkan-fused-norm.txt; done
+step "Vulkan: q and k rotated in their matmuls (1) vs rope dispatches (0), alternating"
+compare SPECULA_VULKAN_FUSED_ROPE q8_0 "1 0 1 0" bench-vulkan-fused-rope.txt
+fi
 
 want verify && step "the verify passes: tiled vs multi-dispatch vs host readback"
 want verify && for backend in cuda vulkan; do

@@ -27,11 +27,29 @@ Tensor Tensor::row_range(int64_t first, int64_t count) const {
     return v;
 }
 
-void Backend::matmul_gated(const Tensor& w_gate, const Tensor& w_up, const Tensor& x,
+Backend::MatmulInput Backend::normed(const Tensor& x, const Tensor& weight, float eps,
+                                     const Tensor& out) {
+    rms_norm(x, weight, eps, out);
+    return out;
+}
+
+Tensor Backend::apply_norm(const MatmulInput& x) {
+    if (!x.has_norm()) return x.x;
+    rms_norm(x.x, x.norm, x.eps, x.scratch);
+    return x.scratch;
+}
+
+void Backend::matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,
                            const Tensor& out, const Tensor& up) {
+    const Tensor x = apply_norm(input);
     matmul(w_gate, x, out, Accumulate::kNo);
     matmul(w_up, x, up, Accumulate::kNo);
     silu_mul(out, up, out);
+}
+
+void Backend::matmul_rope(const Tensor& w, const MatmulInput& x, const Tensor& out, const Rope& r) {
+    matmul(w, x, out, Accumulate::kNo);
+    rope(out, r.positions, r.table, r.head_dim, r.n_rot);
 }
 
 std::vector<float> rope_table(int n_ctx, int n_rot, float base) {

@@ -96,19 +96,35 @@ class Backend {
     virtual void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
     // out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight.
     virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) = 0;
+    // A matmul's input: x, or where `norm` is set rms_norm(x, norm, eps), a norm still to be
+    // applied. Only a backend's own normed() makes the second kind: one whose matmuls apply
+    // the norm as they read x, so it needs no op (nor barrier) of its own; `scratch` (x's
+    // shape) is where the norm goes if it is computed on its own after all (apply_norm()).
+    struct MatmulInput {
+        MatmulInput(const Tensor& input) : x(input) {}  // NOLINT(google-explicit-constructor)
+        Tensor x;
+        Tensor norm;
+        float eps = 0.0f;
+        Tensor scratch;
+        bool has_norm() const { return norm.buffer != nullptr; }
+    };
+    // The input rms_norm(x, weight, eps) for the matmuls that follow. By default the norm is
+    // computed into out now and they read out; a backend that fuses the norm into its matmuls
+    // returns x with the norm pending (out is then its scratch).
+    virtual MatmulInput normed(const Tensor& x, const Tensor& weight, float eps, const Tensor& out);
     // out[i][r] = dot(w[r], x[i]), or with Accumulate::kYes out[i][r] += dot(w[r], x[i]) (the
     // same single addition as add(), so a residual add needs no op of its own): w is
     // (out_features rows x in_features cols) of any weight type, x is (n x in_features), out
     // (n x out_features). The result of a row does not depend on n (batch invariance,
     // DESIGN §4).
     enum class Accumulate : bool { kNo, kYes };
-    virtual void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
+    virtual void matmul(const Tensor& w, const MatmulInput& x, const Tensor& out,
                         Accumulate accumulate) = 0;
     // out = silu(x·w_gateᵀ) * (x·w_upᵀ), the feed-forward's gated product: what matmul(w_gate,
     // x, out), matmul(w_up, x, up) and silu_mul(out, up, out) compute, which is the default (up:
     // scratch of out's shape). A backend may compute it in one pass without up; the products
     // are then still summed as matmul() sums them.
-    virtual void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const Tensor& x,
+    virtual void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& x,
                               const Tensor& out, const Tensor& up);
     // Rotates adjacent pairs (x[2j], x[2j+1]) of the first n_rot dims of every head of row
     // i, in place (GGUF's Q/K layout), by the angle whose cosine and sine are
@@ -116,6 +132,16 @@ class Backend {
     // host in double precision, so every backend rotates by the same float values.
     virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
                       int n_rot) = 0;
+    // The arguments of rope() besides x.
+    struct Rope {
+        Tensor positions, table;
+        int head_dim = 0, n_rot = 0;
+    };
+    // matmul(w, x, out) and then rope(out, ...): the default is the two ops; a backend may
+    // rotate the products before it writes them (the same floats: rope() rounds each
+    // rotation alike).
+    virtual void matmul_rope(const Tensor& w, const MatmulInput& x, const Tensor& out,
+                             const Rope& rope);
     // dst = src converted to dst's type (F32 or F16), same shape.
     virtual void copy(const Tensor& src, const Tensor& dst) = 0;
     // Causal grouped-query attention. q: n rows of n_head*head_dim; k_cache, v_cache: context
@@ -130,6 +156,10 @@ class Backend {
     virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
     // See VerifyArgs. The vocabulary size is target.cols (at most det::kMaxVocab).
     virtual void verify(const VerifyArgs& args) = 0;
+
+  protected:
+    // x as a plain tensor: a pending norm is computed into its scratch.
+    Tensor apply_norm(const MatmulInput& x);
 };
 
 // cos/sin of pos * base^(-2j/n_rot) for pos < n_ctx, j < n_rot/2: n_ctx rows of n_rot floats.

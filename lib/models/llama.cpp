@@ -222,27 +222,27 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
     be.get_rows(model_.token_embd_, ids, x);
     for (int l = 0; l < c.n_layer; ++l) {
         const LlamaModel::Layer& L = model_.layers_[size_t(l)];
-        be.rms_norm(x, L.attn_norm, c.rms_eps, h);
+        // The norms go into h, or stay pending where the backend's matmuls apply them.
+        const Backend::MatmulInput attn_in = be.normed(x, L.attn_norm, c.rms_eps, h);
         // Keys and values are computed straight into their cache rows (F32), keys rotated there.
         const Tensor k = k_cache_[size_t(l)].row_range(n_past_, n);
         const Tensor v = v_cache_[size_t(l)].row_range(n_past_, n);
-        be.matmul(L.wq, h, q, Backend::Accumulate::kNo);
-        be.matmul(L.wk, h, k, Backend::Accumulate::kNo);
-        be.matmul(L.wv, h, v, Backend::Accumulate::kNo);
-        be.rope(q, pos_n, rope_table_, c.head_dim, c.n_rot);
-        be.rope(k, pos_n, rope_table_, c.head_dim, c.n_rot);
+        const Backend::Rope rotation{pos_n, rope_table_, c.head_dim, c.n_rot};
+        be.matmul_rope(L.wq, attn_in, q, rotation);
+        be.matmul_rope(L.wk, attn_in, k, rotation);
+        be.matmul(L.wv, attn_in, v, Backend::Accumulate::kNo);
         be.attention(q, k_cache_[size_t(l)], v_cache_[size_t(l)], attn, c.n_head, c.n_head_kv,
                      c.head_dim, scale, n_past_);
         be.matmul(L.wo, attn, x, Backend::Accumulate::kYes);  // the residual add
-        be.rms_norm(x, L.ffn_norm, c.rms_eps, h);
-        be.matmul_gated(L.w_gate, L.w_up, h, gate, up);
+        be.matmul_gated(L.w_gate, L.w_up, be.normed(x, L.ffn_norm, c.rms_eps, h), gate, up);
         be.matmul(L.w_down, gate, x, Backend::Accumulate::kYes);
     }
     const int first = all_rows ? 0 : n - 1;
     const int rows = n - first;
-    be.rms_norm(x.row_range(first, rows), model_.output_norm_, c.rms_eps, h.row_range(0, rows));
-    be.matmul(model_.output_, h.row_range(0, rows), logits_.row_range(0, rows),
-              Backend::Accumulate::kNo);
+    be.matmul(
+        model_.output_,
+        be.normed(x.row_range(first, rows), model_.output_norm_, c.rms_eps, h.row_range(0, rows)),
+        logits_.row_range(0, rows), Backend::Accumulate::kNo);
     n_past_ += n;
     ++forward_calls_;
     positions_evaluated_ += uint64_t(n);

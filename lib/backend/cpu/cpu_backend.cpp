@@ -167,8 +167,9 @@ class CpuBackend final : public Backend {
         }
     }
 
-    void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
+    void matmul(const Tensor& w, const MatmulInput& input, const Tensor& out,
                 Accumulate accumulate) override {
+        const Tensor x = apply_norm(input);
         // Each worker converts a weight row once and uses it for all n input rows.
         parallel_for(size_t(w.rows), size_t(w.cols * x.rows), [&](size_t begin, size_t end) {
             std::vector<float> row(size_t(w.cols));

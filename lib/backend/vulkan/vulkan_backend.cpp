@@ -451,6 +451,14 @@ class VulkanBackend final : public Backend {
         // SPECULA_VULKAN_BARRIERS=all: a barrier after every dispatch, as a baseline for
         // measuring what the dependency-only barriers gain.
         barrier_every_dispatch_ = env_is("SPECULA_VULKAN_BARRIERS", "all");
+        // The matmuls apply the norms (one dispatch and barrier fewer per norm), except on CPU
+        // devices: there dispatches cost little and the extra multiplies showed (llvmpipe
+        // decoded about 10% slower). SPECULA_VULKAN_FUSED_NORM=0|1 forces either, as
+        // SPECULA_VULKAN_FUSED_ROPE=0 turns off the rotating matmul; the ops on their own are
+        // the baseline gpu_report measures these against.
+        fuse_norm_ = env_is("SPECULA_VULKAN_FUSED_NORM", "1") ||
+                     (!env_is("SPECULA_VULKAN_FUSED_NORM", "0") && !info_.is_software);
+        fuse_rope_ = !env_is("SPECULA_VULKAN_FUSED_ROPE", "0");
         if (phys.timestamps) {
             VkQueryPoolCreateInfo qpi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
             qpi.queryType = VK_QUERY_TYPE_TIMESTAMP;
@@ -636,23 +644,48 @@ class VulkanBackend final : public Backend {
         dispatch("rms_norm", {&x, &weight, &out}, kWrites2, pc, uint32_t(x.rows), {threads, 1, 1});
     }
 
-    void matmul(const Tensor& w, const Tensor& x, const Tensor& out,
+    // The matmul shader norms its input as it reads it (NORMED): the norm is left pending where
+    // it can (f32 weight, 16-byte aligned like x).
+    MatmulInput normed(const Tensor& x, const Tensor& weight, float eps,
+                       const Tensor& out) override {
+        if (!fuse_norm_ || weight.type != GgmlType::kF32 || weight.offset % 16 != 0 ||
+            x.offset % 16 != 0 || x.cols % 32 != 0)
+            return Backend::normed(x, weight, eps, out);
+        MatmulInput in(x);
+        in.norm = weight;
+        in.eps = eps;
+        in.scratch = out;
+        return in;
+    }
+
+    void matmul(const Tensor& w, const MatmulInput& x, const Tensor& out,
                 Accumulate accumulate) override {
-        matmul_shader(w, nullptr, x, out, accumulate);
+        matmul_shader(w, nullptr, nullptr, x, out, accumulate);
+    }
+
+    // Rotated as the products are written (the shader's ROPE variant), where pairs of rows never
+    // straddle a group: heads of an even size.
+    void matmul_rope(const Tensor& w, const MatmulInput& x, const Tensor& out,
+                     const Rope& rope) override {
+        if (!fuse_rope_ || rope.head_dim % 2 != 0) return Backend::matmul_rope(w, x, out, rope);
+        matmul_shader(w, nullptr, &rope, x, out, Accumulate::kNo);
     }
 
     // One pass for both products of the feed-forward's gate (the shader's GATED variant), where
     // both matrices have one type and shape (mixed-type files take the three ops).
-    void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const Tensor& x, const Tensor& out,
-                      const Tensor& up) override {
+    void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& x,
+                      const Tensor& out, const Tensor& up) override {
         if (w_up.type != w_gate.type || w_up.cols != w_gate.cols || w_up.rows != w_gate.rows)
             return Backend::matmul_gated(w_gate, w_up, x, out, up);
-        matmul_shader(w_gate, &w_up, x, out, Accumulate::kNo);
+        matmul_shader(w_gate, &w_up, nullptr, x, out, Accumulate::kNo);
     }
 
-    // out = w·x, or with `gated_by` out = silu(w·x) * (gated_by·x).
-    void matmul_shader(const Tensor& w, const Tensor* gated_by, const Tensor& x, const Tensor& out,
-                       Accumulate accumulate) {
+    // out = w·x, or with `gated_by` out = silu(w·x) * (gated_by·x), or rotated by `rope`; x
+    // normed on the way where it carries a norm.
+    void matmul_shader(const Tensor& w, const Tensor* gated_by, const Rope* rope,
+                       const MatmulInput& input, const Tensor& out, Accumulate accumulate) {
+        const Tensor& x = input.x;
+        const Tensor* norm = input.has_norm() ? &input.norm : nullptr;
         // The shader reads x in 16-byte vectors: every activation tensor starts a row of a
         // buffer, so this holds for the model's inputs.
         if (x.offset % 16 != 0 || w.cols % 32 != 0)
@@ -676,6 +709,15 @@ class VulkanBackend final : public Backend {
             pc.u[2] = uint32_t(n);
             pc.u[3] = uint32_t(out.cols);
             pc.u[4] = accumulate == Accumulate::kYes ? 1 : 0;
+            pc.f[0] = input.eps;
+            Tensor positions{};
+            if (rope != nullptr) {
+                positions = rope->positions;  // this slice's columns
+                positions.offset += size_t(c0) * sizeof(int32_t);
+                positions.cols = n;
+                pc.u[5] = uint32_t(rope->head_dim);
+                pc.u[6] = uint32_t(rope->n_rot);
+            }
             uint32_t bucket = 1;  // pipelines exist for 1, 2, 4, 8 and 16 columns only
             while (bucket < uint32_t(n))
                 bucket *= 2;
@@ -685,10 +727,13 @@ class VulkanBackend final : public Backend {
             uint32_t rows_per_group = bucket <= 2 ? 2 : bucket <= 4 ? 4 : 8;
             if (gated_by != nullptr) rows_per_group /= 2;
             const uint32_t rows_per_workgroup = rows_per_group * (kMatmulThreads / per_row);
-            dispatch_typed("matmul", w.type, {&w, &xs, &os, gated_by}, kWrites2, pc,
+            const Tensor* third = rope != nullptr ? &positions : gated_by;
+            const Tensor* table = rope != nullptr ? &rope->table : nullptr;
+            dispatch_typed("matmul", w.type, {&w, &xs, &os, third, norm, table}, kWrites2, pc,
                            uint32_t((w.rows + rows_per_workgroup - 1) / rows_per_workgroup),
                            {kMatmulThreads, rows_per_group, bucket, per_row, subgroup,
-                            gated_by != nullptr ? 1u : 0u});
+                            gated_by != nullptr ? 1u : 0u, norm != nullptr ? 1u : 0u,
+                            rope != nullptr ? 1u : 0u});
         }
     }
 
@@ -917,8 +962,8 @@ class VulkanBackend final : public Backend {
         }
     }
 
-    // Specialization constants: 0 = workgroup size, 1..5 shader-specific (see the shader).
-    static constexpr uint32_t kSpecConstants = 6;
+    // Specialization constants: 0 = workgroup size, 1..7 shader-specific (see the shader).
+    static constexpr uint32_t kSpecConstants = 8;
     using Spec = std::array<uint32_t, kSpecConstants>;
     Status pipeline(const std::string& name, Spec spec_values, VkPipeline* out) {
         std::string key = name;
@@ -1154,6 +1199,8 @@ class VulkanBackend final : public Backend {
     // Buffers bound by dispatches since the last barrier (see order_after_dependencies).
     std::vector<VkBuffer> read_since_barrier_, written_since_barrier_;
     bool barrier_every_dispatch_ = false;
+    bool fuse_norm_ = true;
+    bool fuse_rope_ = true;
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;
