@@ -74,25 +74,24 @@ void reduced(uint g, uint i, uint r0, float v) {
     }
 }
 
-// Product i (row i / N, column i % N) of group g, normed where x is.
-float product(uint g, uint i) {
-    const float v = staged[g][i];
-    return NORMED != 0u ? v * (1.0 / sqrt(staged[g][PRODUCTS + i % N] / float(pc.u0) + pc.f0)) : v;
-}
-
 void write_staged(uint g, uint l, uint r0) {
     if (!STAGED) return;
     barrier();
     for (uint i = l; i < R * N; i += T) {
-        float v = product(g, i);
-        if (GATED != 0u) v = silu_times(v, product(g, R * N + i));
         const uint r = i / N, c = i % N;
-        if (ROPE != 0u && (r0 + r) % pc.u5 < pc.u6 && c < pc.u2) {
-            const uint first = i - (r % 2u) * N;  // row r & ~1, column c
-            const uint angle =
-                pc.off5 / 4u + b3[pc.off3 / 4u + c] * pc.u6 + ((r0 + r) % pc.u5 & ~1u);
-            v = rotated(product(g, first), product(g, first + N), uintBitsToFloat(b5[angle]),
-                        uintBitsToFloat(b5[angle + 1u]), r % 2u == 1u);
+        // Normed, every sum of column c is scaled (times 1.0 otherwise: exact).
+        const float scale =
+            NORMED != 0u ? 1.0 / sqrt(staged[g][PRODUCTS + c] / float(pc.u0) + pc.f0) : 1.0;
+        float v = staged[g][i] * scale;
+        if (GATED != 0u) v = silu_times(v, staged[g][R * N + i] * scale);
+        if (ROPE != 0u && c < pc.u2) {
+            const uint d = (r0 + r) % pc.u5;  // the row's dimension in its head
+            if (d < pc.u6) {
+                const uint first = i - (r % 2u) * N;  // row r & ~1, column c
+                const uint angle = pc.off5 / 4u + b3[pc.off3 / 4u + c] * pc.u6 + (d & ~1u);
+                v = rotated(staged[g][first] * scale, staged[g][first + N] * scale,
+                            uintBitsToFloat(b5[angle]), uintBitsToFloat(b5[angle + 1u]), r % 2u == 1u);
+            }
         }
         write_out(i, r0, v);
     }
