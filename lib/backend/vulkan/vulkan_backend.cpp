@@ -537,7 +537,7 @@ class VulkanBackend final : public Backend {
     }
 
     void upload(const Tensor& dst, const void* src) override {
-        if (!pending_.ok()) return;
+        if (!recording()) return;
         const size_t bytes = dst.bytes();
         if (dst.offset + bytes > dst.buffer->size())
             return fail(InvalidArgument("an upload reaches past the end of its buffer"));
@@ -611,7 +611,7 @@ class VulkanBackend final : public Backend {
     uint64_t host_waits() const override { return host_waits_; }
 
     void mark_time(int slot) override {
-        if (!queries_ || !pending_.ok() || lost_) return;
+        if (!queries_ || !recording()) return;
         vk::vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_,
                                 uint32_t(slot));
         marked_ |= 1u << slot;
@@ -885,6 +885,10 @@ class VulkanBackend final : public Backend {
         if (pending_.ok()) pending_ = std::move(s);
     }
 
+    // Whether commands may be recorded: none after an error (the next flush reports it) or a
+    // loss (the command buffer is never begun again).
+    bool recording() const { return pending_.ok() && !lost_; }
+
     Status make_buffer(size_t bytes, bool host_visible, std::unique_ptr<VulkanBuffer>* out) {
         auto b = std::make_unique<VulkanBuffer>(device_, bytes);
         SPECULA_TRY(b->create(host_visible));
@@ -1085,7 +1089,7 @@ class VulkanBackend final : public Backend {
     // writes: a bit per binding the shader writes (the others it only reads).
     void dispatch(const std::string& shader, Bound tensors, uint32_t writes, PushConstants pc,
                   uint32_t groups, Spec spec) {
-        if (!pending_.ok() || lost_ || groups == 0) return;
+        if (!recording() || groups == 0) return;
         VkPipeline p = VK_NULL_HANDLE;
         VkDescriptorSet set = VK_NULL_HANDLE;
         if (Status s = pipeline(shader, spec, &p); !s.ok()) return fail(std::move(s));
