@@ -4,6 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes
+  clang-format                        # the style check (.clang-format)
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
   python3 python3-numpy               # the NumPy reference
   glslc libvulkan-dev                 # Vulkan shaders and headers (the loader is opened at run time)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs the build dependencies, then builds and runs
+# The test command: installs the build dependencies, checks the C, C++ and CUDA sources against
+# .clang-format, then builds and runs
 #   1. the whole suite in a Release build,
 #   2. an install, and a C program built against it (find_package and pkg-config),
 #   3. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (Debug),
@@ -8,6 +9,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-debian.sh
 jobs=$(nproc)
+
+echo "== style: clang-format"
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  git ls-files -z '*.c' '*.h' '*.cpp' '*.cu' | xargs -0 clang-format --dry-run --Werror
+else
+  echo "not a git checkout: skipped"
+fi
 
 echo "== release build and tests"
 # Where nvcc is installed the CUDA backend must compile (ON), even without a GPU to run it.
