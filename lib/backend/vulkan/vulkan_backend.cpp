@@ -1076,8 +1076,8 @@ class VulkanBackend final : public Backend {
     // Which bindings a shader writes (see order_after_dependencies).
     static constexpr uint32_t kWrites0 = 1u << 0, kWrites2 = 1u << 2, kWrites3 = 1u << 3,
                               kWritesAll = (1u << kBindings) - 1;
-    void dispatch_typed(const char* op, GgmlType type, Bound t, uint32_t writes, PushConstants pc,
-                        uint32_t groups, Spec spec) {
+    void dispatch_typed(const char* op, GgmlType type, Bound t, uint32_t writes,
+                        const PushConstants& pc, uint32_t groups, Spec spec) {
         const char* suffix = weight_suffix(type);
         if (suffix == nullptr)
             return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
