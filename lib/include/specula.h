@@ -277,7 +277,9 @@ SPECULA_API specula_status specula_session_eval(specula_session* session, const 
 SPECULA_API specula_status specula_session_get_logits(specula_session* session, float* logits,
                                                       size_t capacity);
 /* Generates up to max_tokens after the current context. `tokens` (may be NULL
- * with capacity 0) receives them; *n_generated (may be NULL) their count. */
+ * with capacity 0) receives the first `capacity` of them; *n_generated (may be
+ * NULL) counts them all, as on_token sees them all. On an error, what was
+ * generated before it is stored and counted. */
 SPECULA_API specula_status specula_generate(specula_session* session,
                                             const specula_generate_params* params, int32_t* tokens,
                                             size_t capacity, size_t* n_generated);
