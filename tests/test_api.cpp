@@ -202,25 +202,14 @@ TEST_F(Api, GenerateContinuesWhereItStopped) {
     gp.max_tokens = 10;
     ASSERT_EQ(specula_generate(s, &gp, parts.data(), 10, &n1), SPECULA_OK);
     EXPECT_EQ(parts, whole);
-    specula_session_free(s);
-}
 
-TEST_F(Api, GenerateStoresWhatFitsAndCountsEverything) {
-    specula_session_params sp = specula_session_default_params();
-    sp.temperature = 0.0f;
-    const auto whole = generate(sp, "The", 6);
-    specula_session* s = nullptr;
-    ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
-    const auto ids = tokenize("The");
+    // A buffer smaller than max_tokens receives the first tokens; the count is of them all.
+    ASSERT_EQ(specula_session_reset(s), SPECULA_OK);
     ASSERT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
-    specula_generate_params gp = specula_generate_default_params();
-    gp.stop_at_eos = false;
-    gp.max_tokens = 6;
-    std::vector<int32_t> out(4, -1);
-    size_t n = 0;
-    ASSERT_EQ(specula_generate(s, &gp, out.data(), 3, &n), SPECULA_OK);
-    EXPECT_EQ(n, 6u);
-    EXPECT_EQ(out, (std::vector<int32_t>{whole[0], whole[1], whole[2], -1}));
+    std::vector<int32_t> few(4, -1);
+    ASSERT_EQ(specula_generate(s, &gp, few.data(), 3, &n1), SPECULA_OK);
+    EXPECT_EQ(n1, 10u);
+    EXPECT_EQ(few, (std::vector<int32_t>{whole[0], whole[1], whole[2], -1}));
     specula_session_free(s);
 }
 
