@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
@@ -32,6 +33,23 @@ inline std::unique_ptr<Backend> try_backend(specula_backend_kind kind, std::stri
     std::unique_ptr<Backend> b;
     const Status s = create_backend(p, &b);
     if (!s.ok()) *why = std::string("no ") + backend_name(kind) + " device: " + s.message();
+    return b;
+}
+
+// try_backend with the environment variable `name` set to `value` while the backend is made
+// (a backend reads its SPECULA_VULKAN_* switches then); the variable is restored afterwards.
+inline std::unique_ptr<Backend> try_backend_with(specula_backend_kind kind, const char* name,
+                                                 const char* value, std::string* why) {
+    const char* before = std::getenv(name);
+    const std::optional<std::string> saved =
+        before != nullptr ? std::optional<std::string>(before) : std::nullopt;
+    setenv(name, value, 1);
+    std::unique_ptr<Backend> b = try_backend(kind, why);
+    if (saved) {
+        setenv(name, saved->c_str(), 1);
+    } else {
+        unsetenv(name);
+    }
     return b;
 }
 

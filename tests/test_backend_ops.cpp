@@ -113,10 +113,8 @@ class BackendOps : public ::testing::TestWithParam<specula_backend_kind> {
     // otherwise compute them apart); the backend is made anew, before any tensor.
     void fuse_norms_on_vulkan() {
         if (GetParam() != SPECULA_BACKEND_VULKAN) return;
-        setenv("SPECULA_VULKAN_FUSED_NORM", "1", 1);
         std::string why;
-        p.gpu = test::try_backend(GetParam(), &why);
-        unsetenv("SPECULA_VULKAN_FUSED_NORM");
+        p.gpu = test::try_backend_with(GetParam(), "SPECULA_VULKAN_FUSED_NORM", "1", &why);
         ASSERT_TRUE(p.gpu) << why;
     }
     Pair p;
@@ -176,9 +174,7 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
     for (auto [gate_type, up_type] : types) {
         for (int64_t cols : {96, 256}) {
             for (int64_t n : {1, 8, 19}) {  // 19: a pass of 16 columns, then one of 3
-                SCOPED_TRACE(std::string(ggml_type_name(gate_type)) + "/" +
-                             ggml_type_name(up_type) + " cols " + std::to_string(cols) + " n " +
-                             std::to_string(n));
+                SCOPED_TRACE(case_name(gate_type, cols, n) + " up " + ggml_type_name(up_type));
                 const int64_t rows = 45;
                 auto wg = p.tensor(gate_type, cols, rows, random_bytes(gate_type, cols, rows, 11));
                 auto wu = p.tensor(up_type, cols, rows, random_bytes(up_type, cols, rows, 12));
@@ -359,11 +355,10 @@ TEST_P(BackendOps, OutOfMemoryIsAStatusAndTheBackendSurvives) {
 // without it) must give the same floats. Both are forced here, whatever the device's default.
 TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
     std::string why;
-    setenv("SPECULA_VULKAN_SMALL_STORAGE", "0", 1);
-    std::unique_ptr<Backend> words = test::try_backend(SPECULA_BACKEND_VULKAN, &why);
-    setenv("SPECULA_VULKAN_SMALL_STORAGE", "1", 1);
-    std::unique_ptr<Backend> small = test::try_backend(SPECULA_BACKEND_VULKAN, &why);
-    unsetenv("SPECULA_VULKAN_SMALL_STORAGE");
+    std::unique_ptr<Backend> words =
+        test::try_backend_with(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_SMALL_STORAGE", "0", &why);
+    std::unique_ptr<Backend> small =
+        test::try_backend_with(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_SMALL_STORAGE", "1", &why);
     if (!words) GTEST_SKIP() << why;
     ASSERT_TRUE(small) << why;
     EXPECT_FALSE(vulkan_reads_small_storage(*words));
