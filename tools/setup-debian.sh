@@ -6,6 +6,7 @@ packages=(
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes
   clang-format                        # the style check (.clang-format)
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
+  libhwy-dev                          # Google Highway: portable SIMD for the cpu backend
   python3 python3-numpy               # the NumPy reference
   glslc libvulkan-dev                 # Vulkan shaders and headers (the loader is opened at run time)
   mesa-vulkan-drivers vulkan-validationlayers  # llvmpipe: a Vulkan device on the CPU; the Khronos validation layer

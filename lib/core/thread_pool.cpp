@@ -1,69 +1,97 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace specula {
 
-ThreadPool::ThreadPool(int n_threads) {
-    for (int i = 1; i < std::max(1, n_threads); ++i)
-        workers_.emplace_back([this, i] { worker_loop(i); });
-}
-
-ThreadPool::~ThreadPool() {
-    {
-        std::lock_guard lock(mutex_);
-        stop_ = true;
-    }
-    start_.notify_all();
-    for (auto& t : workers_)
-        t.join();
-}
-
 namespace {
+
+// How long an idle worker polls before it sleeps.
+constexpr auto kSpinTime = std::chrono::microseconds(500);
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
 void run_chunk(const std::function<void(size_t, size_t)>& fn, size_t n, int index, int parts) {
     const size_t begin = n * size_t(index) / size_t(parts);
     const size_t end = n * size_t(index + 1) / size_t(parts);
     if (begin < end) fn(begin, end);
 }
+
 }  // namespace
+
+ThreadPool::ThreadPool(int n_threads) {
+    try {
+        for (int i = 1; i < std::max(1, n_threads); ++i)
+            workers_.emplace_back([this, i] { worker_loop(i); });
+    } catch (...) {
+        stop();
+        throw;
+    }
+}
+
+ThreadPool::~ThreadPool() {
+    stop();
+}
+
+void ThreadPool::stop() {
+    stop_.store(true, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    for (auto& t : workers_)
+        t.join();
+    workers_.clear();
+}
 
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
     if (workers_.empty() || n < 2) {
         if (n > 0) fn(0, n);
         return;
     }
-    {
-        std::lock_guard lock(mutex_);
-        task_ = &fn;
-        task_size_ = n;
-        pending_ = int(workers_.size());
-        ++generation_;
-    }
-    start_.notify_all();
+    std::lock_guard call(call_mutex_);
+    task_ = &fn;
+    task_size_ = n;
+    pending_.store(int(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();  // a system call only when a worker sleeps
     run_chunk(fn, n, 0, size());
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return pending_ == 0; });
+    for (uint32_t spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < (1u << 16)) {
+            cpu_relax();
+        } else {
+            std::this_thread::yield();  // a worker lost its core
+        }
+    }
     task_ = nullptr;
 }
 
 void ThreadPool::worker_loop(int index) {
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        const std::function<void(size_t, size_t)>* task = nullptr;
-        size_t n = 0;
-        {
-            std::unique_lock lock(mutex_);
-            start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-            if (stop_) return;
-            seen = generation_;
-            task = task_;
-            n = task_size_;
+        uint32_t now = generation_.load(std::memory_order_acquire);
+        const auto sleep_at = std::chrono::steady_clock::now() + kSpinTime;
+        for (uint32_t spins = 1; now == seen; ++spins) {
+            if (spins % 64 == 0 && std::chrono::steady_clock::now() > sleep_at) {
+                generation_.wait(seen, std::memory_order_acquire);
+            } else {
+                cpu_relax();
+            }
+            now = generation_.load(std::memory_order_acquire);
         }
-        run_chunk(*task, n, index, size());
-        {
-            std::lock_guard lock(mutex_);
-            if (--pending_ == 0) done_.notify_one();
-        }
+        seen = now;
+        if (stop_.load(std::memory_order_acquire)) return;
+        run_chunk(*task_, task_size_, index, size());
+        pending_.fetch_sub(1, std::memory_order_release);
     }
 }
 

@@ -1,9 +1,14 @@
 // A fixed set of worker threads for data-parallel loops. The calling thread
 // takes a share too, so a pool of one thread runs everything inline.
+//
+// A decode step runs a few hundred short loops, so waking workers must cost far less than
+// a loop: after a loop the workers spin for a while (the next loop usually follows within
+// microseconds) and only then sleep on an atomic wait.
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -13,26 +18,29 @@ namespace specula {
 
 class ThreadPool {
   public:
+    // Starts n_threads - 1 workers; throws std::system_error (with none left running) when
+    // the system cannot start one.
     explicit ThreadPool(int n_threads);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;
     ThreadPool& operator=(const ThreadPool&) = delete;
 
     int size() const { return int(workers_.size()) + 1; }
-    // Splits [0, n) into contiguous chunks, one per thread, and waits for all.
+    // Splits [0, n) into contiguous chunks, one per thread, and waits for all. Loops called
+    // from several threads at once run one after the other.
     void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>& fn);
 
   private:
     void worker_loop(int index);
+    void stop();
 
     std::vector<std::thread> workers_;
-    std::mutex mutex_;
-    std::condition_variable start_, done_;
+    std::mutex call_mutex_;  // one loop at a time
     const std::function<void(size_t, size_t)>* task_ = nullptr;
     size_t task_size_ = 0;
-    uint64_t generation_ = 0;
-    int pending_ = 0;
-    bool stop_ = false;
+    std::atomic<uint32_t> generation_{0};  // bumped to start a loop (or to stop)
+    std::atomic<int> pending_{0};          // workers still running the current loop
+    std::atomic<bool> stop_{false};
 };
 
 }  // namespace specula

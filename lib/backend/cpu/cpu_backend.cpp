@@ -12,6 +12,7 @@
 #include <new>
 #include <thread>
 
+#include "backend/cpu/kernels.h"
 #include "core/fp16.h"
 #include "decode/verify.h"
 #include "format/quant.h"
@@ -53,39 +54,8 @@ const float* row_f32(const Tensor& t, int64_t r) {
     return f32(t) + r * t.cols;
 }
 
-// Fixed-order dot product: eight interleaved partial sums, then a fixed tree.
-// Written so the compiler vectorises it without reassociating anything.
-float dot(const float* a, const float* b, int64_t n) {
-    std::array<float, 8> acc{};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; ++l)
-            acc[size_t(l)] += a[i + l] * b[i + l];
-    for (int l = 0; i < n; ++i, ++l)
-        acc[size_t(l)] += a[i] * b[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-// F16 rows convert through a table: the branchy bit conversion would dominate matmuls.
-const float* half_table() {
-    static const std::vector<float> table = [] {
-        std::vector<float> t(65536);
-        for (uint32_t i = 0; i < 65536; ++i)
-            t[i] = half_to_float(uint16_t(i));
-        return t;
-    }();
-    return table.data();
-}
-
 void row_to_f32(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
-    if (type == GgmlType::kF16) {
-        const float* table = half_table();
-        const auto* h = reinterpret_cast<const uint16_t*>(src);
-        for (int64_t i = 0; i < n; ++i)
-            dst[i] = table[h[i]];
-    } else {
-        dequantize_row(type, src, dst, size_t(n));
-    }
+    cpu::decode_row(type, src, n, dst);
 }
 
 class CpuBackend final : public Backend {
@@ -159,7 +129,7 @@ class CpuBackend final : public Backend {
         const float* w = f32(weight);
         for (int64_t r = 0; r < x.rows; ++r) {
             const float* xr = row_f32(x, r);
-            const float mean = dot(xr, xr, x.cols) / float(x.cols);
+            const float mean = cpu::dot_f32(xr, xr, x.cols) / float(x.cols);
             const float scale = 1.0f / std::sqrt(mean + eps);
             float* o = f32(out) + r * out.cols;
             for (int64_t i = 0; i < x.cols; ++i)
@@ -170,18 +140,16 @@ class CpuBackend final : public Backend {
     void matmul(const Tensor& w, const MatmulInput& input, const Tensor& out,
                 Accumulate accumulate) override {
         const Tensor x = apply_norm(input);
-        // Each worker converts a weight row once and uses it for all n input rows.
-        parallel_for(size_t(w.rows), size_t(w.cols * x.rows), [&](size_t begin, size_t end) {
-            std::vector<float> row(size_t(w.cols));
-            for (size_t r = begin; r < end; ++r) {
-                row_to_f32(w.type, bytes_of(w) + r * w.row_bytes(), row.data(), w.cols);
-                for (int64_t i = 0; i < x.rows; ++i) {
-                    float& o = f32(out)[i * out.cols + int64_t(r)];
-                    const float d = dot(row.data(), row_f32(x, i), w.cols);
-                    o = accumulate == Accumulate::kYes ? o + d : d;
-                }
-            }
-        });
+        const cpu::MatmulArgs args{w.type,   bytes_of(w), w.row_bytes(),
+                                   w.cols,   f32(x),      x.rows,
+                                   f32(out), out.cols,    accumulate == Accumulate::kYes};
+        // Threads take whole tiles of rows.
+        const int64_t tiles = (w.rows + cpu::kRowTile - 1) / cpu::kRowTile;
+        parallel_for(size_t(tiles), size_t(w.cols * x.rows * cpu::kRowTile),
+                     [&](size_t begin, size_t end) {
+                         cpu::matmul_rows(args, int64_t(begin) * cpu::kRowTile,
+                                          std::min(w.rows, int64_t(end) * cpu::kRowTile));
+                     });
     }
 
     void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
@@ -219,7 +187,19 @@ class CpuBackend final : public Backend {
             size_t(q.rows) * size_t(n_head), size_t(head_dim) * size_t(pos0 + q.rows) * 2,
             [&](size_t begin, size_t end) {
                 const size_t dim = size_t(head_dim);
-                std::vector<float> scores, key(dim), value(dim), acc(dim);
+                thread_local std::vector<float> scores, key, value, acc;
+                key.resize(dim);
+                value.resize(dim);
+                acc.resize(dim);
+                // Row t of a cache head as floats: in place for F32 caches, else converted.
+                auto cache_row = [&](const Tensor& cache, int t, int kv_head,
+                                     std::vector<float>& scratch) -> const float* {
+                    const uint8_t* row = bytes_of(cache) + size_t(t) * cache.row_bytes() +
+                                         size_t(kv_head * head_dim) * type_bytes(cache.type);
+                    if (cache.type == GgmlType::kF32) return reinterpret_cast<const float*>(row);
+                    row_to_f32(cache.type, row, scratch.data(), head_dim);
+                    return scratch.data();
+                };
                 for (size_t job = begin; job < end; ++job) {
                     const int64_t i = int64_t(job) / n_head;
                     const int h = int(job % size_t(n_head));
@@ -229,26 +209,17 @@ class CpuBackend final : public Backend {
                     scores.resize(size_t(n_keys));
                     float max = -INFINITY;
                     for (int t = 0; t < n_keys; ++t) {
-                        row_to_f32(k_cache.type,
-                                   bytes_of(k_cache) + size_t(t) * k_cache.row_bytes() +
-                                       size_t(kv_head * head_dim) * type_bytes(k_cache.type),
-                                   key.data(), head_dim);
-                        scores[size_t(t)] = dot(qh, key.data(), head_dim) * scale;
+                        const float* k = cache_row(k_cache, t, kv_head, key);
+                        scores[size_t(t)] = cpu::dot_f32(qh, k, head_dim) * scale;
                         max = std::max(max, scores[size_t(t)]);
                     }
                     float sum = 0.0f;
                     for (float& s : scores)
                         sum += (s = std::exp(s - max));
                     std::fill(acc.begin(), acc.end(), 0.0f);
-                    for (int t = 0; t < n_keys; ++t) {
-                        row_to_f32(v_cache.type,
-                                   bytes_of(v_cache) + size_t(t) * v_cache.row_bytes() +
-                                       size_t(kv_head * head_dim) * type_bytes(v_cache.type),
-                                   value.data(), head_dim);
-                        const float p = scores[size_t(t)];
-                        for (int d = 0; d < head_dim; ++d)
-                            acc[size_t(d)] += p * value[size_t(d)];
-                    }
+                    for (int t = 0; t < n_keys; ++t)
+                        cpu::axpy_f32(scores[size_t(t)], cache_row(v_cache, t, kv_head, value),
+                                      acc.data(), head_dim);
                     float* o = f32(out) + i * out.cols + h * head_dim;
                     for (int d = 0; d < head_dim; ++d)
                         o[d] = acc[size_t(d)] / sum;

@@ -1,0 +1,49 @@
+// The cpu backend's SIMD kernels (Google Highway, dispatched at run time to the best
+// instruction set the machine has: AVX-512, AVX2, SSE4 on x86; NEON on ARM).
+//
+// A weight row is decoded to floats (each weight exactly as dequantize_row() gives it) and
+// multiplied with the f32 inputs by fused multiply-adds in one order: lanes of the vector
+// width take elements j, j + lanes, ..., their sum is reduced by a fixed tree and the
+// elements past the last whole vector are added one by one. Tiles of rows and inputs share
+// loads, never arithmetic, so a product does not depend on how many rows or inputs are
+// computed with it: the backend stays batch invariant.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "format/gguf.h"
+
+namespace specula::cpu {
+
+struct MatmulArgs {
+    GgmlType type = GgmlType::kF32;  // F32, F16, Q8_0 or Q4_0
+    const uint8_t* w = nullptr;      // rows of `cols` weights, row_bytes apart
+    size_t row_bytes = 0;
+    int64_t cols = 0;
+    const float* x = nullptr;  // n rows of cols floats, contiguous
+    int64_t n = 0;
+    float* out = nullptr;  // out[i * out_stride + r]
+    int64_t out_stride = 0;
+    bool accumulate = false;  // out += product (one addition) instead of out = product
+};
+
+// Rows decoded and multiplied together; a thread's share of a matmul is best a multiple.
+constexpr int64_t kRowTile = 4;
+// Rows [row_begin, row_end) of the product, for all n inputs.
+void matmul_rows(const MatmulArgs& args, int64_t row_begin, int64_t row_end);
+
+// A row of `cols` weights of `type` as floats, as dequantize_row() gives them.
+void decode_row(GgmlType type, const uint8_t* src, int64_t cols, float* dst);
+// The dot product of two f32 rows, in the order described above.
+float dot_f32(const float* a, const float* b, int64_t n);
+// acc[i] += p * v[i], fused.
+void axpy_f32(float p, const float* v, float* acc, int64_t n);
+
+// Which instruction set the kernels run on ("AVX3", "AVX2", "NEON", ...).
+const char* simd_target();
+
+// Every IEEE half as a float.
+const float* half_table();
+
+}  // namespace specula::cpu
