@@ -22,18 +22,12 @@ void cpu_relax() {
 #endif
 }
 
-void run_chunk(const std::function<void(size_t, size_t)>& fn, size_t n, int index, int parts) {
-    const size_t begin = n * size_t(index) / size_t(parts);
-    const size_t end = n * size_t(index + 1) / size_t(parts);
-    if (begin < end) fn(begin, end);
-}
-
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
     try {
         for (int i = 1; i < std::max(1, n_threads); ++i)
-            workers_.emplace_back([this, i] { worker_loop(i); });
+            workers_.emplace_back([this] { worker_loop(); });
     } catch (...) {
         stop();
         throw;
@@ -61,10 +55,13 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
     std::lock_guard call(call_mutex_);
     task_ = &fn;
     task_size_ = n;
+    // A few chunks per thread: small enough to even out, large enough to keep rows together.
+    chunk_ = std::max<size_t>(1, n / (4 * size_t(size())));
+    next_.store(0, std::memory_order_relaxed);
     pending_.store(int(workers_.size()), std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();  // a system call only when a worker sleeps
-    run_chunk(fn, n, 0, size());
+    run_chunks();
     for (uint32_t spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
         if (spins < (1u << 16)) {
             cpu_relax();
@@ -75,7 +72,15 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
     task_ = nullptr;
 }
 
-void ThreadPool::worker_loop(int index) {
+void ThreadPool::run_chunks() {
+    for (;;) {
+        const size_t begin = next_.fetch_add(chunk_, std::memory_order_relaxed);
+        if (begin >= task_size_) return;
+        (*task_)(begin, std::min(task_size_, begin + chunk_));
+    }
+}
+
+void ThreadPool::worker_loop() {
     uint32_t seen = 0;
     for (;;) {
         uint32_t now = generation_.load(std::memory_order_acquire);
@@ -90,7 +95,7 @@ void ThreadPool::worker_loop(int index) {
         }
         seen = now;
         if (stop_.load(std::memory_order_acquire)) return;
-        run_chunk(*task_, task_size_, index, size());
+        run_chunks();
         pending_.fetch_sub(1, std::memory_order_release);
     }
 }

@@ -26,18 +26,22 @@ class ThreadPool {
     ThreadPool& operator=(const ThreadPool&) = delete;
 
     int size() const { return int(workers_.size()) + 1; }
-    // Splits [0, n) into contiguous chunks, one per thread, and waits for all. Loops called
-    // from several threads at once run one after the other.
+    // Calls fn on contiguous chunks that cover [0, n), on every thread, and waits for all:
+    // a thread takes the next chunk when it is done with one, so a thread that starts late
+    // or runs slow takes fewer. Loops called from several threads at once run one after the
+    // other.
     void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>& fn);
 
   private:
-    void worker_loop(int index);
+    void worker_loop();
+    void run_chunks();
     void stop();
 
     std::vector<std::thread> workers_;
     std::mutex call_mutex_;  // one loop at a time
     const std::function<void(size_t, size_t)>* task_ = nullptr;
-    size_t task_size_ = 0;
+    size_t task_size_ = 0, chunk_ = 1;
+    std::atomic<size_t> next_{0};          // the first item no thread has taken
     std::atomic<uint32_t> generation_{0};  // bumped to start a loop (or to stop)
     std::atomic<int> pending_{0};          // workers still running the current loop
     std::atomic<bool> stop_{false};

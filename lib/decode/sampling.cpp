@@ -30,23 +30,28 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
     auto key = [&](uint32_t x) { return det::order_key(logits[x] * inv_t); };
 
     if (p.filtered(int(n))) {
-        // Rank order (key desc, id asc); the kept set is a prefix of it.
-        std::vector<uint32_t> order(n);
+        // Rank order (key desc, id asc); the kept set is a prefix of it, at most top_k long,
+        // so only that prefix is sorted.
+        std::vector<uint32_t> keys(n), order(n);
+        for (uint32_t x = 0; x < n; ++x)
+            keys[x] = key(x);
         std::iota(order.begin(), order.end(), 0u);
-        std::stable_sort(order.begin(), order.end(),
-                         [&](uint32_t a, uint32_t b) { return key(a) > key(b); });
-        auto cut_at = [&](uint32_t length) {  // the prefix of `length` tokens
+        uint32_t length = n;
+        if (p.top_k > 0 && uint32_t(p.top_k) < n) length = uint32_t(p.top_k);
+        std::partial_sort(order.begin(), order.begin() + length, order.end(),
+                          [&](uint32_t a, uint32_t b) {
+                              return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
+                          });
+        auto cut_at = [&](uint32_t prefix) {  // the first `prefix` tokens
             RowNorm c = norm;
-            c.cut_key = key(order[length - 1]);
-            c.cut_id = order[length - 1];
+            c.cut_id = order[prefix - 1];
+            c.cut_key = keys[c.cut_id];
             return c;
         };
         auto mass = [&](const RowNorm& c) {
             return det::canonical_sum(
-                n, [&](uint32_t x) { return c.kept(key(x), x) ? weight(x) : 0.0f; });
+                n, [&](uint32_t x) { return c.kept(keys[x], x) ? weight(x) : 0.0f; });
         };
-        uint32_t length = n;
-        if (p.top_k > 0 && uint32_t(p.top_k) < n) length = uint32_t(p.top_k);
         norm = cut_at(length);
         if (p.top_p < 1.0f) {
             // The shortest prefix whose mass reaches top_p * mass(top-k set); mass grows

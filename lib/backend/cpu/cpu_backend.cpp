@@ -21,6 +21,10 @@ namespace specula {
 
 namespace {
 
+float silu_times(float g, float u) {
+    return g / (1.0f + std::exp(-g)) * u;
+}
+
 class CpuBuffer final : public Buffer {
   public:
     // Zero-filled; check allocated() (a nothrow allocation: an exception, or a sanitizer
@@ -140,16 +144,9 @@ class CpuBackend final : public Backend {
     void matmul(const Tensor& w, const MatmulInput& input, const Tensor& out,
                 Accumulate accumulate) override {
         const Tensor x = apply_norm(input);
-        const cpu::MatmulArgs args{w.type,   bytes_of(w), w.row_bytes(),
-                                   w.cols,   f32(x),      x.rows,
-                                   f32(out), out.cols,    accumulate == Accumulate::kYes};
-        // Threads take whole tiles of rows.
-        const int64_t tiles = (w.rows + cpu::kRowTile - 1) / cpu::kRowTile;
-        parallel_for(size_t(tiles), size_t(w.cols * x.rows * cpu::kRowTile),
-                     [&](size_t begin, size_t end) {
-                         cpu::matmul_rows(args, int64_t(begin) * cpu::kRowTile,
-                                          std::min(w.rows, int64_t(end) * cpu::kRowTile));
-                     });
+        const cpu::MatmulArgs args = matmul_args(w, x, out, accumulate);
+        parallel_for_rows(w, x, 1,
+                          [&](int64_t begin, int64_t end) { cpu::matmul_rows(args, begin, end); });
     }
 
     void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
@@ -183,56 +180,49 @@ class CpuBackend final : public Backend {
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
                    int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
         const int group = n_head / n_head_kv;
-        parallel_for(
-            size_t(q.rows) * size_t(n_head), size_t(head_dim) * size_t(pos0 + q.rows) * 2,
-            [&](size_t begin, size_t end) {
-                const size_t dim = size_t(head_dim);
-                thread_local std::vector<float> scores, key, value, acc;
-                key.resize(dim);
-                value.resize(dim);
-                acc.resize(dim);
-                // Row t of a cache head as floats: in place for F32 caches, else converted.
-                auto cache_row = [&](const Tensor& cache, int t, int kv_head,
-                                     std::vector<float>& scratch) -> const float* {
-                    const uint8_t* row = bytes_of(cache) + size_t(t) * cache.row_bytes() +
-                                         size_t(kv_head * head_dim) * type_bytes(cache.type);
-                    if (cache.type == GgmlType::kF32) return reinterpret_cast<const float*>(row);
-                    row_to_f32(cache.type, row, scratch.data(), head_dim);
-                    return scratch.data();
-                };
-                for (size_t job = begin; job < end; ++job) {
-                    const int64_t i = int64_t(job) / n_head;
-                    const int h = int(job % size_t(n_head));
-                    const int kv_head = h / group;
-                    const int n_keys = pos0 + int(i) + 1;
-                    const float* qh = row_f32(q, i) + h * head_dim;
-                    scores.resize(size_t(n_keys));
-                    float max = -INFINITY;
-                    for (int t = 0; t < n_keys; ++t) {
-                        const float* k = cache_row(k_cache, t, kv_head, key);
-                        scores[size_t(t)] = cpu::dot_f32(qh, k, head_dim) * scale;
-                        max = std::max(max, scores[size_t(t)]);
-                    }
-                    float sum = 0.0f;
-                    for (float& s : scores)
-                        sum += (s = std::exp(s - max));
-                    std::fill(acc.begin(), acc.end(), 0.0f);
-                    for (int t = 0; t < n_keys; ++t)
-                        cpu::axpy_f32(scores[size_t(t)], cache_row(v_cache, t, kv_head, value),
-                                      acc.data(), head_dim);
-                    float* o = f32(out) + i * out.cols + h * head_dim;
-                    for (int d = 0; d < head_dim; ++d)
-                        o[d] = acc[size_t(d)] / sum;
-                }
-            });
+        parallel_for(size_t(q.rows) * size_t(n_head), size_t(head_dim) * size_t(pos0 + q.rows) * 2,
+                     [&](size_t begin, size_t end) {
+                         thread_local std::vector<float> scores, keys, values;
+                         for (size_t job = begin; job < end; ++job) {
+                             const int64_t i = int64_t(job) / n_head;
+                             const int h = int(job % size_t(n_head));
+                             const int n_keys = pos0 + int(i) + 1;
+                             scores.resize(size_t(n_keys));
+                             const float* k = head_rows(k_cache, h / group, n_keys, head_dim, keys);
+                             const float* v =
+                                 head_rows(v_cache, h / group, n_keys, head_dim, values);
+                             const int64_t k_stride = k == keys.data() ? head_dim : k_cache.cols;
+                             const int64_t v_stride = v == values.data() ? head_dim : v_cache.cols;
+                             cpu::attend(row_f32(q, i) + h * head_dim, k, k_stride, v, v_stride,
+                                         n_keys, head_dim, scale, scores.data(),
+                                         f32(out) + i * out.cols + h * head_dim);
+                         }
+                     });
     }
 
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
         const int64_t n = gate.cols * gate.rows;
-        for (int64_t i = 0; i < n; ++i) {
-            const float g = f32(gate)[i];
-            f32(out)[i] = g / (1.0f + std::exp(-g)) * f32(up)[i];
-        }
+        for (int64_t i = 0; i < n; ++i)
+            f32(out)[i] = silu_times(f32(gate)[i], f32(up)[i]);
+    }
+
+    // matmul(w_gate), matmul(w_up) and silu_mul in one loop over rows: the same floats, one
+    // wake-up of the workers, and the element-wise part spread over them.
+    void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,
+                      const Tensor& out, const Tensor& up) override {
+        const Tensor x = apply_norm(input);
+        const cpu::MatmulArgs gate_args = matmul_args(w_gate, x, out, Accumulate::kNo);
+        const cpu::MatmulArgs up_args = matmul_args(w_up, x, up, Accumulate::kNo);
+        parallel_for_rows(w_gate, x, 2, [&](int64_t begin, int64_t end) {
+            cpu::matmul_rows(gate_args, begin, end);
+            cpu::matmul_rows(up_args, begin, end);
+            for (int64_t i = 0; i < x.rows; ++i) {
+                float* g = f32(out) + i * out.cols;
+                const float* u = f32(up) + i * up.cols;
+                for (int64_t r = begin; r < end; ++r)
+                    g[r] = silu_times(g[r], u[r]);
+            }
+        });
     }
 
     void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
@@ -271,14 +261,45 @@ class CpuBackend final : public Backend {
     }
 
   private:
+    // The first n rows of a cache head as floats: in place (rows cache.cols apart) for an F32
+    // cache, else converted into scratch (rows head_dim apart).
+    static const float* head_rows(const Tensor& cache, int head, int n, int head_dim,
+                                  std::vector<float>& scratch) {
+        const size_t offset = size_t(head * head_dim) * type_bytes(cache.type);
+        if (cache.type == GgmlType::kF32)
+            return reinterpret_cast<const float*>(bytes_of(cache) + offset);
+        scratch.resize(size_t(n) * size_t(head_dim));
+        for (int t = 0; t < n; ++t)
+            row_to_f32(cache.type, bytes_of(cache) + size_t(t) * cache.row_bytes() + offset,
+                       scratch.data() + size_t(t) * size_t(head_dim), head_dim);
+        return scratch.data();
+    }
     static size_t type_bytes(GgmlType t) { return t == GgmlType::kF16 ? 2 : 4; }
 
-    // Waking the workers costs tens of microseconds: small ops run on the calling
+    static cpu::MatmulArgs matmul_args(const Tensor& w, const Tensor& x, const Tensor& out,
+                                       Accumulate accumulate) {
+        return {w.type,   bytes_of(w), w.row_bytes(),
+                w.cols,   f32(x),      x.rows,
+                f32(out), out.cols,    accumulate == Accumulate::kYes};
+    }
+
+    // fn(begin, end) over the rows of w in whole tiles, for `matrices` matrices of w's shape.
+    template <typename F>
+    void parallel_for_rows(const Tensor& w, const Tensor& x, int matrices, F&& fn) {
+        const int64_t tiles = (w.rows + cpu::kRowTile - 1) / cpu::kRowTile;
+        parallel_for(size_t(tiles), size_t(w.cols * x.rows * cpu::kRowTile * matrices),
+                     [&](size_t begin, size_t end) {
+                         fn(int64_t(begin) * cpu::kRowTile,
+                            std::min(w.rows, int64_t(end) * cpu::kRowTile));
+                     });
+    }
+
+    // Waking the workers costs about a microsecond: small ops run on the calling
     // thread. Every item is computed by the same code either way, so results do not
     // depend on the split.
     template <typename F>
     void parallel_for(size_t items, size_t work_per_item, F&& fn) {
-        constexpr size_t kMinWorkToSplit = 1 << 16;
+        constexpr size_t kMinWorkToSplit = 1 << 14;
         if (items * work_per_item < kMinWorkToSplit) {
             fn(size_t(0), items);
         } else {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -32,153 +33,232 @@ static_assert(32 % kLanes == 0);
 
 // Tiles of rows x inputs: their accumulators, one input vector each and a weight vector
 // fit the register file (32 vector registers with AVX-512 and NEON, 16 otherwise).
+constexpr int kChains = 2;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_ARCH_ARM
-constexpr int kTileCols = 4;
+constexpr int kTileRows = 4, kTileCols = 2, kRowCols = 8;
 #else
-constexpr int kTileCols = 2;
+constexpr int kTileRows = 2, kTileCols = 2, kRowCols = 4;
 #endif
-constexpr int kTileRows = int(kRowTile);
+static_assert(kRowTile % kTileRows == 0);
 
-void DecodeRow(GgmlType type, const uint8_t* src, int64_t cols, float* dst) {
-    const DF d;
-    const float* halves = half_table();
-    switch (type) {
-        case GgmlType::kF32:
-            std::copy_n(reinterpret_cast<const float*>(src), cols, dst);
-            return;
-        case GgmlType::kF16: {
+// Weights of one type read as floats, each exactly as DecodeRow() writes it: whole vectors
+// at element j (a multiple of kLanes) and single elements past the last whole vector.
+template <GgmlType T>
+struct Weights {
+    const uint8_t* rows;
+    size_t row_bytes;
+    const float* halves = half_table();  // fetched once: a call in the loop spills the tile
+
+    const uint8_t* row(int r) const { return rows + size_t(r) * row_bytes; }
+
+    VF vector(DF d, int r, int64_t j) const {
+        if constexpr (T == GgmlType::kF32) {
+            return hn::LoadU(d, reinterpret_cast<const float*>(row(r)) + j);
+        } else if constexpr (T == GgmlType::kF16) {
             const hn::Rebind<hwy::float16_t, DF> dh;
-            const auto* h = reinterpret_cast<const hwy::float16_t*>(src);
-            int64_t j = 0;
-            for (; j + kLanes <= cols; j += kLanes)
-                hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, h + j)), d, dst + j);
-            const auto* bits = reinterpret_cast<const uint16_t*>(src);
-            for (; j < cols; ++j)
-                dst[j] = halves[bits[j]];
-            return;
-        }
-        case GgmlType::kQ8_0: {
+            return hn::PromoteTo(
+                d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row(r)) + j));
+        } else if constexpr (T == GgmlType::kQ8_0) {
             const hn::Rebind<int8_t, DF> d8;
             const hn::Rebind<int32_t, DF> d32;
-            const auto* blocks = reinterpret_cast<const BlockQ8_0*>(src);
-            for (int64_t b = 0; b < cols / kQ8_0BlockSize; ++b, dst += kQ8_0BlockSize) {
-                const VF scale = hn::Set(d, halves[blocks[b].scale]);
-                for (int64_t j = 0; j < kQ8_0BlockSize; j += kLanes) {
-                    const auto q = hn::PromoteTo(d32, hn::LoadU(d8, blocks[b].quants + j));
-                    hn::StoreU(hn::Mul(hn::ConvertTo(d, q), scale), d, dst + j);
-                }
-            }
-            return;
-        }
-        case GgmlType::kQ4_0: {
+            const auto& block = reinterpret_cast<const BlockQ8_0*>(row(r))[j / kQ8_0BlockSize];
+            const auto q = hn::PromoteTo(d32, hn::LoadU(d8, block.quants + j % kQ8_0BlockSize));
+            return hn::Mul(hn::ConvertTo(d, q), hn::Set(d, halves[block.scale]));
+        } else {
+            static_assert(T == GgmlType::kQ4_0);
             const hn::Rebind<uint8_t, DF> d8;
             const hn::Rebind<int32_t, DF> d32;
-            const auto low = hn::Set(d32, 15), offset = hn::Set(d32, 8);
-            const auto* blocks = reinterpret_cast<const BlockQ4_0*>(src);
-            for (int64_t b = 0; b < cols / kQ4_0BlockSize; ++b, dst += kQ4_0BlockSize) {
-                const VF scale = hn::Set(d, halves[blocks[b].scale]);
-                // Weight j is the low nibble of byte j, weight j + 16 the high nibble.
-                for (int64_t j = 0; j < kQ4_0BlockSize; j += kLanes) {
-                    const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, blocks[b].quants + j % 16));
-                    const auto q = j < 16 ? hn::And(bytes, low) : hn::ShiftRight<4>(bytes);
-                    hn::StoreU(hn::Mul(hn::ConvertTo(d, hn::Sub(q, offset)), scale), d, dst + j);
-                }
-            }
-            return;
+            const auto& block = reinterpret_cast<const BlockQ4_0*>(row(r))[j / kQ4_0BlockSize];
+            const int64_t k = j % kQ4_0BlockSize;
+            const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, block.quants + k % 16));
+            const auto q = k < 16 ? hn::And(bytes, hn::Set(d32, 15)) : hn::ShiftRight<4>(bytes);
+            return hn::Mul(hn::ConvertTo(d, hn::Sub(q, hn::Set(d32, 8))),
+                           hn::Set(d, halves[block.scale]));
         }
+    }
+
+    // Quantized rows are whole blocks, so only F32 and F16 rows have elements past the last
+    // whole vector.
+    float scalar(int r, int64_t j) const {
+        if constexpr (T == GgmlType::kF16) {
+            return halves[reinterpret_cast<const uint16_t*>(row(r))[j]];
+        } else {
+            return reinterpret_cast<const float*>(row(r))[j];
+        }
+    }
+};
+
+template <GgmlType T>
+void DecodeRowOf(const uint8_t* src, int64_t cols, float* dst) {
+    const DF d;
+    const Weights<T> w{src, 0};
+    int64_t j = 0;
+    for (; j + kLanes <= cols; j += kLanes)
+        hn::StoreU(w.vector(d, 0, j), d, dst + j);
+    for (; j < cols; ++j)
+        dst[j] = w.scalar(0, j);
+}
+
+// Calls f(std::integral_constant<GgmlType, T>) for the weight types the backend loads.
+template <class F>
+void WithType(GgmlType type, F&& f) {
+    switch (type) {
+        case GgmlType::kF32:
+            return f(std::integral_constant<GgmlType, GgmlType::kF32>());
+        case GgmlType::kF16:
+            return f(std::integral_constant<GgmlType, GgmlType::kF16>());
+        case GgmlType::kQ8_0:
+            return f(std::integral_constant<GgmlType, GgmlType::kQ8_0>());
+        case GgmlType::kQ4_0:
+            return f(std::integral_constant<GgmlType, GgmlType::kQ4_0>());
         default:
-            return;  // the backend decodes only the types it loads
+            return;  // the loader refuses other types (is_runnable_weight_type)
     }
 }
 
-// out[c * out_stride + r] (+)= dot(w[r], x[c]) for R rows and C inputs.
-template <int R, int C>
-void Tile(const float* w, int64_t w_stride, const float* x, int64_t cols, float* out,
-          int64_t out_stride, bool accumulate) {
+void DecodeRow(GgmlType type, const uint8_t* src, int64_t cols, float* dst) {
+    WithType(type, [&](auto t) { DecodeRowOf<t()>(src, cols, dst); });
+}
+
+// out[c * out_stride + r] (+)= dot(w[r], x[c]) for R rows and C inputs. Vector q of a row
+// (elements q * kLanes ...) is added into accumulator q % kChains, so that kChains chains of
+// multiply-adds are in flight even for one row and one input; the chains are summed in a
+// fixed tree, then the lanes.
+template <GgmlType T, int R, int C>
+void Tile(const Weights<T>& w, const float* x, int64_t cols, float* out, int64_t out_stride,
+          bool accumulate) {
     const DF d;
-    VF acc[R][C];
+    VF acc[R][C][kChains];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c)
-            acc[r][c] = hn::Zero(d);
+            for (int k = 0; k < kChains; ++k)
+                acc[r][c][k] = hn::Zero(d);
     int64_t j = 0;
-    for (; j + kLanes <= cols; j += kLanes) {
-        VF xv[C];
-        for (int c = 0; c < C; ++c)
-            xv[c] = hn::LoadU(d, x + c * cols + j);
-        for (int r = 0; r < R; ++r) {
-            const VF wv = hn::LoadU(d, w + r * w_stride + j);
+    for (; j + kChains * kLanes <= cols; j += kChains * kLanes) {
+        for (int k = 0; k < kChains; ++k) {
+            VF xv[C];
             for (int c = 0; c < C; ++c)
-                acc[r][c] = hn::MulAdd(wv, xv[c], acc[r][c]);
+                xv[c] = hn::LoadU(d, x + c * cols + j + k * kLanes);
+            for (int r = 0; r < R; ++r) {
+                const VF wv = w.vector(d, r, j + k * kLanes);
+                for (int c = 0; c < C; ++c)
+                    acc[r][c][k] = hn::MulAdd(wv, xv[c], acc[r][c][k]);
+            }
         }
+    }
+    static_assert(kChains == 2);  // so at most one whole vector is left, for chain 0
+    if (j + kLanes <= cols) {
+        for (int r = 0; r < R; ++r) {
+            const VF wv = w.vector(d, r, j);
+            for (int c = 0; c < C; ++c)
+                acc[r][c][0] = hn::MulAdd(wv, hn::LoadU(d, x + c * cols + j), acc[r][c][0]);
+        }
+        j += kLanes;
     }
     float tail[R][C] = {};
     for (; j < cols; ++j)
         for (int r = 0; r < R; ++r)
             for (int c = 0; c < C; ++c)
-                tail[r][c] += w[r * w_stride + j] * x[c * cols + j];
+                tail[r][c] += w.scalar(r, j) * x[c * cols + j];
     for (int r = 0; r < R; ++r) {
         for (int c = 0; c < C; ++c) {
-            const float v = hn::GetLane(hn::SumOfLanes(d, acc[r][c])) + tail[r][c];
+            const VF sum = hn::Add(acc[r][c][0], acc[r][c][1]);
+            const float v = hn::GetLane(hn::SumOfLanes(d, sum)) + tail[r][c];
             float& o = out[c * out_stride + r];
             o = accumulate ? o + v : v;
         }
     }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
+template <GgmlType T>
+using TileFn = void (*)(const Weights<T>&, const float*, int64_t, float*, int64_t, bool);
 
-template <int R, int... Cs>
-constexpr std::array<TileFn, sizeof...(Cs)> TileRow(std::integer_sequence<int, Cs...>) {
-    return {&Tile<R, Cs + 1>...};
+template <GgmlType T, int R, int... Cs>
+constexpr std::array<TileFn<T>, sizeof...(Cs)> TileRow(std::integer_sequence<int, Cs...>) {
+    return {&Tile<T, R, Cs + 1>...};
 }
 template <int... Rs>
-constexpr std::array<std::array<TileFn, kTileCols>, sizeof...(Rs)> TileTable(
+constexpr std::array<std::array<TileFn<GgmlType::kF32>, kTileCols>, sizeof...(Rs)> F32Tiles(
     std::integer_sequence<int, Rs...>) {
-    return {TileRow<Rs + 1>(std::make_integer_sequence<int, kTileCols>())...};
+    return {TileRow<GgmlType::kF32, Rs + 1>(std::make_integer_sequence<int, kTileCols>())...};
 }
-// kTiles[r - 1][c - 1] computes r rows for c inputs.
-constexpr auto kTiles = TileTable(std::make_integer_sequence<int, kTileRows>());
+// kF32Tiles[r - 1][c - 1] computes r rows of floats for c inputs; kRowTiles<T>[c - 1] one row
+// of type T for c inputs.
+constexpr auto kF32Tiles = F32Tiles(std::make_integer_sequence<int, kTileRows>());
+template <GgmlType T>
+constexpr auto kRowTiles = TileRow<T, 1>(std::make_integer_sequence<int, kRowCols>());
 
-void MatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
-    thread_local std::vector<float> decoded;
-    const bool in_place = a.type == GgmlType::kF32;
-    if (!in_place && decoded.size() < size_t(kTileRows * a.cols))
-        decoded.resize(size_t(kTileRows * a.cols));
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
-        const int rows = int(std::min<int64_t>(kTileRows, row_end - r0));
-        const uint8_t* src = a.w + size_t(r0) * a.row_bytes;
-        const float* w = reinterpret_cast<const float*>(src);
-        int64_t w_stride = int64_t(a.row_bytes / sizeof(float));
-        if (!in_place) {
-            for (int r = 0; r < rows; ++r)
-                DecodeRow(a.type, src + size_t(r) * a.row_bytes, a.cols,
-                          decoded.data() + r * a.cols);
-            w = decoded.data();
-            w_stride = a.cols;
+// Up to kRowCols inputs (a decode step, a verification batch) read each weight once: a row
+// at a time is decoded as it is multiplied (one stream through memory: four rows at once
+// measured 25-45% slower at n = 1, decoding into floats first 25%). Wider inputs (prompts)
+// would decode a row once per kRowCols inputs, so a tile's rows are decoded once into floats
+// (the same values) and register tiles of rows x inputs read those.
+template <GgmlType T>
+void MatmulRowsOf(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
+    if (T == GgmlType::kF32 || a.n <= kRowCols) {
+        for (int64_t c0 = 0; c0 < a.n; c0 += kRowCols) {
+            const auto tile = kRowTiles<T>[size_t(std::min<int64_t>(kRowCols, a.n - c0) - 1)];
+            for (int64_t r = row_begin; r < row_end; ++r)
+                tile(Weights<T>{a.w + size_t(r) * a.row_bytes, a.row_bytes}, a.x + c0 * a.cols,
+                     a.cols, a.out + c0 * a.out_stride + r, a.out_stride, a.accumulate);
         }
+        return;
+    }
+    thread_local std::vector<float> decoded;
+    decoded.resize(std::max(decoded.size(), size_t(kTileRows * a.cols)));
+    const Weights<GgmlType::kF32> rows{reinterpret_cast<const uint8_t*>(decoded.data()),
+                                       size_t(a.cols) * sizeof(float)};
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
+        const int n_rows = int(std::min<int64_t>(kTileRows, row_end - r0));
+        for (int r = 0; r < n_rows; ++r)
+            DecodeRowOf<T>(a.w + size_t(r0 + r) * a.row_bytes, a.cols, decoded.data() + r * a.cols);
         for (int64_t c0 = 0; c0 < a.n; c0 += kTileCols) {
             const int n = int(std::min<int64_t>(kTileCols, a.n - c0));
-            kTiles[size_t(rows - 1)][size_t(n - 1)](w, w_stride, a.x + c0 * a.cols, a.cols,
-                                                    a.out + c0 * a.out_stride + r0, a.out_stride,
-                                                    a.accumulate);
+            kF32Tiles[size_t(n_rows - 1)][size_t(n - 1)](rows, a.x + c0 * a.cols, a.cols,
+                                                         a.out + c0 * a.out_stride + r0,
+                                                         a.out_stride, a.accumulate);
         }
     }
 }
 
+void MatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
+    WithType(a.type, [&](auto t) { MatmulRowsOf<t()>(a, row_begin, row_end); });
+}
+
 float DotF32(const float* a, const float* b, int64_t n) {
     float out = 0.0f;
-    Tile<1, 1>(a, 0, b, n, &out, 0, false);
+    Tile<GgmlType::kF32, 1, 1>({reinterpret_cast<const uint8_t*>(a), 0}, b, n, &out, 0, false);
     return out;
 }
 
-void AxpyF32(float p, const float* v, float* acc, int64_t n) {
+void Attend(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+            int n_keys, int head_dim, float scale, float* scores, float* out) {
     const DF d;
-    const VF pv = hn::Set(d, p);
+    const Weights<GgmlType::kF32> keys{reinterpret_cast<const uint8_t*>(k),
+                                       size_t(k_stride) * sizeof(float)};
+    float max = -INFINITY;
+    for (int t = 0; t < n_keys; ++t) {
+        float s = 0.0f;
+        Tile<GgmlType::kF32, 1, 1>({keys.row(t), 0}, q, head_dim, &s, 0, false);
+        scores[t] = s * scale;
+        max = std::max(max, scores[t]);
+    }
+    float sum = 0.0f;
+    for (int t = 0; t < n_keys; ++t)
+        sum += (scores[t] = std::exp(scores[t] - max));
     int64_t j = 0;
-    for (; j + kLanes <= n; j += kLanes)
-        hn::StoreU(hn::MulAdd(pv, hn::LoadU(d, v + j), hn::LoadU(d, acc + j)), d, acc + j);
-    for (; j < n; ++j)
-        acc[j] += p * v[j];
+    for (; j + kLanes <= head_dim; j += kLanes) {
+        VF acc = hn::Zero(d);
+        for (int t = 0; t < n_keys; ++t)
+            acc = hn::MulAdd(hn::Set(d, scores[t]), hn::LoadU(d, v + t * v_stride + j), acc);
+        hn::StoreU(hn::Div(acc, hn::Set(d, sum)), d, out + j);
+    }
+    for (; j < head_dim; ++j) {
+        float acc = 0.0f;
+        for (int t = 0; t < n_keys; ++t)
+            acc += scores[t] * v[t * v_stride + j];
+        out[j] = acc / sum;
+    }
 }
 
 const char* TargetName() {
@@ -197,7 +277,7 @@ namespace specula::cpu {
 HWY_EXPORT(MatmulRows);
 HWY_EXPORT(DecodeRow);
 HWY_EXPORT(DotF32);
-HWY_EXPORT(AxpyF32);
+HWY_EXPORT(Attend);
 HWY_EXPORT(TargetName);
 
 void matmul_rows(const MatmulArgs& args, int64_t row_begin, int64_t row_end) {
@@ -209,8 +289,9 @@ void decode_row(GgmlType type, const uint8_t* src, int64_t cols, float* dst) {
 float dot_f32(const float* a, const float* b, int64_t n) {
     return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n);
 }
-void axpy_f32(float p, const float* v, float* acc, int64_t n) {
-    HWY_DYNAMIC_DISPATCH(AxpyF32)(p, v, acc, n);
+void attend(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+            int n_keys, int head_dim, float scale, float* scores, float* out) {
+    HWY_DYNAMIC_DISPATCH(Attend)(q, k, k_stride, v, v_stride, n_keys, head_dim, scale, scores, out);
 }
 const char* simd_target() {
     return HWY_DYNAMIC_DISPATCH(TargetName)();
