@@ -437,4 +437,40 @@ TEST(Speculative, ExpectedSpeedupMatchesTheorem) {
     EXPECT_NEAR(expected_speedup(1.0, 0.0, 4), 5.0, 1e-12);
 }
 
+TEST(Speculative, TargetCostsBetweenAndBeyondMeasuredWidths) {
+    std::vector<double> t(18, 0.0);
+    EXPECT_EQ(estimated_target_seconds(t, 3), 0.0);
+    t[5] = 2.2;  // one width measured: every width costs the same
+    EXPECT_DOUBLE_EQ(estimated_target_seconds(t, 1), 2.2);
+    EXPECT_DOUBLE_EQ(estimated_target_seconds(t, 9), 2.2);
+    t[2] = 1.3;  // two: the line through them, 0.3 per position
+    EXPECT_DOUBLE_EQ(estimated_target_seconds(t, 1), 1.0);
+    EXPECT_DOUBLE_EQ(estimated_target_seconds(t, 3), 1.6);
+    EXPECT_DOUBLE_EQ(estimated_target_seconds(t, 8), 3.1);
+    EXPECT_DOUBLE_EQ(estimated_target_seconds(t, 5), 2.2);
+    t[4] = 1.7;  // the nearest measured width on each side
+    EXPECT_DOUBLE_EQ(estimated_target_seconds(t, 3), 1.5);
+}
+
+// By hand, alpha = 0.7, a draft forward 0.16, a target forward of n positions 1 + 0.3 (n - 1):
+//   gamma 0: 1 / 1 = 1.000 tokens per unit of time
+//   gamma 1: (1 + 0.7) / (0.16 + 1.3) = 1.164
+//   gamma 2: (1 + 0.7 + 0.49) / (0.32 + 1.6) = 1.141
+//   gamma 3: 2.533 / (0.48 + 1.9) = 1.064
+// With a target whose cost does not grow (Thm 3.8's assumption), gamma 3 wins:
+//   2.533 / (1 + 0.48) = 1.711 against 2.19 / 1.32 = 1.659 (gamma 2) and 2.773 / 1.64 = 1.691
+//   (gamma 4).
+TEST(Speculative, BestGammaWeighsWhatTheTargetCostsPerPosition) {
+    std::vector<double> linear(18, 0.0), flat(18, 0.0);
+    linear[2] = 1.3;
+    linear[5] = 2.2;
+    flat[5] = 1.0;
+    EXPECT_EQ(best_gamma(0.7, 0.16, linear, 0, 8), 1);
+    EXPECT_EQ(best_gamma(0.7, 0.16, flat, 0, 8), 3);
+    EXPECT_EQ(best_gamma(0.7, 0.16, linear, 2, 8), 2);  // a lower bound is kept
+    // A draft that costs as much as the target never pays: plain decoding.
+    EXPECT_EQ(best_gamma(0.7, 1.0, linear, 0, 8), 0);
+    EXPECT_EQ(best_gamma(0.7, 1.0, linear, 1, 8), 1);
+}
+
 }  // namespace

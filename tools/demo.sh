@@ -13,4 +13,4 @@ cmake --build build/release -j "$(nproc)"
 build/release/examples/specula-cli \
   -m examples/models/specula-demo-target.gguf -md examples/models/specula-demo-draft.gguf \
   -p "${1:-The json module}" -n "${SPECULA_DEMO_TOKENS:-96}" --temp 0 \
-  --gamma-policy heuristic --draft-max 8 --backend "${SPECULA_DEMO_BACKEND:-auto}" --compare
+  --gamma-policy analytic --draft-max 8 --backend "${SPECULA_DEMO_BACKEND:-auto}" --compare

@@ -23,6 +23,38 @@ double expected_speedup(double alpha, double c, double gamma) {
     return tokens / (gamma * c + 1.0);
 }
 
+double estimated_target_seconds(std::span<const double> measured, int n) {
+    if (n > 0 && size_t(n) < measured.size() && measured[size_t(n)] > 0) return measured[size_t(n)];
+    std::vector<int> known;
+    for (size_t m = 1; m < measured.size(); ++m)
+        if (measured[m] > 0) known.push_back(int(m));
+    if (known.empty()) return 0;
+    if (known.size() == 1) return measured[size_t(known[0])];
+    // The two measured n nearest to n, one on each side where there are.
+    size_t hi = size_t(std::lower_bound(known.begin(), known.end(), n) - known.begin());
+    hi = std::clamp<size_t>(hi, 1, known.size() - 1);
+    const int a = known[hi - 1], b = known[hi];
+    const double ta = measured[size_t(a)], tb = measured[size_t(b)];
+    return std::max(ta + (tb - ta) * double(n - a) / double(b - a), 0.0);
+}
+
+int best_gamma(double alpha, double draft_seconds, std::span<const double> target_seconds,
+               int gamma_min, int gamma_max) {
+    int best = -1;
+    double best_rate = 0;
+    for (int g = gamma_min; g <= gamma_max; ++g) {
+        const double tokens =
+            alpha >= 1.0 ? g + 1.0 : (1.0 - std::pow(alpha, g + 1.0)) / (1.0 - alpha);
+        const double rate =
+            tokens / (g * draft_seconds + estimated_target_seconds(target_seconds, g + 1));
+        if (best < 0 || rate > best_rate) {
+            best = g;
+            best_rate = rate;
+        }
+    }
+    return best;
+}
+
 Generator::Generator(LlamaContext& target, LlamaContext* draft, const Config& config)
     : target_(target), draft_(draft), config_(config) {
     config_.gamma_max = std::clamp(config_.gamma_max, 1, kMaxGamma);
@@ -36,7 +68,9 @@ void Generator::reset() {
     if (draft_) draft_->truncate(0);
     step_ = 0;
     heuristic_gamma_ = config_.gamma;
-    target_call_seconds_ = draft_call_seconds_ = 0;
+    draft_call_seconds_ = 0;
+    target_seconds_ = {};
+    plain_steps_ = 0;
     stats_ = GeneratorStats{};
 }
 
@@ -73,15 +107,16 @@ int Generator::next_gamma() const {
         case GammaPolicy::kHeuristic:
             return heuristic_gamma_;
         case GammaPolicy::kAnalytic: {
-            if (stats_.evaluated < 16 || target_call_seconds_ <= 0)
+            if (stats_.evaluated < 16 || draft_call_seconds_ <= 0)
                 return config_.gamma;  // not measured yet
             const double alpha =
                 std::min(double(stats_.accepted) / double(stats_.evaluated), 0.999);
-            const double c = draft_call_seconds_ / target_call_seconds_;
-            int best = 1;
-            for (int g = 2; g <= config_.gamma_max; ++g)
-                if (expected_speedup(alpha, c, g) > expected_speedup(alpha, c, best)) best = g;
-            return best;
+            // While plain decoding wins, a step with drafts now and then keeps α and the
+            // costs measured (they change with the text and the context length).
+            constexpr int kProbeEvery = 16;
+            const int gamma_min = plain_steps_ + 1 >= kProbeEvery ? 1 : 0;
+            return best_gamma(alpha, draft_call_seconds_, target_seconds_, gamma_min,
+                              config_.gamma_max);
         }
     }
     return config_.gamma;
@@ -128,6 +163,7 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
     ++stats_.target_calls;
     ++stats_.steps;
     ++step_;
+    plain_steps_ = gamma == 0 ? plain_steps_ + 1 : 0;
     adapt_gamma(n_accepted, gamma);
     return Status::Ok();
 }
@@ -212,8 +248,8 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
         draft_call_seconds_ = draft_call_seconds_ > 0
                                   ? 0.9 * draft_call_seconds_ + 0.1 * draft_s / gamma
                                   : draft_s / gamma;
-    target_call_seconds_ =
-        target_call_seconds_ > 0 ? 0.9 * target_call_seconds_ + 0.1 * target_s : target_s;
+    double& t = target_seconds_[size_t(gamma + 1)];
+    t = t > 0 ? 0.9 * t + 0.1 * target_s : target_s;
     return Status::Ok();
 }
 

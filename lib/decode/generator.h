@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "decode/sampling.h"
@@ -23,8 +24,8 @@ constexpr int kMaxGamma =
 enum class GammaPolicy {
     kFixed,      // always `gamma`
     kHeuristic,  // start at 5; +2 after a step that accepted every draft, -1 otherwise; at least 1
-    kAnalytic,  // argmax over γ of Leviathan et al. Theorem 3.8 with the measured α and cost ratio
-                // c
+    kAnalytic,   // the γ (0 included) with the most expected tokens per second, from the measured
+                 // α, draft cost and target cost per number of positions (best_gamma())
 };
 
 struct GeneratorStats {
@@ -86,15 +87,32 @@ class Generator {
     std::vector<int32_t> committed_;
     uint32_t step_ = 0;
     int heuristic_gamma_;
-    double target_call_seconds_ = 0,
-           draft_call_seconds_ = 0;  // running means for the analytic policy
+    // Running means for the analytic policy: a draft forward, and a target forward of n
+    // positions (index n; 0 = not measured yet).
+    double draft_call_seconds_ = 0;
+    std::array<double, kMaxGamma + 2> target_seconds_{};
+    int plain_steps_ = 0;  // steps in a row without drafts
     GeneratorStats stats_;
     std::vector<std::unique_ptr<Buffer>> buffers_;
     Tensor draft_rows_, result_;  // on the target's backend
 };
 
 // Leviathan et al. Theorem 3.8: the expected speedup of γ drafts per step with
-// acceptance rate alpha and draft/target cost ratio c.
+// acceptance rate alpha and draft/target cost ratio c, for a target whose forward costs the
+// same for γ + 1 positions as for one.
 double expected_speedup(double alpha, double c, double gamma);
+
+// The seconds of a target forward of n positions, from running means measured for some n
+// (measured[n] > 0): a measured n's own, else the line through the nearest measured n on
+// either side (or the two nearest on one side; one measured n: the same for every n).
+// 0 when nothing is measured.
+double estimated_target_seconds(std::span<const double> measured, int n);
+
+// The γ in [gamma_min, gamma_max] with the most expected tokens per second: Theorem 3.8 for a
+// target whose forward of γ + 1 positions costs what it costs (on a CPU, or any device where the
+// model is compute bound, several times one position), tokens(γ) / (γ · draft_seconds +
+// target_seconds(γ + 1)). γ = 0 is plain decoding, one token per target_seconds(1).
+int best_gamma(double alpha, double draft_seconds, std::span<const double> target_seconds,
+               int gamma_min, int gamma_max);
 
 }  // namespace specula

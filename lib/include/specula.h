@@ -187,8 +187,10 @@ typedef enum specula_gamma_policy {
     SPECULA_GAMMA_FIXED = 0, /* always `gamma` drafts per step */
     SPECULA_GAMMA_HEURISTIC =
         1, /* start at `gamma`; +2 after a fully accepted step, -1 otherwise */
-    SPECULA_GAMMA_ANALYTIC =
-        2 /* the γ maximising Leviathan et al. Thm 3.8 for the measured α and cost ratio */
+    /* The γ with the most expected tokens per second (Leviathan et al. Thm 3.8 with the
+     * measured α, draft cost and target cost per number of positions), 0 included: plain
+     * decoding where no γ pays, with a step of drafts every 16 steps to keep measuring. */
+    SPECULA_GAMMA_ANALYTIC = 2
 } specula_gamma_policy;
 
 typedef struct specula_session_params {

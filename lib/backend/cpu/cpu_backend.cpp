@@ -179,23 +179,25 @@ class CpuBackend final : public Backend {
 
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
                    int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
+        // A job is a query row and a key/value head, with the query heads that share it.
         const int group = n_head / n_head_kv;
-        parallel_for(size_t(q.rows) * size_t(n_head), size_t(head_dim) * size_t(pos0 + q.rows) * 2,
+        parallel_for(size_t(q.rows) * size_t(n_head_kv),
+                     size_t(head_dim) * size_t(pos0 + q.rows) * 2 * size_t(group),
                      [&](size_t begin, size_t end) {
                          thread_local std::vector<float> scores, keys, values;
                          for (size_t job = begin; job < end; ++job) {
-                             const int64_t i = int64_t(job) / n_head;
-                             const int h = int(job % size_t(n_head));
+                             const int64_t i = int64_t(job) / n_head_kv;
+                             const int kv_head = int(job % size_t(n_head_kv));
                              const int n_keys = pos0 + int(i) + 1;
-                             scores.resize(size_t(n_keys));
-                             const float* k = head_rows(k_cache, h / group, n_keys, head_dim, keys);
-                             const float* v =
-                                 head_rows(v_cache, h / group, n_keys, head_dim, values);
+                             scores.resize(size_t(group) * size_t(n_keys));
+                             const float* k = head_rows(k_cache, kv_head, n_keys, head_dim, keys);
+                             const float* v = head_rows(v_cache, kv_head, n_keys, head_dim, values);
                              const int64_t k_stride = k == keys.data() ? head_dim : k_cache.cols;
                              const int64_t v_stride = v == values.data() ? head_dim : v_cache.cols;
-                             cpu::attend(row_f32(q, i) + h * head_dim, k, k_stride, v, v_stride,
+                             const int64_t first = int64_t(kv_head) * group * head_dim;
+                             cpu::attend(row_f32(q, i) + first, group, k, k_stride, v, v_stride,
                                          n_keys, head_dim, scale, scores.data(),
-                                         f32(out) + i * out.cols + h * head_dim);
+                                         f32(out) + i * out.cols + first);
                          }
                      });
     }

@@ -182,11 +182,26 @@ constexpr std::array<std::array<TileFn<GgmlType::kF32>, kTileCols>, sizeof...(Rs
     std::integer_sequence<int, Rs...>) {
     return {TileRow<GgmlType::kF32, Rs + 1>(std::make_integer_sequence<int, kTileCols>())...};
 }
-// kF32Tiles[r - 1][c - 1] computes r rows of floats for c inputs; kRowTiles<T>[c - 1] one row
-// of type T for c inputs.
+// kF32Tiles[r - 1][c - 1] computes r rows of floats for c inputs.
 constexpr auto kF32Tiles = F32Tiles(std::make_integer_sequence<int, kTileRows>());
+
+// Rows [begin, end) one at a time for C inputs (one call per matmul and thread: the rows'
+// loop stays inside).
+template <GgmlType T, int C>
+void RowByRow(const MatmulArgs& a, int64_t begin, int64_t end, int64_t c0) {
+    Weights<T> w{a.w + size_t(begin) * a.row_bytes, a.row_bytes};
+    for (int64_t r = begin; r < end; ++r, w.rows += a.row_bytes)
+        Tile<T, 1, C>(w, a.x + c0 * a.cols, a.cols, a.out + c0 * a.out_stride + r, a.out_stride,
+                      a.accumulate);
+}
+template <GgmlType T, int... Cs>
+constexpr std::array<void (*)(const MatmulArgs&, int64_t, int64_t, int64_t), sizeof...(Cs)>
+RowByRowTable(std::integer_sequence<int, Cs...>) {
+    return {&RowByRow<T, Cs + 1>...};
+}
+// kRowByRow<T>[c - 1]: rows of type T for c inputs.
 template <GgmlType T>
-constexpr auto kRowTiles = TileRow<T, 1>(std::make_integer_sequence<int, kRowCols>());
+constexpr auto kRowByRow = RowByRowTable<T>(std::make_integer_sequence<int, kRowCols>());
 
 // Up to kRowCols inputs (a decode step, a verification batch) read each weight once: a row
 // at a time is decoded as it is multiplied (one stream through memory: four rows at once
@@ -196,12 +211,9 @@ constexpr auto kRowTiles = TileRow<T, 1>(std::make_integer_sequence<int, kRowCol
 template <GgmlType T>
 void MatmulRowsOf(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
     if (T == GgmlType::kF32 || a.n <= kRowCols) {
-        for (int64_t c0 = 0; c0 < a.n; c0 += kRowCols) {
-            const auto tile = kRowTiles<T>[size_t(std::min<int64_t>(kRowCols, a.n - c0) - 1)];
-            for (int64_t r = row_begin; r < row_end; ++r)
-                tile(Weights<T>{a.w + size_t(r) * a.row_bytes, a.row_bytes}, a.x + c0 * a.cols,
-                     a.cols, a.out + c0 * a.out_stride + r, a.out_stride, a.accumulate);
-        }
+        for (int64_t c0 = 0; c0 < a.n; c0 += kRowCols)
+            kRowByRow<T>[size_t(std::min<int64_t>(kRowCols, a.n - c0) - 1)](a, row_begin, row_end,
+                                                                            c0);
         return;
     }
     thread_local std::vector<float> decoded;
@@ -231,33 +243,42 @@ float DotF32(const float* a, const float* b, int64_t n) {
     return out;
 }
 
-void Attend(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-            int n_keys, int head_dim, float scale, float* scores, float* out) {
+void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
+            int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out) {
     const DF d;
-    const Weights<GgmlType::kF32> keys{reinterpret_cast<const uint8_t*>(k),
-                                       size_t(k_stride) * sizeof(float)};
-    float max = -INFINITY;
-    for (int t = 0; t < n_keys; ++t) {
-        float s = 0.0f;
-        Tile<GgmlType::kF32, 1, 1>({keys.row(t), 0}, q, head_dim, &s, 0, false);
-        scores[t] = s * scale;
-        max = std::max(max, scores[t]);
+    // Scores in tiles of keys x queries: every score is the same dot product whatever the
+    // tile (Tile's promise), so a query's result does not depend on the others.
+    for (int c0 = 0; c0 < n_queries; c0 += kTileCols) {
+        const int queries = std::min(kTileCols, n_queries - c0);
+        for (int t0 = 0; t0 < n_keys; t0 += kTileRows) {
+            const int keys = std::min(kTileRows, n_keys - t0);
+            kF32Tiles[size_t(keys - 1)][size_t(queries - 1)](
+                {reinterpret_cast<const uint8_t*>(k + t0 * k_stride), size_t(k_stride) * 4},
+                q + c0 * head_dim, head_dim, scores + c0 * n_keys + t0, n_keys, false);
+        }
     }
-    float sum = 0.0f;
-    for (int t = 0; t < n_keys; ++t)
-        sum += (scores[t] = std::exp(scores[t] - max));
-    int64_t j = 0;
-    for (; j + kLanes <= head_dim; j += kLanes) {
-        VF acc = hn::Zero(d);
+    for (int c = 0; c < n_queries; ++c) {
+        float* s = scores + c * n_keys;
+        float max = -INFINITY;
         for (int t = 0; t < n_keys; ++t)
-            acc = hn::MulAdd(hn::Set(d, scores[t]), hn::LoadU(d, v + t * v_stride + j), acc);
-        hn::StoreU(hn::Div(acc, hn::Set(d, sum)), d, out + j);
-    }
-    for (; j < head_dim; ++j) {
-        float acc = 0.0f;
+            max = std::max(max, s[t] *= scale);
+        float sum = 0.0f;
         for (int t = 0; t < n_keys; ++t)
-            acc += scores[t] * v[t * v_stride + j];
-        out[j] = acc / sum;
+            sum += (s[t] = std::exp(s[t] - max));
+        float* o = out + c * head_dim;
+        int64_t j = 0;
+        for (; j + kLanes <= head_dim; j += kLanes) {
+            VF acc = hn::Zero(d);
+            for (int t = 0; t < n_keys; ++t)
+                acc = hn::MulAdd(hn::Set(d, s[t]), hn::LoadU(d, v + t * v_stride + j), acc);
+            hn::StoreU(hn::Div(acc, hn::Set(d, sum)), d, o + j);
+        }
+        for (; j < head_dim; ++j) {
+            float acc = 0.0f;
+            for (int t = 0; t < n_keys; ++t)
+                acc += s[t] * v[t * v_stride + j];
+            o[j] = acc / sum;
+        }
     }
 }
 
@@ -289,9 +310,10 @@ void decode_row(GgmlType type, const uint8_t* src, int64_t cols, float* dst) {
 float dot_f32(const float* a, const float* b, int64_t n) {
     return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n);
 }
-void attend(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-            int n_keys, int head_dim, float scale, float* scores, float* out) {
-    HWY_DYNAMIC_DISPATCH(Attend)(q, k, k_stride, v, v_stride, n_keys, head_dim, scale, scores, out);
+void attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
+            int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out) {
+    HWY_DYNAMIC_DISPATCH(Attend)
+    (q, n_queries, k, k_stride, v, v_stride, n_keys, head_dim, scale, scores, out);
 }
 const char* simd_target() {
     return HWY_DYNAMIC_DISPATCH(TargetName)();

@@ -37,11 +37,11 @@ void matmul_rows(const MatmulArgs& args, int64_t row_begin, int64_t row_end);
 void decode_row(GgmlType type, const uint8_t* src, int64_t cols, float* dst);
 // The dot product of two f32 rows, in the order described above.
 float dot_f32(const float* a, const float* b, int64_t n);
-// One head of attention for one query: out = softmax(scale * (q . k[t]) for t < n_keys) . v,
-// keys and values head_dim floats each, k_stride and v_stride floats apart; scores holds
-// n_keys floats of scratch.
-void attend(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-            int n_keys, int head_dim, float scale, float* scores, float* out);
+// Attention of n_queries query heads (head_dim floats each, contiguous) that share one key
+// and value head: out[c] = softmax(scale * (q[c] . k[t]) for t < n_keys) . v, keys and values
+// k_stride and v_stride floats apart; scores holds n_queries * n_keys floats of scratch.
+void attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
+            int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out);
 
 // Which instruction set the kernels run on ("AVX3", "AVX2", "NEON", ...).
 const char* simd_target();
