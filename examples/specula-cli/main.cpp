@@ -16,6 +16,13 @@ int fail(const char* what, specula_status s) {
     return 1;
 }
 
+// With --compare the timed runs keep the text in memory (printed afterwards): a write to the
+// terminal per token would be timed in one run and not in the other.
+bool keep_piece(int32_t, const char* piece, size_t len, void* text) {
+    static_cast<std::string*>(text)->append(piece, len);
+    return true;
+}
+
 bool print_piece(int32_t, const char* piece, size_t len, void*) {
     std::fwrite(piece, 1, len, stdout);
     std::fflush(stdout);
@@ -40,7 +47,9 @@ int compare_with_target_alone(specula_model* model, specula_session_params sp,
                               const std::vector<int32_t>& prompt, size_t n_prompt,
                               specula_generate_params gp, const specula_session_stats& spec) {
     sp.draft = nullptr;
-    gp.on_token = nullptr;
+    std::string text;
+    gp.on_token = keep_piece;
+    gp.on_token_user_data = &text;
     specula_session* session = nullptr;
     specula_session_stats st{};
     specula_status s = specula_session_create(model, &sp, &session);
@@ -171,7 +180,13 @@ int main(int argc, char** argv) {
             warm_up(model, alone, tokens, n_tokens);
         }
         std::fputs(prompt.c_str(), stdout);
+        std::string text;
+        if (compare && draft != nullptr) {
+            gp.on_token = keep_piece;
+            gp.on_token_user_data = &text;
+        }
         s = specula_generate(session, &gp, nullptr, 0, nullptr);
+        std::fputs(text.c_str(), stdout);
         std::fputs("\n", stdout);
         std::fflush(stdout);
         if (s != SPECULA_OK) rc = fail("generate", s);

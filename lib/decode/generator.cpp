@@ -71,6 +71,7 @@ void Generator::reset() {
     draft_call_seconds_ = 0;
     target_seconds_ = {};
     plain_steps_ = 0;
+    probe_every_ = kProbeEvery;
     stats_ = GeneratorStats{};
 }
 
@@ -107,14 +108,15 @@ int Generator::next_gamma() const {
         case GammaPolicy::kHeuristic:
             return heuristic_gamma_;
         case GammaPolicy::kAnalytic: {
-            if (stats_.evaluated < 16 || draft_call_seconds_ <= 0)
-                return config_.gamma;  // not measured yet
+            // First a plain step and a step of `gamma` drafts: two target widths measured,
+            // and a first α; then the best γ for what has been measured.
+            if (target_seconds_[1] <= 0) return 0;
+            if (draft_call_seconds_ <= 0) return config_.gamma;
             const double alpha =
-                std::min(double(stats_.accepted) / double(stats_.evaluated), 0.999);
+                std::min((double(stats_.accepted) + 1.0) / (double(stats_.evaluated) + 2.0), 0.999);
             // While plain decoding wins, a step with drafts now and then keeps α and the
             // costs measured (they change with the text and the context length).
-            constexpr int kProbeEvery = 16;
-            const int gamma_min = plain_steps_ + 1 >= kProbeEvery ? 1 : 0;
+            const int gamma_min = plain_steps_ + 1 >= probe_every_ ? 1 : 0;
             return best_gamma(alpha, draft_call_seconds_, target_seconds_, gamma_min,
                               config_.gamma_max);
         }
@@ -163,6 +165,10 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
     ++stats_.target_calls;
     ++stats_.steps;
     ++step_;
+    // Each probe that plain decoding still wins after waits twice as long for the next.
+    if (config_.policy == GammaPolicy::kAnalytic && gamma > 0)
+        probe_every_ = plain_steps_ + 1 >= probe_every_ ? std::min(2 * probe_every_, kMaxProbeEvery)
+                                                        : kProbeEvery;
     plain_steps_ = gamma == 0 ? plain_steps_ + 1 : 0;
     adapt_gamma(n_accepted, gamma);
     return Status::Ok();

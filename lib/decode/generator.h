@@ -92,6 +92,8 @@ class Generator {
     double draft_call_seconds_ = 0;
     std::array<double, kMaxGamma + 2> target_seconds_{};
     int plain_steps_ = 0;  // steps in a row without drafts
+    static constexpr int kProbeEvery = 16, kMaxProbeEvery = 256;
+    int probe_every_ = kProbeEvery;  // a step with drafts after this many plain ones
     GeneratorStats stats_;
     std::vector<std::unique_ptr<Buffer>> buffers_;
     Tensor draft_rows_, result_;  // on the target's backend

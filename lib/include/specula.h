@@ -189,7 +189,11 @@ typedef enum specula_gamma_policy {
         1, /* start at `gamma`; +2 after a fully accepted step, -1 otherwise */
     /* The γ with the most expected tokens per second (Leviathan et al. Thm 3.8 with the
      * measured α, draft cost and target cost per number of positions), 0 included: plain
-     * decoding where no γ pays, with a step of drafts every 16 steps to keep measuring. */
+     * decoding where no γ pays, with a step of drafts after 16 plain steps (32, 64, ... 256 while
+     * those keep losing) to keep measuring. It
+     * starts with a plain step and a step of `gamma` drafts. γ follows measured times, so a
+     * sampled (temperature > 0) output is not reproducible from the seed; greedy output is
+     * the target's whatever γ is. */
     SPECULA_GAMMA_ANALYTIC = 2
 } specula_gamma_policy;
 
