@@ -1,9 +1,11 @@
 // fp16 conversion, quantized block layouts and the Philox generator.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "core/detmath.h"
 #include "core/fp16.h"
@@ -139,13 +141,62 @@ TEST(DetMath, AccurateToAFewUlp) {
     EXPECT_LT(worst_recip, 3e-7);
 }
 
+// The canonical order restated here independently: tiles of 4096, lane l of a tile adds
+// elements l, l + 256, ... in order, lanes and then tiles are summed by a halving tree.
+float canonical_order_by_hand(const std::vector<float>& v) {
+    auto tree = [](std::vector<float> x) {
+        for (size_t half = x.size() / 2; half > 0; half /= 2)
+            for (size_t i = 0; i < half; ++i)
+                x[i] = x[i] + x[i + half];
+        return x[0];
+    };
+    std::vector<float> tiles(256, 0.0f);
+    for (size_t t = 0; t * 4096 < v.size(); ++t) {
+        std::vector<float> lanes(256, 0.0f);
+        for (size_t i = t * 4096; i < std::min(v.size(), (t + 1) * 4096); ++i)
+            lanes[i % 256] = lanes[i % 256] + v[i];
+        tiles[t] = tree(lanes);
+    }
+    return tree(tiles);
+}
+
 TEST(DetMath, CanonicalSumIsTheTiledTree) {
-    // 5000 ones: the first tile's lanes hold 16 each, the second tile's 904 ones sit in
-    // lanes 0..255 (4 in lanes < 136, 3 above); exact in floats either way.
-    EXPECT_EQ(det::canonical_sum(5000, [](uint32_t) { return 1.0f; }), 5000.0f);
-    // Order matters for these values, and the canonical order is fixed: pin one result.
-    const float a = det::canonical_sum(9000, [](uint32_t i) { return 1.0f / float(i + 1); });
-    const float b = det::canonical_sum(9000, [](uint32_t i) { return 1.0f / float(i + 1); });
-    EXPECT_EQ(a, b);
-    EXPECT_NEAR(a, std::log(9000.0) + 0.5772156649, 1e-4);
+    // Values whose float sum depends on the order, between lanes and between tiles: tile 2
+    // is tile 0 negated, so the two cancel exactly only where the tree pairs them first;
+    // summed in another order, the small tiles 1 and 3 are lost against 1e8.
+    std::vector<float> v(3 * 4096 + 500);
+    for (size_t i = 0; i < v.size(); ++i) {
+        const size_t tile = i / 4096, j = i % 4096;
+        const float large = 1e8f / 4096.0f * (1.0f + float(j % 13) / 7.0f);
+        v[i] = tile == 0 ? large : tile == 2 ? -v[j] : 1e-4f / float(j + 1);
+    }
+    float left_to_right = 0.0f;
+    for (float x : v)
+        left_to_right += x;
+    const float canonical =
+        det::canonical_sum(uint32_t(v.size()), [&](uint32_t i) { return v[i]; });
+    EXPECT_EQ(canonical, canonical_order_by_hand(v));
+    EXPECT_NE(canonical, left_to_right);  // so the comparison above can fail
+}
+
+TEST(DetMath, SparseCanonicalSumIsTheDenseOne) {
+    uint64_t state = 12345;
+    auto next = [&] {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        return uint32_t(state >> 33);
+    };
+    for (uint32_t n : {7u, 300u, 4096u, 9000u, 151936u}) {
+        for (uint32_t count : {1u, 40u, 1000u}) {
+            std::set<uint32_t> chosen;
+            while (chosen.size() < std::min(count, n))
+                chosen.insert(next() % n);
+            std::vector<float> v(n, 0.0f);
+            for (uint32_t i : chosen)  // positive, spread over many magnitudes
+                v[i] = std::ldexp(float(next() % 1000 + 1), -int(next() % 40));
+            const std::vector<uint32_t> ids(chosen.begin(), chosen.end());
+            auto value = [&](uint32_t i) { return v[i]; };
+            EXPECT_EQ(det::canonical_sum_sparse(n, ids, value), det::canonical_sum(n, value))
+                << "n = " << n << ", " << count << " nonzero";
+        }
+    }
 }

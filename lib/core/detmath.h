@@ -19,6 +19,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <span>
 
 #include "core/philox.h"
 
@@ -136,6 +137,22 @@ float canonical_sum(uint32_t n, const Value& value) {
             }
             lanes[l] = acc;
         }
+        tiles[t] = lane_tree(lanes);
+    }
+    return lane_tree(tiles);
+}
+
+// canonical_sum(n, v) for a v that is +0 except at `ids` (ascending, < n) and never negative:
+// adding +0 to a partial sum that is not -0 leaves it unchanged, so visiting only `ids` in
+// ascending order (each lane's own order) gives the same float bit for bit.
+template <class Value>
+float canonical_sum_sparse(uint32_t n, std::span<const uint32_t> ids, const Value& value) {
+    std::array<float, kLanes> tiles{}, lanes{};
+    size_t p = 0;
+    for (uint32_t t = 0; t * kTile < n; ++t) {
+        lanes.fill(0.0f);
+        for (; p < ids.size() && ids[p] < (t + 1) * kTile; ++p)
+            lanes[ids[p] % kLanes] = lanes[ids[p] % kLanes] + value(ids[p]);
         tiles[t] = lane_tree(lanes);
     }
     return lane_tree(tiles);

@@ -48,26 +48,35 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
             c.cut_key = keys[c.cut_id];
             return c;
         };
-        auto mass = [&](const RowNorm& c) {
-            return det::canonical_sum(
-                n, [&](uint32_t x) { return c.kept(keys[x], x) ? weight(x) : 0.0f; });
+        // The mass of a prefix: over its tokens alone where it is short (the same float).
+        std::vector<uint32_t> ids;
+        auto mass = [&](uint32_t prefix) {
+            if (prefix * 8 > n) {
+                const RowNorm c = cut_at(prefix);
+                return det::canonical_sum(
+                    n, [&](uint32_t x) { return c.kept(keys[x], x) ? weight(x) : 0.0f; });
+            }
+            ids.assign(order.begin(), order.begin() + prefix);
+            std::sort(ids.begin(), ids.end());
+            return det::canonical_sum_sparse(n, ids, weight);
         };
-        norm = cut_at(length);
+        uint32_t kept = length;
         if (p.top_p < 1.0f) {
             // The shortest prefix whose mass reaches top_p * mass(top-k set); mass grows
             // monotonically with the prefix (rounding is monotone), so bisect.
-            const float target = p.nucleus() * mass(norm);
+            const float target = p.nucleus() * mass(length);
             uint32_t lo = 0, hi = length;  // mass(prefix lo) < target <= mass(prefix hi)
             while (hi - lo > 1) {
                 const uint32_t mid = lo + (hi - lo) / 2;
-                (mass(cut_at(mid)) >= target ? hi : lo) = mid;
+                (mass(mid) >= target ? hi : lo) = mid;
             }
-            norm = cut_at(hi);
+            kept = hi;
         }
+        norm = cut_at(kept);
+        norm.inv_sum = det::reciprocal(mass(kept));
+        return norm;
     }
-    const float sum =
-        det::canonical_sum(n, [&](uint32_t x) { return norm.kept(key(x), x) ? weight(x) : 0.0f; });
-    norm.inv_sum = det::reciprocal(sum);
+    norm.inv_sum = det::reciprocal(det::canonical_sum(n, weight));
     return norm;
 }
 
