@@ -91,7 +91,9 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
     std::vector<double> pp, tg, spec_tg, alpha, per_step, gamma, cost;
     std::vector<specula_model*> drafts = {nullptr};
     if (draft != nullptr) drafts.push_back(draft);
-    for (int rep = 0; rep < o.reps && s == SPECULA_OK; ++rep) {
+    // Repetition -1 is an untimed warm-up, as llama-bench does: the first prompt of a freshly
+    // loaded model pages its mapped weights in (and a GPU backend builds its pipelines).
+    for (int rep = -1; rep < o.reps && s == SPECULA_OK; ++rep) {
         // The target alone, then (with a draft) speculative decoding, alternating so that
         // both see the same machine conditions.
         for (specula_model* d : drafts) {
@@ -110,6 +112,7 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
             if (s == SPECULA_OK) s = specula_session_get_stats(session, &st);
             specula_session_free(session);
             if (s != SPECULA_OK) break;
+            if (rep < 0) continue;
             if (d == nullptr) {
                 pp.push_back(double(st.n_prompt_tokens) / st.prompt_seconds);
                 tg.push_back(double(st.n_generated) / st.generate_seconds);
@@ -227,7 +230,7 @@ int main(int argc, char** argv) {
     app.add_option("-c,--context", o.context, "context length before each verification forward");
     app.add_option("--verify", o.verify_sizes, "verification batch sizes (0 to skip)")
         ->delimiter(',');
-    app.add_option("--threads", o.threads);
+    app.add_option("--threads", o.threads, "cpu threads (0 = all cores), as llama-bench's -t");
     app.add_option("--json", json_path,
                    "also write the results as JSON to this file ('-' for stdout)");
     CLI11_PARSE(app, argc, argv);

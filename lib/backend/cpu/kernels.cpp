@@ -72,8 +72,43 @@ struct Weights {
             const int64_t k = j % kQ4_0BlockSize;
             const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, block.quants + k % 16));
             const auto q = k < 16 ? hn::And(bytes, hn::Set(d32, 15)) : hn::ShiftRight<4>(bytes);
-            return hn::Mul(hn::ConvertTo(d, hn::Sub(q, hn::Set(d32, 8))),
-                           hn::Set(d, halves[block.scale]));
+            return hn::Mul(nibble_values(d, q), hn::Set(d, halves[block.scale]));
+        }
+    }
+
+    // The kPerBlock vectors of block b of a quantized row, as vector() gives them one by one,
+    // with the block's address, scale and bytes read once.
+    static constexpr int kPerBlock = int(32 / kLanes);
+    void block(DF d, int r, int64_t b, VF* out) const {
+        const hn::Rebind<int32_t, DF> d32;
+        if constexpr (T == GgmlType::kQ8_0) {
+            const hn::Rebind<int8_t, DF> d8;
+            const auto& blk = reinterpret_cast<const BlockQ8_0*>(row(r))[b];
+            const VF scale = hn::Set(d, halves[blk.scale]);
+            for (int k = 0; k < kPerBlock; ++k)
+                out[k] = hn::Mul(
+                    hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, blk.quants + k * kLanes))),
+                    scale);
+        } else {
+            static_assert(T == GgmlType::kQ4_0);
+            const hn::Rebind<uint8_t, DF> d8;
+            const auto& blk = reinterpret_cast<const BlockQ4_0*>(row(r))[b];
+            const VF scale = hn::Set(d, halves[blk.scale]);
+            for (int k = 0; k < kPerBlock / 2; ++k) {
+                const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, blk.quants + k * kLanes));
+                out[k] = hn::Mul(nibble_values(d, hn::And(bytes, hn::Set(d32, 15))), scale);
+                out[k + kPerBlock / 2] = hn::Mul(nibble_values(d, hn::ShiftRight<4>(bytes)), scale);
+            }
+        }
+    }
+    // float(q - 8) for nibbles q: one permute of a 16-entry table where a vector has 16
+    // lanes, else the subtraction and conversion (the same floats).
+    static VF nibble_values(DF d, hn::Vec<hn::Rebind<int32_t, DF>> q) {
+        if constexpr (kLanes == 16) {
+            return hn::TableLookupLanes(hn::Iota(d, -8.0f), hn::IndicesFromVec(d, q));
+        } else {
+            const hn::Rebind<int32_t, DF> d32;
+            return hn::ConvertTo(d, hn::Sub(q, hn::Set(d32, 8)));
         }
     }
 
@@ -134,6 +169,22 @@ void Tile(const Weights<T>& w, const float* x, int64_t cols, float* out, int64_t
             for (int k = 0; k < kChains; ++k)
                 acc[r][c][k] = hn::Zero(d);
     int64_t j = 0;
+    if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0) {
+        // Block by block: vector q of the row is still added into chain q % kChains, in order.
+        constexpr int kPer = Weights<T>::kPerBlock;
+        static_assert(kPer % kChains == 0);
+        for (; j + 32 <= cols; j += 32) {
+            for (int r = 0; r < R; ++r) {
+                VF wv[kPer];
+                w.block(d, r, j / 32, wv);
+                for (int k = 0; k < kPer; ++k)
+                    for (int c = 0; c < C; ++c)
+                        acc[r][c][k % kChains] =
+                            hn::MulAdd(wv[k], hn::LoadU(d, x + c * cols + j + k * kLanes),
+                                       acc[r][c][k % kChains]);
+            }
+        }
+    }
     for (; j + kChains * kLanes <= cols; j += kChains * kLanes) {
         for (int k = 0; k < kChains; ++k) {
             VF xv[C];
