@@ -131,14 +131,16 @@ class CpuBackend final : public Backend {
 
     void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
         const float* w = f32(weight);
-        for (int64_t r = 0; r < x.rows; ++r) {
-            const float* xr = row_f32(x, r);
-            const float mean = cpu::dot_f32(xr, xr, x.cols) / float(x.cols);
-            const float scale = 1.0f / std::sqrt(mean + eps);
-            float* o = f32(out) + r * out.cols;
-            for (int64_t i = 0; i < x.cols; ++i)
-                o[i] = xr[i] * scale * w[i];
-        }
+        parallel_for(size_t(x.rows), size_t(x.cols) * 2, [&](size_t begin, size_t end) {
+            for (auto r = int64_t(begin); r < int64_t(end); ++r) {
+                const float* xr = row_f32(x, r);
+                const float mean = cpu::dot_f32(xr, xr, x.cols) / float(x.cols);
+                const float scale = 1.0f / std::sqrt(mean + eps);
+                float* o = f32(out) + r * out.cols;
+                for (int64_t i = 0; i < x.cols; ++i)
+                    o[i] = xr[i] * scale * w[i];
+            }
+        });
     }
 
     void matmul(const Tensor& w, const MatmulInput& input, const Tensor& out,
@@ -151,19 +153,26 @@ class CpuBackend final : public Backend {
 
     void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
               int n_rot) override {
-        const auto* pos = reinterpret_cast<const int32_t*>(bytes_of(positions));
-        for (int64_t r = 0; r < x.rows; ++r) {
-            const float* cs = row_f32(table, pos[r]);
-            float* row = f32(x) + r * x.cols;
-            for (int64_t h = 0; h < x.cols / head_dim; ++h) {
-                for (int j = 0; j < n_rot / 2; ++j) {
-                    float* p = row + h * head_dim + 2 * j;
-                    const float a = p[0], b = p[1], c = cs[2 * j], s = cs[2 * j + 1];
-                    p[0] = a * c - b * s;
-                    p[1] = a * s + b * c;
-                }
-            }
-        }
+        const Rope r{positions, table, head_dim, n_rot};
+        parallel_for(size_t(x.rows), size_t(x.cols), [&](size_t begin, size_t end) {
+            for (auto i = int64_t(begin); i < int64_t(end); ++i)
+                rotate(x, i, r, 0, x.cols);
+        });
+    }
+
+    // matmul and then rope: each thread rotates the features it has just computed (threads
+    // take whole tiles of 4 rows, so a pair (2j, 2j + 1) is never split), by rotate() as
+    // rope() does: the same floats.
+    void matmul_rope(const Tensor& w, const MatmulInput& input, const Tensor& out,
+                     const Rope& rope) override {
+        static_assert(cpu::kRowTile % 2 == 0);
+        const Tensor x = apply_norm(input);
+        const cpu::MatmulArgs args = matmul_args(w, x, out, Accumulate::kNo);
+        parallel_for_rows(w, x, 1, [&](int64_t begin, int64_t end) {
+            cpu::matmul_rows(args, begin, end);
+            for (int64_t i = 0; i < x.rows; ++i)
+                rotate(out, i, rope, begin, end);
+        });
     }
 
     void copy(const Tensor& src, const Tensor& dst) override {
@@ -263,6 +272,21 @@ class CpuBackend final : public Backend {
     }
 
   private:
+    // Rotates the pairs (f, f + 1) of row i of x with f even in [first, end) that lie in the
+    // first n_rot dims of their head.
+    static void rotate(const Tensor& x, int64_t i, const Rope& r, int64_t first, int64_t end) {
+        const float* cs =
+            row_f32(r.table, reinterpret_cast<const int32_t*>(bytes_of(r.positions))[i]);
+        float* row = f32(x) + i * x.cols;
+        for (int64_t f = first; f < end; f += 2) {
+            const int64_t j = f % r.head_dim;
+            if (j >= r.n_rot) continue;
+            float* p = row + f;
+            const float a = p[0], b = p[1], c = cs[j], s = cs[j + 1];
+            p[0] = a * c - b * s;
+            p[1] = a * s + b * c;
+        }
+    }
     // The first n rows of a cache head as floats: in place (rows cache.cols apart) for an F32
     // cache, else converted into scratch (rows head_dim apart).
     static const float* head_rows(const Tensor& cache, int head, int n, int head_dim,

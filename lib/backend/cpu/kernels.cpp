@@ -261,25 +261,41 @@ constexpr auto kRowByRow = RowByRowTable<T>(std::make_integer_sequence<int, kRow
 // (the same values) and register tiles of rows x inputs read those.
 template <GgmlType T>
 void MatmulRowsOf(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
-    if (T == GgmlType::kF32 || a.n <= kRowCols) {
+    if (a.n <= kRowCols) {
         for (int64_t c0 = 0; c0 < a.n; c0 += kRowCols)
             kRowByRow<T>[size_t(std::min<int64_t>(kRowCols, a.n - c0) - 1)](a, row_begin, row_end,
                                                                             c0);
         return;
     }
+    // Blocks of up to 64 rows (decoded once) and 8 inputs, so that a tile's rows (12 KB at
+    // 768 columns) and a block's inputs (24 KB) are both read from L1: streaming every input
+    // from L2 for each tile of rows measured ~25% slower at 64 inputs.
+    constexpr int64_t kBlockRows = 16 * kTileRows, kBlockInputs = 4 * kTileCols;
     thread_local std::vector<float> decoded;
-    decoded.resize(std::max(decoded.size(), size_t(kTileRows * a.cols)));
-    const Weights<GgmlType::kF32> rows{reinterpret_cast<const uint8_t*>(decoded.data()),
-                                       size_t(a.cols) * sizeof(float)};
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
-        const int n_rows = int(std::min<int64_t>(kTileRows, row_end - r0));
-        for (int r = 0; r < n_rows; ++r)
-            DecodeRowOf<T>(a.w + size_t(r0 + r) * a.row_bytes, a.cols, decoded.data() + r * a.cols);
-        for (int64_t c0 = 0; c0 < a.n; c0 += kTileCols) {
-            const int n = int(std::min<int64_t>(kTileCols, a.n - c0));
-            kF32Tiles[size_t(n_rows - 1)][size_t(n - 1)](rows, a.x + c0 * a.cols, a.cols,
-                                                         a.out + c0 * a.out_stride + r0,
-                                                         a.out_stride, a.accumulate);
+    if (T != GgmlType::kF32) decoded.resize(std::max(decoded.size(), size_t(kBlockRows * a.cols)));
+    for (int64_t rb = row_begin; rb < row_end; rb += kBlockRows) {
+        const int64_t rb_end = std::min(row_end, rb + kBlockRows);
+        const uint8_t* base = a.w + size_t(rb) * a.row_bytes;  // F32 rows are read in place
+        size_t stride = a.row_bytes;
+        if constexpr (T != GgmlType::kF32) {
+            for (int64_t r = rb; r < rb_end; ++r)
+                DecodeRowOf<T>(a.w + size_t(r) * a.row_bytes, a.cols,
+                               decoded.data() + (r - rb) * a.cols);
+            base = reinterpret_cast<const uint8_t*>(decoded.data());
+            stride = size_t(a.cols) * sizeof(float);
+        }
+        for (int64_t cb = 0; cb < a.n; cb += kBlockInputs) {
+            const int64_t cb_end = std::min(a.n, cb + kBlockInputs);
+            for (int64_t r0 = rb; r0 < rb_end; r0 += kTileRows) {
+                const int n_rows = int(std::min<int64_t>(kTileRows, rb_end - r0));
+                const Weights<GgmlType::kF32> rows{base + size_t(r0 - rb) * stride, stride};
+                for (int64_t c0 = cb; c0 < cb_end; c0 += kTileCols) {
+                    const int n = int(std::min<int64_t>(kTileCols, cb_end - c0));
+                    kF32Tiles[size_t(n_rows - 1)][size_t(n - 1)](rows, a.x + c0 * a.cols, a.cols,
+                                                                 a.out + c0 * a.out_stride + r0,
+                                                                 a.out_stride, a.accumulate);
+                }
+            }
         }
     }
 }
