@@ -155,6 +155,21 @@ void DecodeRow(GgmlType type, const uint8_t* src, int64_t cols, float* dst) {
     WithType(type, [&](auto t) { DecodeRowOf<t()>(src, cols, dst); });
 }
 
+// Keeps v in a register: GCC otherwise folds a weight vector's load into each of the C
+// multiply-adds that use it (20 loads for 16 multiply-adds in a 4 x 2 tile); pinned, prompts
+// measured ~15% faster. An empty asm statement changes no value.
+HWY_INLINE void KeepInRegister(VF& v) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    asm("" : "+v"(v.raw));
+#elif HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3
+    asm("" : "+x"(v.raw));
+#elif HWY_TARGET == HWY_NEON
+    asm("" : "+w"(v.raw));
+#else
+    (void)v;
+#endif
+}
+
 // out[c * out_stride + r] (+)= dot(w[r], x[c]) for R rows and C inputs. Vector q of a row
 // (elements q * kLanes ...) is added into accumulator q % kChains, so that kChains chains of
 // multiply-adds are in flight even for one row and one input; the chains are summed in a
@@ -191,7 +206,8 @@ void Tile(const Weights<T>& w, const float* x, int64_t cols, float* out, int64_t
             for (int c = 0; c < C; ++c)
                 xv[c] = hn::LoadU(d, x + c * cols + j + k * kLanes);
             for (int r = 0; r < R; ++r) {
-                const VF wv = w.vector(d, r, j + k * kLanes);
+                VF wv = w.vector(d, r, j + k * kLanes);
+                if constexpr (C > 1) KeepInRegister(wv);
                 for (int c = 0; c < C; ++c)
                     acc[r][c][k] = hn::MulAdd(wv, xv[c], acc[r][c][k]);
             }
