@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "backend_util.h"  // with validation on, any error the layer reports fails the run
@@ -172,6 +173,44 @@ TEST_F(Api, GreedyAndSeededGenerationAreDeterministic) {
     EXPECT_EQ(a, generate(sp, "Once upon a time", 12));
     sp.seed = 8;
     EXPECT_NE(a, generate(sp, "Once upon a time", 12));
+}
+
+// specula.h: a model may be shared by several sessions. Four threads, each with its own
+// sessions on one model and backend (plain and speculative, greedy and sampled), get the
+// tokens a single thread gets.
+TEST_F(Api, SessionsOnOneModelFromFourThreads) {
+    specula_model* draft = nullptr;
+    ASSERT_EQ(specula_model_load(backend, model_path().c_str(), nullptr, &draft), SPECULA_OK);
+    std::vector<specula_session_params> cases;
+    for (specula_model* d : {static_cast<specula_model*>(nullptr), draft}) {
+        for (float temperature : {0.0f, 0.9f}) {
+            specula_session_params sp = specula_session_default_params();
+            sp.temperature = temperature;
+            sp.seed = 11;
+            sp.draft = d;
+            sp.gamma_policy = SPECULA_GAMMA_FIXED;  // γ from timings would change sampled tokens
+            sp.gamma = 3;
+            cases.push_back(sp);
+        }
+    }
+    std::vector<std::vector<int32_t>> expected;
+    for (const auto& sp : cases)
+        expected.push_back(generate(sp, "Once upon a time", 16));
+    std::vector<std::vector<std::vector<int32_t>>> got(4);
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < got.size(); ++t) {
+        threads.emplace_back([&, t] {
+            for (size_t run = 0; run < 5; ++run)
+                got[t].push_back(generate(cases[(t + run) % cases.size()], "Once upon a time", 16));
+        });
+    }
+    for (auto& thread : threads)
+        thread.join();
+    for (size_t t = 0; t < got.size(); ++t)
+        for (size_t run = 0; run < got[t].size(); ++run)
+            EXPECT_EQ(got[t][run], expected[(t + run) % cases.size()])
+                << "thread " << t << ", run " << run;
+    specula_model_free(draft);
 }
 
 TEST_F(Api, GenerateContinuesWhereItStopped) {

@@ -4,7 +4,8 @@
 #   1. the whole suite in a Release build,
 #   2. an install, and a C program built against it (find_package and pkg-config),
 #   3. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (Debug),
-#   4. the GGUF fuzzer (libFuzzer) for SPECULA_FUZZ_SECONDS (default 60) on a seed corpus.
+#   4. the test of sessions sharing a model from several threads under ThreadSanitizer,
+#   5. the GGUF fuzzer (libFuzzer) for SPECULA_FUZZ_SECONDS (default 60) on a seed corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-debian.sh
@@ -42,6 +43,12 @@ cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSPECULA_SANITIZ
 cmake --build build/sanitize -j "$jobs"
 # The test programs carry their sanitizer options (tests/sanitizer_defaults.cpp).
 ctest --test-dir build/sanitize -j "$jobs" --output-on-failure
+
+echo "== ThreadSanitizer: sessions sharing a model from several threads"
+cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPECULA_SANITIZE_THREAD=ON \
+  -DSPECULA_CUDA=OFF -DSPECULA_VULKAN=OFF >/dev/null
+cmake --build build/tsan -j "$jobs" --target test_api
+TSAN_OPTIONS=halt_on_error=1 build/tsan/tests/test_api --gtest_filter='Api.SessionsOnOneModelFromFourThreads'
 
 echo "== fuzzing the GGUF reader"
 CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

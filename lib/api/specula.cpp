@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -15,12 +16,18 @@
 
 using namespace specula;
 
+// A backend records ops of one sequence at a time (the cpu backend's pending status and
+// timestamps, a GPU backend's command buffer), so sessions that share it from several threads
+// take turns: every call that records on, allocates from or frees into a backend holds its
+// lock (a generation step, an evaluation, a load, a session's creation or end).
 struct specula_backend {
     std::unique_ptr<Backend> impl;
+    std::mutex turn;
 };
 
 struct specula_model {
     std::unique_ptr<LlamaModel> impl;
+    specula_backend* backend = nullptr;
 };
 
 struct specula_session {
@@ -67,6 +74,7 @@ double seconds_since(Clock::time_point t0) {
 // Runs `body` and charges the host waits and target forwards it caused to the session.
 template <typename F>
 Status counted(specula_session* s, F&& body) {
+    std::lock_guard turn(s->model->backend->turn);
     Backend& be = s->model->impl->backend();
     const uint64_t waits0 = be.host_waits();
     Status st = body();
@@ -240,6 +248,8 @@ specula_status specula_model_load(specula_backend* backend, const char* path,
         if (p.progress != nullptr)
             progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
         auto m = std::make_unique<specula_model>();
+        m->backend = backend;
+        std::lock_guard turn(backend->turn);
         Status s = LlamaModel::load(*backend->impl, std::move(file), progress, &m->impl);
         if (!s.ok()) return Status(s.code(), std::string(path) + ": " + s.message());
         *out = m.release();
@@ -248,6 +258,8 @@ specula_status specula_model_load(specula_backend* backend, const char* path,
 }
 
 void specula_model_free(specula_model* model) {
+    if (model == nullptr) return;
+    std::lock_guard turn(model->backend->turn);
     delete model;
 }
 
@@ -370,6 +382,7 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
             return InvalidArgument("unknown gamma policy");
         if (p.sigmoid_verify && !(p.sigmoid_alpha < 0.0f && p.sigmoid_beta > 0.0f))
             return InvalidArgument("the sigmoid scale needs alpha < 0 < beta");
+        std::lock_guard turn(model->backend->turn);
         auto s = std::make_unique<specula_session>();
         s->model = model;
         s->params = p;
@@ -403,6 +416,8 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
 }
 
 void specula_session_free(specula_session* session) {
+    if (session == nullptr) return;
+    std::lock_guard turn(session->model->backend->turn);
     delete session;
 }
 

@@ -11,7 +11,10 @@
  *     variants fill a caller-owned struct, for FFI bindings that cannot
  *     receive structs by value.
  *   - A model may be shared by several sessions; a session is used by one
- *     thread at a time.
+ *     thread at a time. Sessions on one backend may be used from several
+ *     threads at once: their calls take turns on the backend (one evaluation
+ *     or generation step at a time), so they run one after another, not in
+ *     parallel.
  */
 #ifndef SPECULA_H
 #define SPECULA_H
