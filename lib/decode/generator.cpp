@@ -17,23 +17,45 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
+namespace {
+
+// Tokens a step of γ drafts emits on average (Leviathan et al. eq. 1).
+double expected_tokens(double alpha, double gamma) {
+    return alpha >= 1.0 ? gamma + 1.0 : (1.0 - std::pow(alpha, gamma + 1.0)) / (1.0 - alpha);
+}
+
+}  // namespace
+
 double expected_speedup(double alpha, double c, double gamma) {
-    const double tokens =
-        alpha >= 1.0 ? gamma + 1.0 : (1.0 - std::pow(alpha, gamma + 1.0)) / (1.0 - alpha);
-    return tokens / (gamma * c + 1.0);
+    return expected_tokens(alpha, gamma) / (gamma * c + 1.0);
 }
 
 double estimated_target_seconds(std::span<const double> measured, int n) {
     if (n > 0 && size_t(n) < measured.size() && measured[size_t(n)] > 0) return measured[size_t(n)];
-    std::vector<int> known;
-    for (size_t m = 1; m < measured.size(); ++m)
-        if (measured[m] > 0) known.push_back(int(m));
-    if (known.empty()) return 0;
-    if (known.size() == 1) return measured[size_t(known[0])];
-    // The two measured n nearest to n, one on each side where there are.
-    size_t hi = size_t(std::lower_bound(known.begin(), known.end(), n) - known.begin());
-    hi = std::clamp<size_t>(hi, 1, known.size() - 1);
-    const int a = known[hi - 1], b = known[hi];
+    // The nearest measured widths below and above n, or the two nearest on its one side.
+    int below = 0, above = 0, below2 = 0, above2 = 0;
+    for (int m = 1; size_t(m) < measured.size(); ++m) {
+        if (!(measured[size_t(m)] > 0)) continue;
+        if (m < n) {
+            below2 = below;
+            below = m;
+        } else if (above == 0) {
+            above = m;
+        } else if (above2 == 0) {
+            above2 = m;
+        }
+    }
+    int a = below, b = above;
+    if (a == 0) {  // nothing below: the two nearest above
+        a = b;
+        b = above2;
+    }
+    if (b == 0) {  // nothing above: the two nearest below
+        b = a;
+        a = below2;
+    }
+    if (b == 0) return 0;                    // nothing measured
+    if (a == 0) return measured[size_t(b)];  // one width measured
     const double ta = measured[size_t(a)], tb = measured[size_t(b)];
     return std::max(ta + (tb - ta) * double(n - a) / double(b - a), 0.0);
 }
@@ -43,10 +65,8 @@ int best_gamma(double alpha, double draft_seconds, std::span<const double> targe
     int best = -1;
     double best_rate = 0;
     for (int g = gamma_min; g <= gamma_max; ++g) {
-        const double tokens =
-            alpha >= 1.0 ? g + 1.0 : (1.0 - std::pow(alpha, g + 1.0)) / (1.0 - alpha);
-        const double rate =
-            tokens / (g * draft_seconds + estimated_target_seconds(target_seconds, g + 1));
+        const double rate = expected_tokens(alpha, g) /
+                            (g * draft_seconds + estimated_target_seconds(target_seconds, g + 1));
         if (best < 0 || rate > best_rate) {
             best = g;
             best_rate = rate;

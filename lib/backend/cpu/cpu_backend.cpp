@@ -58,10 +58,6 @@ const float* row_f32(const Tensor& t, int64_t r) {
     return f32(t) + r * t.cols;
 }
 
-void row_to_f32(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
-    cpu::decode_row(type, src, n, dst);
-}
-
 class CpuBackend final : public Backend {
   public:
     explicit CpuBackend(int n_threads) : pool_(n_threads) {
@@ -124,8 +120,8 @@ class CpuBackend final : public Backend {
                                      " is outside the vocabulary"));
                 return;
             }
-            row_to_f32(table.type, bytes_of(table) + size_t(id[i]) * table.row_bytes(),
-                       f32(out) + i * out.cols, table.cols);
+            cpu::decode_row(table.type, bytes_of(table) + size_t(id[i]) * table.row_bytes(),
+                            table.cols, f32(out) + i * out.cols);
         }
     }
 
@@ -296,8 +292,8 @@ class CpuBackend final : public Backend {
             return reinterpret_cast<const float*>(bytes_of(cache) + offset);
         scratch.resize(size_t(n) * size_t(head_dim));
         for (int t = 0; t < n; ++t)
-            row_to_f32(cache.type, bytes_of(cache) + size_t(t) * cache.row_bytes() + offset,
-                       scratch.data() + size_t(t) * size_t(head_dim), head_dim);
+            cpu::decode_row(cache.type, bytes_of(cache) + size_t(t) * cache.row_bytes() + offset,
+                            head_dim, scratch.data() + size_t(t) * size_t(head_dim));
         return scratch.data();
     }
     static size_t type_bytes(GgmlType t) { return t == GgmlType::kF16 ? 2 : 4; }

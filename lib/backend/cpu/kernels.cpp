@@ -41,8 +41,9 @@ constexpr int kTileRows = 2, kTileCols = 2, kRowCols = 4;
 #endif
 static_assert(kRowTile % kTileRows == 0);
 
-// Weights of one type read as floats, each exactly as DecodeRow() writes it: whole vectors
-// at element j (a multiple of kLanes) and single elements past the last whole vector.
+// Weights of one type read as floats, each exactly as dequantize_row() gives it: F32 and F16
+// rows as whole vectors at element j (a multiple of kLanes) and single elements past the last
+// whole vector; quantized rows (whole blocks) a block at a time.
 template <GgmlType T>
 struct Weights {
     const uint8_t* rows;
@@ -54,30 +55,16 @@ struct Weights {
     VF vector(DF d, int r, int64_t j) const {
         if constexpr (T == GgmlType::kF32) {
             return hn::LoadU(d, reinterpret_cast<const float*>(row(r)) + j);
-        } else if constexpr (T == GgmlType::kF16) {
+        } else {
+            static_assert(T == GgmlType::kF16);
             const hn::Rebind<hwy::float16_t, DF> dh;
             return hn::PromoteTo(
                 d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row(r)) + j));
-        } else if constexpr (T == GgmlType::kQ8_0) {
-            const hn::Rebind<int8_t, DF> d8;
-            const hn::Rebind<int32_t, DF> d32;
-            const auto& block = reinterpret_cast<const BlockQ8_0*>(row(r))[j / kQ8_0BlockSize];
-            const auto q = hn::PromoteTo(d32, hn::LoadU(d8, block.quants + j % kQ8_0BlockSize));
-            return hn::Mul(hn::ConvertTo(d, q), hn::Set(d, halves[block.scale]));
-        } else {
-            static_assert(T == GgmlType::kQ4_0);
-            const hn::Rebind<uint8_t, DF> d8;
-            const hn::Rebind<int32_t, DF> d32;
-            const auto& block = reinterpret_cast<const BlockQ4_0*>(row(r))[j / kQ4_0BlockSize];
-            const int64_t k = j % kQ4_0BlockSize;
-            const auto bytes = hn::PromoteTo(d32, hn::LoadU(d8, block.quants + k % 16));
-            const auto q = k < 16 ? hn::And(bytes, hn::Set(d32, 15)) : hn::ShiftRight<4>(bytes);
-            return hn::Mul(nibble_values(d, q), hn::Set(d, halves[block.scale]));
         }
     }
 
-    // The kPerBlock vectors of block b of a quantized row, as vector() gives them one by one,
-    // with the block's address, scale and bytes read once.
+    // The kPerBlock vectors of block b of a quantized row (vector q of the row is out[q %
+    // kPerBlock] of block q / kPerBlock), the block's address, scale and bytes read once.
     static constexpr int kPerBlock = int(32 / kLanes);
     void block(DF d, int r, int64_t b, VF* out) const {
         const hn::Rebind<int32_t, DF> d32;
@@ -112,8 +99,6 @@ struct Weights {
         }
     }
 
-    // Quantized rows are whole blocks, so only F32 and F16 rows have elements past the last
-    // whole vector.
     float scalar(int r, int64_t j) const {
         if constexpr (T == GgmlType::kF16) {
             return halves[reinterpret_cast<const uint16_t*>(row(r))[j]];
@@ -127,11 +112,20 @@ template <GgmlType T>
 void DecodeRowOf(const uint8_t* src, int64_t cols, float* dst) {
     const DF d;
     const Weights<T> w{src, 0};
-    int64_t j = 0;
-    for (; j + kLanes <= cols; j += kLanes)
-        hn::StoreU(w.vector(d, 0, j), d, dst + j);
-    for (; j < cols; ++j)
-        dst[j] = w.scalar(0, j);
+    if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0) {
+        for (int64_t b = 0; b < cols / 32; ++b) {
+            VF v[Weights<T>::kPerBlock];
+            w.block(d, 0, b, v);
+            for (int k = 0; k < Weights<T>::kPerBlock; ++k)
+                hn::StoreU(v[k], d, dst + b * 32 + k * kLanes);
+        }
+    } else {
+        int64_t j = 0;
+        for (; j + kLanes <= cols; j += kLanes)
+            hn::StoreU(w.vector(d, 0, j), d, dst + j);
+        for (; j < cols; ++j)
+            dst[j] = w.scalar(0, j);
+    }
 }
 
 // Calls f(std::integral_constant<GgmlType, T>) for the weight types the backend loads.
@@ -183,12 +177,13 @@ void Tile(const Weights<T>& w, const float* x, int64_t cols, float* out, int64_t
         for (int c = 0; c < C; ++c)
             for (int k = 0; k < kChains; ++k)
                 acc[r][c][k] = hn::Zero(d);
-    int64_t j = 0;
+    float tail[R][C] = {};
     if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0) {
-        // Block by block: vector q of the row is still added into chain q % kChains, in order.
+        // Block by block (quantized rows are whole blocks): vector q of the row is added into
+        // chain q % kChains, in order, as below.
         constexpr int kPer = Weights<T>::kPerBlock;
         static_assert(kPer % kChains == 0);
-        for (; j + 32 <= cols; j += 32) {
+        for (int64_t j = 0; j < cols; j += 32) {
             for (int r = 0; r < R; ++r) {
                 VF wv[kPer];
                 w.block(d, r, j / 32, wv);
@@ -199,34 +194,35 @@ void Tile(const Weights<T>& w, const float* x, int64_t cols, float* out, int64_t
                                        acc[r][c][k % kChains]);
             }
         }
-    }
-    for (; j + kChains * kLanes <= cols; j += kChains * kLanes) {
-        for (int k = 0; k < kChains; ++k) {
-            VF xv[C];
-            for (int c = 0; c < C; ++c)
-                xv[c] = hn::LoadU(d, x + c * cols + j + k * kLanes);
-            for (int r = 0; r < R; ++r) {
-                VF wv = w.vector(d, r, j + k * kLanes);
-                if constexpr (C > 1) KeepInRegister(wv);
+    } else {
+        int64_t j = 0;
+        for (; j + kChains * kLanes <= cols; j += kChains * kLanes) {
+            for (int k = 0; k < kChains; ++k) {
+                VF xv[C];
                 for (int c = 0; c < C; ++c)
-                    acc[r][c][k] = hn::MulAdd(wv, xv[c], acc[r][c][k]);
+                    xv[c] = hn::LoadU(d, x + c * cols + j + k * kLanes);
+                for (int r = 0; r < R; ++r) {
+                    VF wv = w.vector(d, r, j + k * kLanes);
+                    if constexpr (C > 1) KeepInRegister(wv);
+                    for (int c = 0; c < C; ++c)
+                        acc[r][c][k] = hn::MulAdd(wv, xv[c], acc[r][c][k]);
+                }
             }
         }
-    }
-    static_assert(kChains == 2);  // so at most one whole vector is left, for chain 0
-    if (j + kLanes <= cols) {
-        for (int r = 0; r < R; ++r) {
-            const VF wv = w.vector(d, r, j);
-            for (int c = 0; c < C; ++c)
-                acc[r][c][0] = hn::MulAdd(wv, hn::LoadU(d, x + c * cols + j), acc[r][c][0]);
+        static_assert(kChains == 2);  // so at most one whole vector is left, for chain 0
+        if (j + kLanes <= cols) {
+            for (int r = 0; r < R; ++r) {
+                const VF wv = w.vector(d, r, j);
+                for (int c = 0; c < C; ++c)
+                    acc[r][c][0] = hn::MulAdd(wv, hn::LoadU(d, x + c * cols + j), acc[r][c][0]);
+            }
+            j += kLanes;
         }
-        j += kLanes;
+        for (; j < cols; ++j)
+            for (int r = 0; r < R; ++r)
+                for (int c = 0; c < C; ++c)
+                    tail[r][c] += w.scalar(r, j) * x[c * cols + j];
     }
-    float tail[R][C] = {};
-    for (; j < cols; ++j)
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c)
-                tail[r][c] += w.scalar(r, j) * x[c * cols + j];
     for (int r = 0; r < R; ++r) {
         for (int c = 0; c < C; ++c) {
             const VF sum = hn::Add(acc[r][c][0], acc[r][c][1]);
@@ -255,15 +251,14 @@ constexpr auto kF32Tiles = F32Tiles(std::make_integer_sequence<int, kTileRows>()
 // Rows [begin, end) one at a time for C inputs (one call per matmul and thread: the rows'
 // loop stays inside).
 template <GgmlType T, int C>
-void RowByRow(const MatmulArgs& a, int64_t begin, int64_t end, int64_t c0) {
+void RowByRow(const MatmulArgs& a, int64_t begin, int64_t end) {
     Weights<T> w{a.w + size_t(begin) * a.row_bytes, a.row_bytes};
     for (int64_t r = begin; r < end; ++r, w.rows += a.row_bytes)
-        Tile<T, 1, C>(w, a.x + c0 * a.cols, a.cols, a.out + c0 * a.out_stride + r, a.out_stride,
-                      a.accumulate);
+        Tile<T, 1, C>(w, a.x, a.cols, a.out + r, a.out_stride, a.accumulate);
 }
 template <GgmlType T, int... Cs>
-constexpr std::array<void (*)(const MatmulArgs&, int64_t, int64_t, int64_t), sizeof...(Cs)>
-RowByRowTable(std::integer_sequence<int, Cs...>) {
+constexpr std::array<void (*)(const MatmulArgs&, int64_t, int64_t), sizeof...(Cs)> RowByRowTable(
+    std::integer_sequence<int, Cs...>) {
     return {&RowByRow<T, Cs + 1>...};
 }
 // kRowByRow<T>[c - 1]: rows of type T for c inputs.
@@ -278,9 +273,7 @@ constexpr auto kRowByRow = RowByRowTable<T>(std::make_integer_sequence<int, kRow
 template <GgmlType T>
 void MatmulRowsOf(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
     if (a.n <= kRowCols) {
-        for (int64_t c0 = 0; c0 < a.n; c0 += kRowCols)
-            kRowByRow<T>[size_t(std::min<int64_t>(kRowCols, a.n - c0) - 1)](a, row_begin, row_end,
-                                                                            c0);
+        kRowByRow<T>[size_t(a.n - 1)](a, row_begin, row_end);
         return;
     }
     // Blocks of up to 64 rows (decoded once) and 8 inputs, so that a tile's rows (12 KB at
