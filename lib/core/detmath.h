@@ -133,7 +133,8 @@ float canonical_sum(uint32_t n, const Value& value) {
             float acc = 0.0f;
             for (uint32_t k = 0; k < kLaneItems; ++k) {
                 const uint32_t i = t * kTile + k * kLanes + l;
-                if (i < n) acc = acc + value(i);
+                if (i >= n) break;  // i grows with k: the rest of the lane is empty
+                acc = acc + value(i);
             }
             lanes[l] = acc;
         }
