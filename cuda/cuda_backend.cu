@@ -64,6 +64,7 @@ class CudaBackend final : public Backend {
   public:
     ~CudaBackend() override {
         if (stream_) {
+            cudaSetDevice(device_);
             cudaStreamSynchronize(stream_);
             for (cudaEvent_t e : events_)
                 if (e) cudaEventDestroy(e);
@@ -86,6 +87,7 @@ class CudaBackend final : public Backend {
 
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
         SPECULA_TRY(usable());
+        SPECULA_TRY(on_device());
         void* p = nullptr;
         SPECULA_TRY(cuda_status(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
                                 "allocating " + std::to_string(bytes) + " bytes"));
@@ -113,6 +115,7 @@ class CudaBackend final : public Backend {
     void upload(const Tensor& dst, const void* src) override {
         if (dst.offset + dst.bytes() > dst.buffer->size())
             return fail(InvalidArgument("an upload reaches past the end of its buffer"));
+        select();
         check(cudaMemcpyAsync(dev<uint8_t>(dst), src, dst.bytes(), cudaMemcpyHostToDevice, stream_),
               "upload");
     }
@@ -120,6 +123,7 @@ class CudaBackend final : public Backend {
     Status download(const Tensor& src, void* dst) override {
         if (src.offset + src.bytes() > src.buffer->size())
             return InvalidArgument("a download reaches past the end of its buffer");
+        SPECULA_TRY(on_device());
         check(cudaMemcpyAsync(dst, dev<uint8_t>(src), src.bytes(), cudaMemcpyDeviceToHost, stream_),
               "download");
         return flush();
@@ -127,6 +131,7 @@ class CudaBackend final : public Backend {
 
     Status flush() override {
         SPECULA_TRY(usable());
+        SPECULA_TRY(on_device());
         const cudaError_t e = cudaStreamSynchronize(stream_);
         ++host_waits_;
         Status s = std::exchange(pending_, Status::Ok());
@@ -143,6 +148,7 @@ class CudaBackend final : public Backend {
     uint64_t host_waits() const override { return host_waits_; }
 
     void mark_time(int slot) override {
+        select();
         check(cudaEventRecord(events_[size_t(slot)], stream_), "cudaEventRecord");
     }
     double seconds_between(int from, int to) const override {
@@ -153,11 +159,14 @@ class CudaBackend final : public Backend {
     }
 
     void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
-        cuda::get_rows(stream_, table.type, dev<uint8_t>(table), table.cols, dev<int32_t>(ids),
-                       ids.cols * ids.rows, dev(out));
+        select();
+        if (!cuda::get_rows(stream_, table.type, dev<uint8_t>(table), table.cols, dev<int32_t>(ids),
+                            ids.cols * ids.rows, dev(out)))
+            return fail(no_kernel(table.type));
         check(cudaGetLastError(), "get_rows");
     }
     void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
+        select();
         cuda::rms_norm(stream_, dev(x), dev(weight), eps, x.cols, x.rows, dev(out));
         check(cudaGetLastError(), "rms_norm");
     }
@@ -168,17 +177,21 @@ class CudaBackend final : public Backend {
         // buffer, so this holds for the model's inputs.
         if (reinterpret_cast<uintptr_t>(dev(x)) % 16 != 0 || w.cols % 32 != 0)
             return fail(Unsupported("CUDA matmul needs 16-byte aligned inputs of whole blocks"));
-        cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows, dev(out),
-                     out.cols, accumulate == Accumulate::kYes);
+        select();
+        if (!cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows,
+                          dev(out), out.cols, accumulate == Accumulate::kYes))
+            return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul");
     }
     void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
               int n_rot) override {
+        select();
         cuda::rope(stream_, dev(x), x.cols, x.rows, dev<int32_t>(positions), dev(table), head_dim,
                    n_rot);
         check(cudaGetLastError(), "rope");
     }
     void copy(const Tensor& src, const Tensor& dst) override {
+        select();
         if (dst.type == GgmlType::kF16)
             cuda::copy_f16(stream_, dev(src), src.cols * src.rows, dev<uint16_t>(dst));
         else
@@ -189,15 +202,18 @@ class CudaBackend final : public Backend {
                    int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
         if (head_dim > 256 || k_cache.type != GgmlType::kF32)
             return fail(Unsupported("CUDA attention needs F32 caches and heads up to 256"));
+        select();
         cuda::attention(stream_, dev(q), dev(k_cache), dev(v_cache), dev(out), int(q.rows), n_head,
                         n_head_kv, head_dim, scale, pos0);
         check(cudaGetLastError(), "attention");
     }
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+        select();
         cuda::silu_mul(stream_, dev(gate), dev(up), gate.cols * gate.rows, dev(out));
         check(cudaGetLastError(), "silu_mul");
     }
     void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+        select();
         cuda::add(stream_, dev(a), dev(b), a.cols * a.rows, dev(out));
         check(cudaGetLastError(), "add");
     }
@@ -229,11 +245,21 @@ class CudaBackend final : public Backend {
             scratch_.reset(static_cast<CudaBuffer*>(b.release()));
         }
         d.scratch = reinterpret_cast<uint32_t*>(scratch_->data());
+        select();
         cuda::verify(stream_, d);
         check(cudaGetLastError(), "verify");
     }
 
   private:
+    // Work goes to this backend's device whichever device the calling thread used last (two
+    // backends on two GPUs, one thread): every entry point that issues work selects it.
+    Status on_device() const { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
+    void select() { check(cudaSetDevice(device_), "cudaSetDevice"); }
+    static Status no_kernel(GgmlType type) {
+        return Unsupported(std::string("the CUDA backend has no kernel for ") +
+                           ggml_type_name(type) + " weights");
+    }
+
     Status usable() const {
         if (lost_) return {SPECULA_ERR_DEVICE_LOST, "the CUDA device was lost"};
         return Status::Ok();

@@ -1,16 +1,18 @@
 // The verify passes of shaders/decode.comp in CUDA, bit for bit: the arithmetic
 // of lib/core/detmath.h (this file is compiled with --fmad=false, so nothing is
-// fused), the same canonical sums, the same Philox streams. Read decode.comp for
-// the passes and the scratch layout.
+// fused), the same canonical sums, the same Philox streams. The constants and the
+// scratch layout are lib/core/device_abi.h's; read decode.comp for the passes.
 #include <cfloat>
 
+#include "core/device_abi.h"
 #include "kernels.h"
 
 namespace specula::cuda {
 
 namespace {
 
-constexpr uint32_t kLanes = 256, kLaneItems = 16, kTile = kLanes * kLaneItems;
+using namespace shared;  // the constants and the scratch layout
+constexpr uint32_t kLanes = kDetLanes, kLaneItems = kDetLaneItems, kTile = kDetTile;
 constexpr uint32_t kNone = 0xFFFFFFFFu;
 
 __device__ float bits(uint32_t b) {
@@ -18,22 +20,22 @@ __device__ float bits(uint32_t b) {
 }
 
 __device__ float det_exp(float x) {
-    if (!(x >= -40.0f)) return 0.0f;
-    const float k = floorf(x * bits(0x3FB8AA3Bu) + 0.5f);
-    const float r = (x - k * bits(0x3F317200u)) - k * bits(0x35BFBE8Eu);
-    float p = bits(0x39500D01u);
-    p = p * r + bits(0x3AB60B61u);
-    p = p * r + bits(0x3C088889u);
-    p = p * r + bits(0x3D2AAAABu);
-    p = p * r + bits(0x3E2AAAABu);
-    p = p * r + bits(0x3F000000u);
+    if (!(x >= bits(kBitsExpCutoff))) return 0.0f;
+    const float k = floorf(x * bits(kBitsLog2E) + 0.5f);
+    const float r = (x - k * bits(kBitsLn2Hi)) - k * bits(kBitsLn2Lo);
+    float p = bits(kBitsInv7Fact);
+    p = p * r + bits(kBitsInv6Fact);
+    p = p * r + bits(kBitsInv5Fact);
+    p = p * r + bits(kBitsInv4Fact);
+    p = p * r + bits(kBitsInv3Fact);
+    p = p * r + bits(kBitsInv2Fact);
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     return p * bits(uint32_t(127 + int(k)) << 23);
 }
 
 __device__ float det_recip(float z) {
-    float r = bits(0x7EF311C3u - __float_as_uint(z));
+    float r = bits(kRecipMagic - __float_as_uint(z));
     for (int i = 0; i < 4; ++i)
         r = r * (2.0f - z * r);
     return r;
@@ -43,26 +45,26 @@ __device__ float det_log(float u) {
     const uint32_t b = __float_as_uint(u);
     int e = int(b >> 23) - 127;
     float f = bits((b & 0x007FFFFFu) | 0x3F800000u);
-    if (f > bits(0x3FB504F3u)) {
+    if (f > bits(kBitsSqrt2)) {
         f = f * 0.5f;
         e = e + 1;
     }
     const float y = f - 1.0f;
     const float t = y * det_recip(y + 2.0f);
     const float t2 = t * t;
-    float s = bits(0x3DBA2E8Cu);
-    s = s * t2 + bits(0x3DE38E39u);
-    s = s * t2 + bits(0x3E124925u);
-    s = s * t2 + bits(0x3E4CCCCDu);
-    s = s * t2 + bits(0x3EAAAAABu);
+    float s = bits(kBitsInv11);
+    s = s * t2 + bits(kBitsInv9);
+    s = s * t2 + bits(kBitsInv7);
+    s = s * t2 + bits(kBitsInv5);
+    s = s * t2 + bits(kBitsInv3);
     s = s * t2 + 1.0f;
     const float ef = float(e);
-    const float low = (t + t) * s + ef * bits(0x35BFBE8Eu);
-    return ef * bits(0x3F317200u) + low;
+    const float low = (t + t) * s + ef * bits(kBitsLn2Lo);
+    return ef * bits(kBitsLn2Hi) + low;
 }
 
 __device__ bool race_cannot_win(float a, float best, float u) {
-    return a < best * ((1.0f - u) * 0.999f);
+    return a < best * ((1.0f - u) * bits(kBitsRaceSlack));
 }
 
 __device__ uint32_t order_key(float s) {
@@ -75,17 +77,17 @@ __device__ float philox_uniform(uint64_t seed, uint32_t stream, uint32_t step, u
     uint32_t c0 = element, c1 = row, c2 = step, c3 = stream;
     uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
     for (int round = 0; round < 10; ++round) {
-        const uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        const uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        const uint32_t hi0 = __umulhi(kPhiloxMul0, c0), lo0 = kPhiloxMul0 * c0;
+        const uint32_t hi1 = __umulhi(kPhiloxMul1, c2), lo1 = kPhiloxMul1 * c2;
         const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
         c0 = n0;
         c1 = lo1;
         c2 = n2;
         c3 = lo0;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
+        k0 += kPhiloxWeyl0;
+        k1 += kPhiloxWeyl1;
     }
-    return (float(c0 >> 9) + 0.5f) * bits(0x34000000u);
+    return (float(c0 >> 9) + 0.5f) * bits(kBitsTwoToMinus23);
 }
 
 struct Ctx {
@@ -94,20 +96,22 @@ struct Ctx {
 
     __device__ uint32_t R() const { return d.batch * rows_per_seq; }
     __device__ uint32_t* tile_max(uint32_t r, uint32_t j) const {
-        return d.scratch + r * tiles + j;
+        return d.scratch + verify_tile_max_word(tiles, r, j);
     }
     __device__ uint32_t* tile_arg(uint32_t r, uint32_t j) const {
-        return d.scratch + (R() + r) * tiles + j;
+        return d.scratch + verify_tile_arg_word(R(), tiles, r, j);
     }
     __device__ uint32_t* tile_sum(uint32_t r, uint32_t j) const {
-        return d.scratch + (2 * R() + r) * tiles + j;
+        return d.scratch + verify_tile_sum_word(R(), tiles, r, j);
     }
-    __device__ uint32_t* norm(uint32_t r) const { return d.scratch + 3 * R() * tiles + 4 * r; }
+    __device__ uint32_t* norm(uint32_t r) const {
+        return d.scratch + verify_norm_word(R(), tiles, r);
+    }
     __device__ uint32_t* accepted(uint32_t b) const {
-        return d.scratch + 3 * R() * tiles + 4 * R() + b;
+        return d.scratch + verify_accepted_word(R(), tiles, b);
     }
     __device__ uint32_t* race(uint32_t b, uint32_t j) const {
-        return d.scratch + 3 * R() * tiles + 4 * R() + d.batch + 4 * (b * tiles + j);
+        return d.scratch + verify_race_word(R(), tiles, d.batch, b, j);
     }
     __device__ uint32_t target_row(uint32_t b, uint32_t c) const { return b * rows_per_seq + c; }
     __device__ uint32_t draft_row(uint32_t b, uint32_t c) const {
@@ -120,7 +124,7 @@ struct Ctx {
         return z * d.inv_t;
     }
     __device__ uint32_t noise_row(uint32_t b, uint32_t c) const {
-        return d.row_offset + b * 256 + c;
+        return d.row_offset + b * kVerifyRowsPerSequence + c;
     }
 };
 
@@ -362,7 +366,7 @@ __global__ void accept_kernel(Ctx c) {
     for (; n < c.d.gamma; ++n) {
         const uint32_t x = uint32_t(c.d.drafts[b * c.d.gamma + n]);
         const float p = prob(c, c.target_row(b, n), x), q = prob(c, c.draft_row(b, n), x);
-        const float u = philox_uniform(c.d.seed, 3, c.d.step, c.noise_row(b, n), 0);
+        const float u = philox_uniform(c.d.seed, kStreamAccept, c.d.step, c.noise_row(b, n), 0);
         if (!(u * q < p)) break;
     }
     *c.accepted(b) = n;
@@ -412,7 +416,7 @@ __global__ void finish_kernel(Ctx c) {
 }
 
 Ctx context(const DecodeLaunch& d) {
-    Ctx c{d, d.greedy ? d.gamma + 1 : 2 * d.gamma + 1, (d.V + kTile - 1) / kTile};
+    Ctx c{d, verify_rows_per_sequence(d.gamma, d.greedy), verify_tiles(d.V)};
     return c;
 }
 
@@ -420,8 +424,7 @@ Ctx context(const DecodeLaunch& d) {
 
 size_t decode_scratch_words(const DecodeLaunch& d) {
     const Ctx c = context(d);
-    const size_t rows = size_t(d.batch) * c.rows_per_seq;
-    return 3 * rows * c.tiles + 4 * rows + d.batch + 4 * size_t(d.batch) * c.tiles;
+    return verify_scratch_words(d.batch * c.rows_per_seq, c.tiles, d.batch);
 }
 
 void verify(cudaStream_t s, const DecodeLaunch& d) {

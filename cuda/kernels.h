@@ -10,12 +10,13 @@
 
 namespace specula::cuda {
 
-void get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, const int32_t* ids,
+// get_rows and matmul return false for a weight type they have no kernel for (nothing runs).
+bool get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, const int32_t* ids,
               int64_t n, float* out);
 void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t cols, int64_t rows,
               float* out);
 // accumulate: out += w x instead of out = w x.
-void matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
+bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
             const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate);
 void rope(cudaStream_t s, float* x, int64_t cols, int64_t rows, const int32_t* positions,
           const float* table, int head_dim, int n_rot);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/device_abi.h"
 #include "kernels.h"
 
 namespace specula::cuda {
@@ -23,45 +24,17 @@ __device__ float half_at(const uint8_t* p) {
     return __half2float(*reinterpret_cast<const __half*>(p));
 }
 
-// Weight j (< 32) of block `block` of a row, any weight type.
+// The bytes of one block of 32 weights (core/device_abi.h).
 template <GgmlType T>
-__device__ float weight(const uint8_t* row, int64_t block, int j);
-
-template <>
-__device__ float weight<GgmlType::kF32>(const uint8_t* row, int64_t block, int j) {
-    return reinterpret_cast<const float*>(row)[block * 32 + j];
-}
-template <>
-__device__ float weight<GgmlType::kF16>(const uint8_t* row, int64_t block, int j) {
-    return half_at(row + (block * 32 + j) * 2);
-}
-template <>
-__device__ float weight<GgmlType::kQ8_0>(const uint8_t* row, int64_t block, int j) {
-    const uint8_t* b = row + block * 34;
-    return half_at(b) * float(reinterpret_cast<const int8_t*>(b + 2)[j]);
-}
-template <>
-__device__ float weight<GgmlType::kQ4_0>(const uint8_t* row, int64_t block, int j) {
-    const uint8_t* b = row + block * 18;
-    const int q = j < 16 ? (b[2 + j] & 0x0F) : (b[2 + j - 16] >> 4);
-    return half_at(b) * float(q - 8);
-}
+constexpr int64_t kBlockBytes = T == GgmlType::kF32    ? shared::kF32BlockBytes
+                                : T == GgmlType::kF16  ? shared::kF16BlockBytes
+                                : T == GgmlType::kQ8_0 ? shared::kQ8_0BlockBytes
+                                                       : shared::kQ4_0BlockBytes;
+constexpr int64_t kBlock = shared::kBlockWeights, kScale = shared::kBlockScaleBytes;
 
 template <GgmlType T>
 __host__ __device__ constexpr int64_t row_bytes(int64_t cols) {
-    return T == GgmlType::kF32    ? cols * 4
-           : T == GgmlType::kF16  ? cols * 2
-           : T == GgmlType::kQ8_0 ? cols / 32 * 34
-                                  : cols / 32 * 18;
-}
-
-template <GgmlType T>
-__global__ void get_rows_kernel(const uint8_t* table, int64_t cols, const int32_t* ids,
-                                float* out) {
-    const int64_t i = blockIdx.x;
-    const uint8_t* row = table + int64_t(ids[i]) * row_bytes<T>(cols);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-        out[i * cols + c] = weight<T>(row, c / 32, int(c % 32));
+    return cols / kBlock * kBlockBytes<T>;
 }
 
 // Eight consecutive weights of a row: quarter q (0..3) of 32-weight block `block`.
@@ -70,13 +43,15 @@ __device__ void load_quarter(const uint8_t* row, int64_t block, int q, float w[8
 
 template <>
 __device__ void load_quarter<GgmlType::kF32>(const uint8_t* row, int64_t block, int q, float w[8]) {
-    const float* p = reinterpret_cast<const float*>(row) + block * 32 + q * 8;
+    const float* p =
+        reinterpret_cast<const float*>(row + block * kBlockBytes<GgmlType::kF32>) + q * 8;
     for (int j = 0; j < 8; ++j)
         w[j] = p[j];
 }
 template <>
 __device__ void load_quarter<GgmlType::kF16>(const uint8_t* row, int64_t block, int q, float w[8]) {
-    const auto* p = reinterpret_cast<const __half2*>(row + (block * 32 + q * 8) * 2);
+    const auto* p =
+        reinterpret_cast<const __half2*>(row + block * kBlockBytes<GgmlType::kF16> + q * 16);
     for (int j = 0; j < 4; ++j) {
         const float2 f = __half22float2(p[j]);
         w[2 * j] = f.x;
@@ -86,10 +61,10 @@ __device__ void load_quarter<GgmlType::kF16>(const uint8_t* row, int64_t block, 
 template <>
 __device__ void load_quarter<GgmlType::kQ8_0>(const uint8_t* row, int64_t block, int q,
                                               float w[8]) {
-    const uint8_t* b = row + block * 34;
+    const uint8_t* b = row + block * kBlockBytes<GgmlType::kQ8_0>;
     const float d = half_at(b);
     // Quants are 2-byte aligned (34-byte blocks): four 16-bit loads.
-    const auto* p = reinterpret_cast<const uint16_t*>(b + 2 + q * 8);
+    const auto* p = reinterpret_cast<const uint16_t*>(b + kScale + q * 8);
     for (int j = 0; j < 4; ++j) {
         const uint16_t v = p[j];
         w[2 * j] = d * float(int8_t(v & 0xFF));
@@ -100,14 +75,28 @@ template <>
 __device__ void load_quarter<GgmlType::kQ4_0>(const uint8_t* row, int64_t block, int q,
                                               float w[8]) {
     // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high ones.
-    const uint8_t* b = row + block * 18;
+    const uint8_t* b = row + block * kBlockBytes<GgmlType::kQ4_0>;
     const float d = half_at(b);
-    const auto* p = reinterpret_cast<const uint16_t*>(b + 2 + (q % 2) * 8);
+    const auto* p = reinterpret_cast<const uint16_t*>(b + kScale + (q % 2) * 8);
     const int shift = q < 2 ? 0 : 4;
     for (int j = 0; j < 4; ++j) {
         const unsigned v = p[j];
         w[2 * j] = d * float(int((v >> shift) & 0xF) - 8);
         w[2 * j + 1] = d * float(int((v >> (8 + shift)) & 0xF) - 8);
+    }
+}
+
+// One row of the table per block, eight weights per thread and step.
+template <GgmlType T>
+__global__ void get_rows_kernel(const uint8_t* table, int64_t cols, const int32_t* ids,
+                                float* out) {
+    const int64_t i = blockIdx.x;
+    const uint8_t* row = table + int64_t(ids[i]) * row_bytes<T>(cols);
+    for (int64_t g = threadIdx.x; g < cols / 8; g += blockDim.x) {
+        float w[8];
+        load_quarter<T>(row, g / 4, int(g % 4), w);
+        for (int j = 0; j < 8; ++j)
+            out[i * cols + g * 8 + j] = w[j];
     }
 }
 
@@ -125,7 +114,7 @@ __global__ void __launch_bounds__(kMatmulThreads)
                   bool accumulate) {
     constexpr int kWarps = kMatmulThreads / kWarp;
     __shared__ float partial[kWarps][R][N];
-    const int64_t r0 = int64_t(blockIdx.x) * R, blocks = in / 32, stride = row_bytes<T>(in);
+    const int64_t r0 = int64_t(blockIdx.x) * R, blocks = in / kBlock, stride = row_bytes<T>(in);
     const int t = threadIdx.x, q = t % 4;
     // With few accumulators the step loop is unrolled so that the loads of two steps are in
     // flight together (with 8 x 16 accumulators the registers run out instead).
@@ -146,7 +135,7 @@ __global__ void __launch_bounds__(kMatmulThreads)
         }
         for (int c = 0; c < N; ++c) {
             if (c >= n) break;
-            const auto* xp = reinterpret_cast<const float4*>(x + c * in + b * 32 + q * 8);
+            const auto* xp = reinterpret_cast<const float4*>(x + c * in + b * kBlock + q * 8);
             const float4 lo = xp[0], hi = xp[1];
             for (int r = 0; r < R; ++r) {
                 float s = wq[r][0] * lo.x;
@@ -340,18 +329,24 @@ void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const
 
 }  // namespace
 
-void get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, const int32_t* ids,
+bool get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, const int32_t* ids,
               int64_t n, float* out) {
     const auto* t = static_cast<const uint8_t*>(table);
     switch (type) {
         case GgmlType::kF32:
-            return get_rows_kernel<GgmlType::kF32><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+            get_rows_kernel<GgmlType::kF32><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+            return true;
         case GgmlType::kF16:
-            return get_rows_kernel<GgmlType::kF16><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+            get_rows_kernel<GgmlType::kF16><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+            return true;
         case GgmlType::kQ8_0:
-            return get_rows_kernel<GgmlType::kQ8_0><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
-        default:
-            return get_rows_kernel<GgmlType::kQ4_0><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+            get_rows_kernel<GgmlType::kQ8_0><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+            return true;
+        case GgmlType::kQ4_0:
+            get_rows_kernel<GgmlType::kQ4_0><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
+            return true;
+        default:  // a type without a kernel: the caller reports it
+            return false;
     }
 }
 
@@ -361,21 +356,25 @@ void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t
     rms_norm_kernel<<<unsigned(rows), 1024, 0, s>>>(x, w, eps, cols, out);
 }
 
-void matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
+bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
             const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate) {
     switch (type) {
         case GgmlType::kF32:
-            return matmul_typed<GgmlType::kF32>(s, w, in, out_features, x, n, out, out_stride,
-                                                accumulate);
+            matmul_typed<GgmlType::kF32>(s, w, in, out_features, x, n, out, out_stride, accumulate);
+            return true;
         case GgmlType::kF16:
-            return matmul_typed<GgmlType::kF16>(s, w, in, out_features, x, n, out, out_stride,
-                                                accumulate);
+            matmul_typed<GgmlType::kF16>(s, w, in, out_features, x, n, out, out_stride, accumulate);
+            return true;
         case GgmlType::kQ8_0:
-            return matmul_typed<GgmlType::kQ8_0>(s, w, in, out_features, x, n, out, out_stride,
-                                                 accumulate);
-        default:
-            return matmul_typed<GgmlType::kQ4_0>(s, w, in, out_features, x, n, out, out_stride,
-                                                 accumulate);
+            matmul_typed<GgmlType::kQ8_0>(s, w, in, out_features, x, n, out, out_stride,
+                                          accumulate);
+            return true;
+        case GgmlType::kQ4_0:
+            matmul_typed<GgmlType::kQ4_0>(s, w, in, out_features, x, n, out, out_stride,
+                                          accumulate);
+            return true;
+        default:  // a type without a kernel: the caller reports it
+            return false;
     }
 }
 

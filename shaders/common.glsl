@@ -4,6 +4,7 @@
 // Shaders that read weights are also built with SMALL_STORAGE, for devices with
 // 8- and 16-bit storage: they then read halves, bytes and quants as such.
 #extension GL_EXT_control_flow_attributes : enable
+#include "device_abi.h"
 #if defined(SMALL_STORAGE)
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_8bit_storage : require
@@ -41,13 +42,13 @@ float rotated(float a, float b, float c, float s, bool second) {
 // Weight element types: each shader that reads weights is compiled once per type
 // with one of these defined, and reads a row in blocks of 32 weights, eight at a time.
 #if defined(WEIGHT_F32)
-const uint BLOCK_BYTES = 128u;
+const uint BLOCK_BYTES = kF32BlockBytes;
 #elif defined(WEIGHT_F16)
-const uint BLOCK_BYTES = 64u;
+const uint BLOCK_BYTES = kF16BlockBytes;
 #elif defined(WEIGHT_Q8_0)
-const uint BLOCK_BYTES = 34u;
+const uint BLOCK_BYTES = kQ8_0BlockBytes;
 #elif defined(WEIGHT_Q4_0)
-const uint BLOCK_BYTES = 18u;
+const uint BLOCK_BYTES = kQ4_0BlockBytes;
 #endif
 
 // Weights are read from binding 0, or with which = 3 from binding 3 (the second matrix of the
@@ -91,13 +92,13 @@ void load_quarter(uint which, uint at, uint q, out float w[8]) {
 #elif defined(SMALL_STORAGE) && defined(WEIGHT_Q8_0)
     const float d = weight_half(which, at / 2u);
     [[unroll]] for (uint j = 0u; j < 8u; ++j)
-        w[j] = d * float(weight_int8(which, at + 2u + q * 8u + j));
+        w[j] = d * float(weight_int8(which, at + kBlockScaleBytes + q * 8u + j));
 #elif defined(SMALL_STORAGE) && defined(WEIGHT_Q4_0)
     // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high ones.
     const float d = weight_half(which, at / 2u);
     const uint shift = q < 2u ? 0u : 4u;
     [[unroll]] for (uint j = 0u; j < 8u; ++j)
-        w[j] = d * float(int((weight_uint8(which, at + 2u + (q % 2u) * 8u + j) >> shift) & 0xFu) - 8);
+        w[j] = d * float(int((weight_uint8(which, at + kBlockScaleBytes + (q % 2u) * 8u + j) >> shift) & 0xFu) - 8);
 #elif defined(WEIGHT_F32)
     [[unroll]] for (uint j = 0u; j < 8u; ++j) w[j] = uintBitsToFloat(weight_word(which, at / 4u + q * 8u + j));
 #elif defined(WEIGHT_F16)
@@ -109,7 +110,7 @@ void load_quarter(uint which, uint at, uint q, out float w[8]) {
 #elif defined(WEIGHT_Q8_0)
     const float d = half_at(which, at);
     [[unroll]] for (uint i = 0u; i < 2u; ++i) {
-        const int v = int(quant_word(which, at + 2u + q * 8u + 4u * i));
+        const int v = int(quant_word(which, at + kBlockScaleBytes + q * 8u + 4u * i));
         [[unroll]] for (uint k = 0u; k < 4u; ++k) w[4u * i + k] = d * float(bitfieldExtract(v, int(8u * k), 8));
     }
 #elif defined(WEIGHT_Q4_0)
@@ -117,7 +118,7 @@ void load_quarter(uint which, uint at, uint q, out float w[8]) {
     const float d = half_at(which, at);
     const uint shift = q < 2u ? 0u : 4u;
     [[unroll]] for (uint i = 0u; i < 2u; ++i) {
-        const uint v = quant_word(which, at + 2u + (q % 2u) * 8u + 4u * i);
+        const uint v = quant_word(which, at + kBlockScaleBytes + (q % 2u) * 8u + 4u * i);
         [[unroll]] for (uint k = 0u; k < 4u; ++k)
             w[4u * i + k] = d * float(int(bitfieldExtract(v, int(8u * k + shift), 4)) - 8);
     }

@@ -5,9 +5,10 @@
 //
 //   binding 0: target logits, batch * (gamma + 1) rows of V    1: draft logits, batch * gamma rows
 //   binding 2: drafts (I32)    3: scratch    4: result (I32)    5: token (I32)
-//   u0 V, u1 batch, u2 gamma, u3 rows per sequence (gamma + 1 greedy, else 2 gamma + 1),
+//   u0 V, u1 batch, u2 gamma, u3 rows per sequence (verify_rows_per_sequence),
 //   u4 tiles per row, u5 top-k (0 off), u6 stream, u7 step, u8 row offset, u9/u10 seed,
-//   u11 flags: 1 greedy, 2 write result, 4 write token, 8 top-k/top-p active
+//   u11 flags (kVerifyFlag*)
+// The passes, the scratch layout and the constants are lib/core/device_abi.h's.
 // Passes in order: tile max, row max, tile sum (unfiltered), row norm, accept, race,
 // finish; greedy: tile max, accept.
 //   f0 1 / temperature, f1 top-p (clamped)
@@ -19,36 +20,32 @@
 #include "common.glsl"
 #include "detmath.glsl"
 
-layout(constant_id = 0) const uint WG = 256u;  // = DET_LANES
+layout(constant_id = 0) const uint WG = 256u;  // the host sets kDetLanes
 layout(constant_id = 1) const uint MODE = 0u;
 
-const uint MODE_TILE_MAX = 0u, MODE_TILE_SUM = 1u, MODE_ROW_NORM = 2u, MODE_ACCEPT = 3u,
-           MODE_RACE = 4u, MODE_FINISH = 5u, MODE_ROW_MAX = 6u;
 const uint NONE = 0xFFFFFFFFu;
 
-shared float sh_f[256];
-shared uint sh_u[256];
-shared float sh_g[256];
-shared uint sh_v[256];
-shared float sh_tiles[256];
+shared float sh_f[kDetLanes];
+shared uint sh_u[kDetLanes];
+shared float sh_g[kDetLanes];
+shared uint sh_v[kDetLanes];
+shared float sh_tiles[kDetLanes];
 
 uint V() { return pc.u0; }
 uint gamma() { return pc.u2; }
 uint rows_per_seq() { return pc.u3; }
 uint tiles() { return pc.u4; }
-bool greedy() { return (pc.u11 & 1u) != 0u; }
+bool greedy() { return (pc.u11 & kVerifyFlagGreedy) != 0u; }
 uvec2 seed() { return uvec2(pc.u9, pc.u10); }
 
 uint R() { return pc.u1 * rows_per_seq(); }
 uint scratch(uint word) { return pc.off3 / 4u + word; }
-uint tile_max_at(uint r, uint j) { return scratch(r * tiles() + j); }
-uint tile_arg_at(uint r, uint j) { return scratch((R() + r) * tiles() + j); }
-uint tile_sum_at(uint r, uint j) { return scratch((2u * R() + r) * tiles() + j); }
-uint norm_at(uint r) { return scratch(3u * R() * tiles() + 4u * r); }
-uint accepted_at(uint b) { return scratch(3u * R() * tiles() + 4u * R() + b); }
-uint race_at(uint b, uint j) {
-    return scratch(3u * R() * tiles() + 4u * R() + pc.u1 + 4u * (b * tiles() + j));
-}
+uint tile_max_at(uint r, uint j) { return scratch(verify_tile_max_word(tiles(), r, j)); }
+uint tile_arg_at(uint r, uint j) { return scratch(verify_tile_arg_word(R(), tiles(), r, j)); }
+uint tile_sum_at(uint r, uint j) { return scratch(verify_tile_sum_word(R(), tiles(), r, j)); }
+uint norm_at(uint r) { return scratch(verify_norm_word(R(), tiles(), r)); }
+uint accepted_at(uint b) { return scratch(verify_accepted_word(R(), tiles(), b)); }
+uint race_at(uint b, uint j) { return scratch(verify_race_word(R(), tiles(), pc.u1, b, j)); }
 
 uint target_row(uint b, uint c) { return b * rows_per_seq() + c; }
 uint draft_row(uint b, uint c) { return b * rows_per_seq() + gamma() + 1u + c; }
@@ -63,7 +60,7 @@ float scaled(uint r, uint x) {
     return s;
 }
 uint draft_token(uint b, uint c) { return b2[pc.off2 / 4u + b * gamma() + c]; }
-uint noise_row(uint b, uint c) { return pc.u8 + b * 256u + c; }
+uint noise_row(uint b, uint c) { return pc.u8 + b * kVerifyRowsPerSequence + c; }
 
 bool in_cut(uint key, uint x, uint cut_key, uint cut_id) {
     return key > cut_key || (key == cut_key && x <= cut_id);
@@ -160,8 +157,8 @@ float mass_in(uint r, float m, uint cut_key, uint cut_id, uint k_key, uint k_id)
     const uint l = gl_LocalInvocationID.x;
     for (uint j = 0u; j < tiles(); ++j) {
         precise float acc = 0.0;
-        for (uint k = 0u; k < DET_LANE_ITEMS; ++k) {
-            const uint x = j * DET_TILE + k * DET_LANES + l;
+        for (uint k = 0u; k < kDetLaneItems; ++k) {
+            const uint x = j * kDetTile + k * kDetLanes + l;
             if (x >= V()) break;
             const float s = scaled(r, x);
             const uint key = order_key(s);
@@ -176,21 +173,21 @@ float mass_in(uint r, float m, uint cut_key, uint cut_id, uint k_key, uint k_id)
 }
 
 void write_outputs(uint b, uint n, uint token) {
-    if ((pc.u11 & 2u) != 0u) {
+    if ((pc.u11 & kVerifyFlagWriteResult) != 0u) {
         const uint at = pc.off4 / 4u + b * (gamma() + 2u);
         b4[at] = n;
         for (uint i = 0u; i < n; ++i) b4[at + 1u + i] = draft_token(b, i);
         b4[at + 1u + n] = token;
     }
-    if ((pc.u11 & 4u) != 0u) b5[pc.off5 / 4u + b] = token;
+    if ((pc.u11 & kVerifyFlagWriteToken) != 0u) b5[pc.off5 / 4u + b] = token;
 }
 
 void tile_max(uint r, uint j) {
     const uint l = gl_LocalInvocationID.x;
     float best = -1.0 / 0.0;
     uint arg = NONE;
-    for (uint k = 0u; k < DET_LANE_ITEMS; ++k) {
-        const uint x = j * DET_TILE + k * DET_LANES + l;
+    for (uint k = 0u; k < kDetLaneItems; ++k) {
+        const uint x = j * kDetTile + k * kDetLanes + l;
         if (x >= V()) break;
         const float s = scaled(r, x);
         if (better(s, x, best, arg)) {
@@ -209,8 +206,8 @@ void tile_sum(uint r, uint j) {
     const uint l = gl_LocalInvocationID.x;
     const float m = row_max(r);
     precise float acc = 0.0;
-    for (uint k = 0u; k < DET_LANE_ITEMS; ++k) {
-        const uint x = j * DET_TILE + k * DET_LANES + l;
+    for (uint k = 0u; k < kDetLaneItems; ++k) {
+        const uint x = j * kDetTile + k * kDetLanes + l;
         if (x >= V()) break;
         acc = acc + det_exp(scaled(r, x) - m);
     }
@@ -243,7 +240,7 @@ void row_norm(uint r) {
     const float m = row_max(r);
     uint cut_key = 0u, cut_id = NONE;
     float sum;
-    if ((pc.u11 & 8u) == 0u) {
+    if ((pc.u11 & kVerifyFlagFiltered) == 0u) {
         sum = lane_tree(l < tiles() ? uintBitsToFloat(b3[tile_sum_at(r, l)]) : 0.0);
     } else {
         uint k_key = 0u, k_id = NONE;
@@ -294,7 +291,7 @@ void accept(uint b) {
     for (; n < gamma(); ++n) {
         const uint x = draft_token(b, n);
         const float p = prob(target_row(b, n), x), q = prob(draft_row(b, n), x);
-        const float u = philox_uniform(seed(), 3u, pc.u7, noise_row(b, n), 0u);
+        const float u = philox_uniform(seed(), kStreamAccept, pc.u7, noise_row(b, n), 0u);
         precise float uq = u * q;
         if (!(uq < p)) break;
     }
@@ -308,8 +305,8 @@ void race(uint b, uint j) {
     const bool has_q = n < gamma();
     float best_a = 0.0, best_p = 0.0;
     uint arg_a = NONE, arg_p = NONE;
-    for (uint k = 0u; k < DET_LANE_ITEMS; ++k) {
-        const uint x = j * DET_TILE + k * DET_LANES + l;
+    for (uint k = 0u; k < kDetLaneItems; ++k) {
+        const uint x = j * kDetTile + k * kDetLanes + l;
         if (x >= V()) break;
         const float p = prob(pr, x);
         if (!(p > 0.0)) continue;
@@ -361,17 +358,17 @@ void finish(uint b) {
 
 void main() {
     const uint g = group_index();
-    if (MODE == MODE_TILE_MAX) {
+    if (MODE == kVerifyPassTileMax) {
         tile_max(g / tiles(), g % tiles());
-    } else if (MODE == MODE_TILE_SUM) {
+    } else if (MODE == kVerifyPassTileSum) {
         tile_sum(g / tiles(), g % tiles());
-    } else if (MODE == MODE_ROW_MAX) {
+    } else if (MODE == kVerifyPassRowMax) {
         write_row_max(g);
-    } else if (MODE == MODE_ROW_NORM) {
+    } else if (MODE == kVerifyPassRowNorm) {
         row_norm(g);
-    } else if (MODE == MODE_ACCEPT) {
+    } else if (MODE == kVerifyPassAccept) {
         if (gl_LocalInvocationID.x == 0u) accept(g);
-    } else if (MODE == MODE_RACE) {
+    } else if (MODE == kVerifyPassRace) {
         race(g / tiles(), g % tiles());
     } else {
         if (gl_LocalInvocationID.x == 0u) finish(g);

@@ -101,7 +101,7 @@ void main() {
     const uint t = gl_LocalInvocationID.x, l = t % T, q = l % 4u;
     const uint g = t / T, r0 = (group_index() * GROUPS + g) * R;
     const uint cols = pc.u0, rows = pc.u1, n = pc.u2;
-    const uint blocks = cols / 32u, row_bytes = blocks * BLOCK_BYTES;
+    const uint blocks = cols / kBlockWeights, row_bytes = blocks * BLOCK_BYTES;
     float acc[SUMS];
     [[unroll]] for (uint i = 0u; i < SUMS; ++i) acc[i] = 0.0;
     for (uint b = l / 4u; b < blocks; b += T / 4u) {
@@ -119,13 +119,13 @@ void main() {
         }
         vec4 norm_lo = vec4(1.0), norm_hi = vec4(1.0);
         if (NORMED != 0u) {
-            const uint ni = pc.off4 / 16u + (b * 32u + q * 8u) / 4u;
+            const uint ni = pc.off4 / 16u + (b * kBlockWeights + q * 8u) / 4u;
             norm_lo = norm4[ni];
             norm_hi = norm4[ni + 1u];
         }
         [[unroll]] for (uint c = 0u; c < N; ++c) {
             if (c >= n) break;
-            const uint xi = pc.off1 / 16u + (c * cols + b * 32u + q * 8u) / 4u;
+            const uint xi = pc.off1 / 16u + (c * cols + b * kBlockWeights + q * 8u) / 4u;
             vec4 lo = x4[xi], hi = x4[xi + 1u];
             if (NORMED != 0u) {
                 float ss = lo.x * lo.x;

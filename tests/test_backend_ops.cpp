@@ -341,6 +341,37 @@ TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {
     }
 }
 
+// Two backends of one kind used in turn from one thread (two GPUs, or one GPU twice): each
+// backend's work runs on its own device and buffers, whatever the other did last. CUDA selects
+// its device on every call for this.
+TEST_P(BackendOps, TwoBackendsUsedInTurnFromOneThread) {
+    std::string why;
+    std::unique_ptr<Backend> other = test::try_backend(GetParam(), &why);
+    ASSERT_TRUE(other) << why;
+    const int64_t cols = 256, rows = 45, n = 3;
+    const auto wb = random_bytes(GgmlType::kQ8_0, cols, rows, 31);
+    const auto xb = random_bytes(GgmlType::kF32, cols, n, 32);
+    auto w = p.tensor(GgmlType::kQ8_0, cols, rows, wb);
+    auto x = p.tensor(GgmlType::kF32, cols, n, xb);
+    auto out = p.tensor(GgmlType::kF32, rows, n, {});
+    Pair second;  // the cpu and the other backend
+    second.cpu = create_cpu_backend(1);
+    second.gpu = std::move(other);
+    auto w2 = second.tensor(GgmlType::kQ8_0, cols, rows, wb);
+    auto x2 = second.tensor(GgmlType::kF32, cols, n, xb);
+    auto out2 = second.tensor(GgmlType::kF32, rows, n, {});
+    for (int round = 0; round < 3; ++round) {
+        p.gpu->matmul(w.second, x.second, out.second, Backend::Accumulate::kNo);
+        second.gpu->matmul(w2.second, x2.second, out2.second, Backend::Accumulate::kYes);
+        p.gpu->rms_norm(x.second, x.second, 1e-5f, x.second);  // changes what the next reads
+        p.cpu->matmul(w.first, x.first, out.first, Backend::Accumulate::kNo);
+        second.cpu->matmul(w2.first, x2.first, out2.first, Backend::Accumulate::kYes);
+        p.cpu->rms_norm(x.first, x.first, 1e-5f, x.first);
+    }
+    expect_close(p, out);
+    expect_close(second, out2, 3 * kTolerance);  // three accumulated products
+}
+
 TEST_P(BackendOps, OutOfMemoryIsAStatusAndTheBackendSurvives) {
     std::unique_ptr<Buffer> huge, small;
     const Status s = p.gpu->allocate(size_t(1) << 42, &huge);  // 4 TiB

@@ -217,3 +217,21 @@ TEST(Gguf, InvalidBoolIsRejected) {
 }
 
 }  // namespace
+
+// The block layouts the kernels read (core/device_abi.h, shared with GLSL and CUDA) are GGUF's.
+TEST(Gguf, KernelBlockLayoutsAreTheFormats) {
+    const struct {
+        GgmlType type;
+        uint32_t bytes_per_32;
+    } kinds[] = {{GgmlType::kF32, shared::kF32BlockBytes},
+                 {GgmlType::kF16, shared::kF16BlockBytes},
+                 {GgmlType::kQ8_0, shared::kQ8_0BlockBytes},
+                 {GgmlType::kQ4_0, shared::kQ4_0BlockBytes}};
+    for (const auto& k : kinds) {
+        const GgmlTypeTraits* t = ggml_type_traits(k.type);
+        ASSERT_NE(t, nullptr);
+        EXPECT_EQ(shared::kBlockWeights % t->block_size, 0u) << ggml_type_name(k.type);
+        EXPECT_EQ(shared::kBlockWeights / t->block_size * t->block_bytes, k.bytes_per_32)
+            << ggml_type_name(k.type);
+    }
+}

@@ -6,8 +6,9 @@
 // operations that IEEE 754 and Vulkan both require to be correctly rounded
 // (add, sub, mul, float<->int conversion, floor, bit casts), evaluated in a
 // fixed order with no fused multiply-add: this file is compiled with
-// -ffp-contract=off, shaders/detmath.glsl marks every value `precise`, and the
-// CUDA copy uses the _rn intrinsics. The three copies must stay identical.
+// -ffp-contract=off, shaders/detmath.glsl marks every value `precise`, and
+// cuda/decode.cu is compiled with --fmad=false. The three copies must stay
+// identical; their constants come from core/device_abi.h.
 //
 // Results are accurate to a few ulp, which is all sampling needs; what matters
 // is that they are bit-identical everywhere. Values below e^-40 relative to a
@@ -21,20 +22,21 @@
 #include <cstdint>
 #include <span>
 
+#include "core/device_abi.h"
 #include "core/philox.h"
 
 namespace specula::det {
 
-constexpr float kExpCutoff = -40.0f;
+constexpr float kExpCutoff = std::bit_cast<float>(shared::kBitsExpCutoff);  // -40
 
 // Canonical summation: tiles of kTile elements, each summed as kLanes lane
 // partials (lane l adds elements l, l + kLanes, ... of the tile in order) and
 // a halving tree over the lanes; the tile sums are combined by the same tree.
 // A GPU workgroup of kLanes threads computes exactly this.
-constexpr uint32_t kLanes = 256;
-constexpr uint32_t kLaneItems = 16;
-constexpr uint32_t kTile = kLanes * kLaneItems;
-constexpr uint32_t kMaxVocab = kTile * kLanes;  // tile sums fit one tree
+constexpr uint32_t kLanes = shared::kDetLanes;
+constexpr uint32_t kLaneItems = shared::kDetLaneItems;
+constexpr uint32_t kTile = shared::kDetTile;
+constexpr uint32_t kMaxVocab = shared::kDetMaxVocab;  // tile sums fit one tree
 
 inline float from_bits(uint32_t b) {
     return std::bit_cast<float>(b);
@@ -44,14 +46,16 @@ inline uint32_t to_bits(float f) {
 }
 
 // Constants by their bits, so that C++, GLSL and CUDA cannot parse them differently.
-constexpr float kLog2E = std::bit_cast<float>(0x3FB8AA3Bu);  // 1.44269504
-constexpr float kLn2Hi = std::bit_cast<float>(0x3F317200u);  // 0.693145752, 16 bits
-constexpr float kLn2Lo = std::bit_cast<float>(0x35BFBE8Eu);  // 1.42860677e-6
-constexpr float kSqrt2 = std::bit_cast<float>(0x3FB504F3u);  // 1.41421354
-constexpr uint32_t kExpTaylor[6] = {                         // 1/7! .. 1/2!
-    0x39500D01u, 0x3AB60B61u, 0x3C088889u, 0x3D2AAAABu, 0x3E2AAAABu, 0x3F000000u};
-constexpr uint32_t kAtanhSeries[5] = {  // 1/11, 1/9, 1/7, 1/5, 1/3
-    0x3DBA2E8Cu, 0x3DE38E39u, 0x3E124925u, 0x3E4CCCCDu, 0x3EAAAAABu};
+constexpr float kLog2E = std::bit_cast<float>(shared::kBitsLog2E);
+constexpr float kLn2Hi = std::bit_cast<float>(shared::kBitsLn2Hi);
+constexpr float kLn2Lo = std::bit_cast<float>(shared::kBitsLn2Lo);
+constexpr float kSqrt2 = std::bit_cast<float>(shared::kBitsSqrt2);
+constexpr float kRaceSlack = std::bit_cast<float>(shared::kBitsRaceSlack);
+constexpr uint32_t kExpTaylor[6] = {shared::kBitsInv7Fact, shared::kBitsInv6Fact,
+                                    shared::kBitsInv5Fact, shared::kBitsInv4Fact,
+                                    shared::kBitsInv3Fact, shared::kBitsInv2Fact};
+constexpr uint32_t kAtanhSeries[5] = {shared::kBitsInv11, shared::kBitsInv9, shared::kBitsInv7,
+                                      shared::kBitsInv5, shared::kBitsInv3};
 
 // e^x for x <= 0 (0 below kExpCutoff and for NaN): Cody-Waite reduction by ln 2 and a
 // degree-7 Taylor polynomial; exp(0) is exactly 1.
@@ -69,7 +73,7 @@ inline float exp_nonpositive(float x) {
 
 // 1 / z for normal positive z below 2^125: a bit-trick estimate and four Newton steps.
 inline float reciprocal(float z) {
-    float r = from_bits(0x7EF311C3u - to_bits(z));
+    float r = from_bits(shared::kRecipMagic - to_bits(z));
     for (int i = 0; i < 4; ++i)
         r = r * (2.0f - z * r);
     return r;
@@ -114,7 +118,7 @@ inline float race_weight(float u) {
 // ulp of error in race_weight. Skipping such tokens changes no result, in any order,
 // and spares the log and reciprocals of most of a vocabulary.
 inline bool race_cannot_win(float a, float best, float u) {
-    return a < best * ((1.0f - u) * 0.999f);
+    return a < best * ((1.0f - u) * kRaceSlack);
 }
 
 inline float lane_tree(std::array<float, kLanes>& lanes) {

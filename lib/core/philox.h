@@ -5,7 +5,10 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstdint>
+
+#include "core/device_abi.h"
 
 namespace specula {
 
@@ -13,8 +16,8 @@ using PhiloxCounter = std::array<uint32_t, 4>;
 using PhiloxKey = std::array<uint32_t, 2>;
 
 inline PhiloxCounter philox4x32_10(PhiloxCounter c, PhiloxKey k) {
-    constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-    constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+    constexpr uint32_t kMul0 = shared::kPhiloxMul0, kMul1 = shared::kPhiloxMul1;
+    constexpr uint32_t kWeyl0 = shared::kPhiloxWeyl0, kWeyl1 = shared::kPhiloxWeyl1;
     for (int round = 0; round < 10; ++round) {
         const uint64_t p0 = uint64_t(kMul0) * c[0];
         const uint64_t p1 = uint64_t(kMul1) * c[2];
@@ -27,13 +30,12 @@ inline PhiloxCounter philox4x32_10(PhiloxCounter c, PhiloxKey k) {
 }
 
 // Independent random streams. Draft sampling and residual resampling must never
-// share noise (DESIGN §6), so every use salts the counter with its own stream id.
+// share noise, so every use salts the counter with its own stream id (device_abi.h).
 enum class RandomStream : uint32_t {
-    kSample =
-        1,  // standalone sampling (sample_token's default); plain decoding is a step with γ = 0
-    kDraft = 2,     // draft-token sampling inside a speculative step
-    kAccept = 3,    // the uniforms of the acceptance test
-    kResidual = 4,  // the residual / bonus-token draw
+    kSample = shared::kStreamSample,  // sample_token's default; plain decoding is a step with γ = 0
+    kDraft = shared::kStreamDraft,
+    kAccept = shared::kStreamAccept,
+    kResidual = shared::kStreamResidual,
 };
 
 // One uniform in the open interval (0, 1): 23 random bits centred in their
@@ -41,7 +43,7 @@ enum class RandomStream : uint32_t {
 // race cannot be won by a zero-length draw). Exactly representable in fp32, so
 // every backend computes the same float from the same word.
 inline float uniform_from_bits(uint32_t bits) {
-    return (float(bits >> 9) + 0.5f) * 0x1.0p-23f;
+    return (float(bits >> 9) + 0.5f) * std::bit_cast<float>(shared::kBitsTwoToMinus23);
 }
 
 // The uniform for (seed, stream, step, row, element). Each backend evaluates exactly this.

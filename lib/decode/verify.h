@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 
+#include "core/device_abi.h"
 #include "decode/sampling.h"
 
 namespace specula {
@@ -38,7 +39,7 @@ VerifyResult verify(std::span<const float> target_logits, std::span<const float>
                     uint32_t row_offset = 0);
 
 // Sequence b of a batch of verifications draws its noise at rows offset by b * 256.
-constexpr uint32_t kVerifyRowsPerSequence = 256;
+constexpr uint32_t kVerifyRowsPerSequence = shared::kVerifyRowsPerSequence;
 
 // The non-exact sigmoid variant (Wagner et al. 2024, §3.2.2), opt-in. It replaces the
 // softmax of both models by the element-wise p̂(x) = σ((z(x)/T - alpha) / (beta - alpha)),

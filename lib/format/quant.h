@@ -6,24 +6,25 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/device_abi.h"
 #include "format/gguf.h"
 
 namespace specula {
 
-constexpr int kQ8_0BlockSize = 32;
-constexpr int kQ4_0BlockSize = 32;
+constexpr int kQ8_0BlockSize = int(shared::kBlockWeights);
+constexpr int kQ4_0BlockSize = int(shared::kBlockWeights);
 
 struct BlockQ8_0 {
     uint16_t scale;  // fp16
     int8_t quants[kQ8_0BlockSize];
 };
-static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ8_0) == shared::kQ8_0BlockBytes);
 
 struct BlockQ4_0 {
     uint16_t scale;                      // fp16
     uint8_t quants[kQ4_0BlockSize / 2];  // element j in the low nibble of byte j, j+16 in the high
 };
-static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_0) == shared::kQ4_0BlockBytes);
 
 // Whether the runtime can compute with this weight type.
 bool is_runnable_weight_type(GgmlType type);

@@ -13,6 +13,7 @@
 
 #include "backend/vulkan/shaders.h"
 #include "core/detmath.h"
+#include "core/device_abi.h"
 #include "core/log.h"
 #include "platform/vulkan_loader.h"
 
@@ -787,11 +788,10 @@ class VulkanBackend final : public Backend {
                                     " tokens are not supported on the device"));
         const bool greedy = a.sampling.greedy();
         const auto gamma = uint32_t(a.gamma), batch = uint32_t(a.batch);
-        const uint32_t rows_per_seq = greedy ? gamma + 1 : 2 * gamma + 1;
+        const uint32_t rows_per_seq = shared::verify_rows_per_sequence(gamma, greedy);
         const uint32_t rows = batch * rows_per_seq;
-        const uint32_t tiles = (V + det::kTile - 1) / det::kTile;
-        const size_t words =
-            size_t(3) * rows * tiles + size_t(4) * rows + batch + size_t(4) * batch * tiles;
+        const uint32_t tiles = shared::verify_tiles(V);
+        const size_t words = shared::verify_scratch_words(rows, tiles, batch);
         if (!verify_scratch_ || verify_scratch_->size() < words * 4) {
             // A replaced buffer is buried until the device is idle, so recorded passes keep it.
             verify_scratch_.reset();
@@ -816,23 +816,24 @@ class VulkanBackend final : public Backend {
         pc.u[9] = uint32_t(a.sampling.seed);
         pc.u[10] = uint32_t(a.sampling.seed >> 32);
         const bool filtered = a.sampling.filtered(int(V));
-        pc.u[11] = (greedy ? 1u : 0u) | (a.result.buffer ? 2u : 0u) | (a.token.buffer ? 4u : 0u) |
-                   (filtered ? 8u : 0u);
+        pc.u[11] = (greedy ? shared::kVerifyFlagGreedy : 0u) |
+                   (a.result.buffer ? shared::kVerifyFlagWriteResult : 0u) |
+                   (a.token.buffer ? shared::kVerifyFlagWriteToken : 0u) |
+                   (filtered ? shared::kVerifyFlagFiltered : 0u);
         pc.f[0] = a.sampling.inv_temperature();
         pc.f[1] = a.sampling.nucleus();
         const Bound bound = {&a.target, &a.draft, &a.drafts, &scratch, &a.result, &a.token};
-        enum Mode : uint32_t { kTileMax, kTileSum, kRowNorm, kAccept, kRace, kFinish, kRowMax };
-        auto pass = [&](Mode mode, uint32_t groups) {
-            dispatch("decode", bound, kWritesAll, pc, groups, {det::kLanes, mode, 0});
+        auto pass = [&](uint32_t mode, uint32_t groups) {
+            dispatch("decode", bound, kWritesAll, pc, groups, {shared::kDetLanes, mode, 0});
         };
-        pass(kTileMax, rows * tiles);
-        if (greedy) return pass(kAccept, batch);
-        pass(kRowMax, rows);
-        if (!filtered) pass(kTileSum, rows * tiles);
-        pass(kRowNorm, rows);
-        pass(kAccept, batch);
-        pass(kRace, batch * tiles);
-        pass(kFinish, batch);
+        pass(shared::kVerifyPassTileMax, rows * tiles);
+        if (greedy) return pass(shared::kVerifyPassAccept, batch);
+        pass(shared::kVerifyPassRowMax, rows);
+        if (!filtered) pass(shared::kVerifyPassTileSum, rows * tiles);
+        pass(shared::kVerifyPassRowNorm, rows);
+        pass(shared::kVerifyPassAccept, batch);
+        pass(shared::kVerifyPassRace, batch * tiles);
+        pass(shared::kVerifyPassFinish, batch);
     }
 
     // The benchmark's multi-dispatch baseline (shaders/verify_baseline.comp): two host

@@ -1,0 +1,129 @@
+// What the host code, the CUDA kernels and the GLSL shaders must agree on,
+// written once: random stream ids, the canonical-sum geometry and the bits of the
+// deterministic math's constants, the verify scratch layout and the weight block
+// layouts. C++ and CUDA include this file; glslc includes it into every shader
+// (shaders/common.glsl, -I lib/core). It is written in the subset of C++ and GLSL
+// that both read: `uint` values with a `u` suffix, and functions over `uint`.
+#ifndef SPECULA_DEVICE_ABI_H
+#define SPECULA_DEVICE_ABI_H
+
+#if defined(__cplusplus)
+#include <cstdint>
+#if defined(__CUDACC__)
+#define SPECULA_ABI_FN __host__ __device__ inline constexpr
+#else
+#define SPECULA_ABI_FN inline constexpr
+#endif
+#define SPECULA_ABI_UINT(name, value) inline constexpr uint name = value;
+namespace specula::shared {
+using uint = uint32_t;
+#else
+#define SPECULA_ABI_FN
+#define SPECULA_ABI_UINT(name, value) const uint name = value;
+#endif
+
+// Philox streams: every use of noise salts its counter with its own id, so draft
+// sampling, the acceptance test and the residual draw never share noise.
+SPECULA_ABI_UINT(kStreamSample, 1u)    // standalone sampling; plain decoding is a step with γ = 0
+SPECULA_ABI_UINT(kStreamDraft, 2u)     // draft tokens inside a speculative step
+SPECULA_ABI_UINT(kStreamAccept, 3u)    // the uniforms of the acceptance test
+SPECULA_ABI_UINT(kStreamResidual, 4u)  // the residual / bonus-token draw
+
+// Philox4x32-10's multipliers and key increments.
+SPECULA_ABI_UINT(kPhiloxMul0, 0xD2511F53u)
+SPECULA_ABI_UINT(kPhiloxMul1, 0xCD9E8D57u)
+SPECULA_ABI_UINT(kPhiloxWeyl0, 0x9E3779B9u)
+SPECULA_ABI_UINT(kPhiloxWeyl1, 0xBB67AE85u)
+SPECULA_ABI_UINT(kBitsTwoToMinus23, 0x34000000u)  // a uniform's scale: 23 random bits
+
+// Canonical sums: tiles of kDetLanes * kDetLaneItems elements, each summed as kDetLanes lane
+// partials and a halving tree over the lanes (a GPU workgroup of kDetLanes threads).
+SPECULA_ABI_UINT(kDetLanes, 256u)
+SPECULA_ABI_UINT(kDetLaneItems, 16u)
+SPECULA_ABI_UINT(kDetTile, kDetLanes* kDetLaneItems)
+SPECULA_ABI_UINT(kDetMaxVocab, kDetTile* kDetLanes)  // the tile sums of a row fit one tree
+
+// The deterministic math's constants by their bits, so no compiler parses them differently.
+SPECULA_ABI_UINT(kBitsExpCutoff, 0xC2200000u)  // -40: e^x is 0 below
+SPECULA_ABI_UINT(kBitsLog2E, 0x3FB8AA3Bu)      // 1.44269504
+SPECULA_ABI_UINT(kBitsLn2Hi, 0x3F317200u)      // 0.693145752, 16 bits
+SPECULA_ABI_UINT(kBitsLn2Lo, 0x35BFBE8Eu)      // 1.42860677e-6
+SPECULA_ABI_UINT(kBitsSqrt2, 0x3FB504F3u)      // 1.41421354
+SPECULA_ABI_UINT(kBitsInv7Fact, 0x39500D01u)   // e^r's Taylor coefficients 1/7! .. 1/2!
+SPECULA_ABI_UINT(kBitsInv6Fact, 0x3AB60B61u)
+SPECULA_ABI_UINT(kBitsInv5Fact, 0x3C088889u)
+SPECULA_ABI_UINT(kBitsInv4Fact, 0x3D2AAAABu)
+SPECULA_ABI_UINT(kBitsInv3Fact, 0x3E2AAAABu)
+SPECULA_ABI_UINT(kBitsInv2Fact, 0x3F000000u)
+SPECULA_ABI_UINT(kBitsInv11, 0x3DBA2E8Cu)  // log's atanh series 1/11 .. 1/3
+SPECULA_ABI_UINT(kBitsInv9, 0x3DE38E39u)
+SPECULA_ABI_UINT(kBitsInv7, 0x3E124925u)
+SPECULA_ABI_UINT(kBitsInv5, 0x3E4CCCCDu)
+SPECULA_ABI_UINT(kBitsInv3, 0x3EAAAAABu)
+SPECULA_ABI_UINT(kRecipMagic, 0x7EF311C3u)     // the reciprocal's first guess: magic - bits(z)
+SPECULA_ABI_UINT(kBitsRaceSlack, 0x3F7FBE77u)  // 0.999: a race draw that cannot win is skipped
+
+// Verification of a batch: sequence b draws its noise at rows b * kVerifyRowsPerSequence + c.
+SPECULA_ABI_UINT(kVerifyRowsPerSequence, 256u)
+
+// The verify passes (shaders/decode.comp's MODE, recorded in this order by the host: tile max,
+// row max, tile sum (unfiltered rows), row norm, accept, race, finish; greedy: tile max, accept)
+// and the flags the host passes them.
+SPECULA_ABI_UINT(kVerifyPassTileMax, 0u)
+SPECULA_ABI_UINT(kVerifyPassTileSum, 1u)
+SPECULA_ABI_UINT(kVerifyPassRowNorm, 2u)
+SPECULA_ABI_UINT(kVerifyPassAccept, 3u)
+SPECULA_ABI_UINT(kVerifyPassRace, 4u)
+SPECULA_ABI_UINT(kVerifyPassFinish, 5u)
+SPECULA_ABI_UINT(kVerifyPassRowMax, 6u)
+SPECULA_ABI_UINT(kVerifyFlagGreedy, 1u)
+SPECULA_ABI_UINT(kVerifyFlagWriteResult, 2u)
+SPECULA_ABI_UINT(kVerifyFlagWriteToken, 4u)
+SPECULA_ABI_UINT(kVerifyFlagFiltered, 8u)  // top-k or top-p cuts the row
+
+// The verify passes' scratch, in 32-bit words, for `rows` logits rows (target and draft rows
+// of every sequence) of `tiles` tiles each and `batch` sequences:
+//   tile maxima, tile arg-maxima, tile sums (rows x tiles each), four words of row norm per
+//   row, one accepted count per sequence, four words of race state per sequence and tile.
+SPECULA_ABI_FN uint verify_rows_per_sequence(uint gamma, bool greedy) {
+    return greedy ? gamma + 1u : 2u * gamma + 1u;
+}
+SPECULA_ABI_FN uint verify_tiles(uint n_vocab) {
+    return (n_vocab + kDetTile - 1u) / kDetTile;
+}
+SPECULA_ABI_FN uint verify_tile_max_word(uint tiles, uint r, uint j) {
+    return r * tiles + j;
+}
+SPECULA_ABI_FN uint verify_tile_arg_word(uint rows, uint tiles, uint r, uint j) {
+    return (rows + r) * tiles + j;
+}
+SPECULA_ABI_FN uint verify_tile_sum_word(uint rows, uint tiles, uint r, uint j) {
+    return (2u * rows + r) * tiles + j;
+}
+SPECULA_ABI_FN uint verify_norm_word(uint rows, uint tiles, uint r) {
+    return 3u * rows * tiles + 4u * r;
+}
+SPECULA_ABI_FN uint verify_accepted_word(uint rows, uint tiles, uint b) {
+    return 3u * rows * tiles + 4u * rows + b;
+}
+SPECULA_ABI_FN uint verify_race_word(uint rows, uint tiles, uint batch, uint b, uint j) {
+    return 3u * rows * tiles + 4u * rows + batch + 4u * (b * tiles + j);
+}
+SPECULA_ABI_FN uint verify_scratch_words(uint rows, uint tiles, uint batch) {
+    return verify_race_word(rows, tiles, batch, batch, 0u);
+}
+
+// Weight blocks as GGUF stores them: every type is read in blocks of kBlockWeights weights
+// (F32 and F16 too); Q8_0 and Q4_0 blocks begin with an fp16 scale (kBlockScaleBytes).
+SPECULA_ABI_UINT(kBlockWeights, 32u)
+SPECULA_ABI_UINT(kBlockScaleBytes, 2u)
+SPECULA_ABI_UINT(kF32BlockBytes, 128u)
+SPECULA_ABI_UINT(kF16BlockBytes, 64u)
+SPECULA_ABI_UINT(kQ8_0BlockBytes, 34u)
+SPECULA_ABI_UINT(kQ4_0BlockBytes, 18u)
+
+#if defined(__cplusplus)
+}  // namespace specula::shared
+#endif
+#undef SPECULA_ABI_UINT
+#endif
