@@ -192,10 +192,7 @@ class CudaBackend final : public Backend {
     }
     void copy(const Tensor& src, const Tensor& dst) override {
         select();
-        if (dst.type == GgmlType::kF16)
-            cuda::copy_f16(stream_, dev(src), src.cols * src.rows, dev<uint16_t>(dst));
-        else
-            cuda::copy_f32(stream_, dev(src), src.cols * src.rows, dev(dst));
+        cuda::copy_f32(stream_, dev(src), src.cols * src.rows, dev(dst));
         check(cudaGetLastError(), "copy");
     }
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
@@ -212,12 +209,6 @@ class CudaBackend final : public Backend {
         cuda::silu_mul(stream_, dev(gate), dev(up), gate.cols * gate.rows, dev(out));
         check(cudaGetLastError(), "silu_mul");
     }
-    void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
-        select();
-        cuda::add(stream_, dev(a), dev(b), a.cols * a.rows, dev(out));
-        check(cudaGetLastError(), "add");
-    }
-
     void verify(const VerifyArgs& a) override {
         cuda::DecodeLaunch d;
         d.target = dev(a.target);

@@ -21,11 +21,9 @@ bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t ou
 void rope(cudaStream_t s, float* x, int64_t cols, int64_t rows, const int32_t* positions,
           const float* table, int head_dim, int n_rot);
 void copy_f32(cudaStream_t s, const float* src, int64_t n, float* dst);
-void copy_f16(cudaStream_t s, const float* src, int64_t n, uint16_t* dst);
 void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
                int n_head, int n_head_kv, int head_dim, float scale, int pos0);
 void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out);
-void add(cudaStream_t s, const float* a, const float* b, int64_t n, float* out);
 
 // The verify passes of shaders/decode.comp. Pointers are null when unused;
 // scratch holds decode_scratch_words() 32-bit words.

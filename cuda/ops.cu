@@ -283,15 +283,6 @@ __global__ void silu_mul_kernel(const float* g, const float* u, int64_t n, float
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
-__global__ void add_kernel(const float* a, const float* b, int64_t n, float* out) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a[i] + b[i];
-}
-__global__ void copy_f16_kernel(const float* src, int64_t n, __half* dst) {
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = __float2half_rn(src[i]);
-}
-
 unsigned blocks(int64_t n, int per) {
     return unsigned((n + per - 1) / per);
 }
@@ -388,9 +379,6 @@ void rope(cudaStream_t s, float* x, int64_t cols, int64_t rows, const int32_t* p
 void copy_f32(cudaStream_t s, const float* src, int64_t n, float* dst) {
     cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, s);
 }
-void copy_f16(cudaStream_t s, const float* src, int64_t n, uint16_t* dst) {
-    copy_f16_kernel<<<blocks(n, 256), 256, 0, s>>>(src, n, reinterpret_cast<__half*>(dst));
-}
 
 void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
                int n_head, int n_head_kv, int head_dim, float scale, int pos0) {
@@ -401,8 +389,4 @@ void attention(cudaStream_t s, const float* q, const float* k, const float* v, f
 void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out) {
     silu_mul_kernel<<<blocks(n, 256), 256, 0, s>>>(gate, up, n, out);
 }
-void add(cudaStream_t s, const float* a, const float* b, int64_t n, float* out) {
-    add_kernel<<<blocks(n, 256), 256, 0, s>>>(a, b, n, out);
-}
-
 }  // namespace specula::cuda

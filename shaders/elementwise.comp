@@ -1,6 +1,6 @@
 #version 450
 // Element-wise ops over u0 floats, chosen by u1:
-//   0: out = a + b      1: out = silu(a) * b      2: out = a (copy)
+//   1: out = silu(a) * b      2: out = a (copy)
 //   binding 0: a, 1: b, 2: out
 #include "common.glsl"
 
@@ -11,9 +11,7 @@ void main() {
     if (i >= pc.u0) return;
     const float a = uintBitsToFloat(b0[pc.off0 / 4u + i]);
     float r;
-    if (pc.u1 == 0u) {
-        r = a + uintBitsToFloat(b1[pc.off1 / 4u + i]);
-    } else if (pc.u1 == 1u) {
+    if (pc.u1 == 1u) {
         r = silu_times(a, uintBitsToFloat(b1[pc.off1 / 4u + i]));
     } else {
         r = a;

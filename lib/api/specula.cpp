@@ -32,7 +32,6 @@ struct specula_model {
 
 struct specula_session {
     specula_model* model = nullptr;
-    specula_session_params params{};
     std::unique_ptr<LlamaContext> target, draft;
     std::unique_ptr<Generator> generator;
     specula_session_stats stats{};  // the prompt and timing part; the rest comes from the generator
@@ -385,7 +384,6 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         std::lock_guard turn(model->backend->turn);
         auto s = std::make_unique<specula_session>();
         s->model = model;
-        s->params = p;
         const int n_ctx = p.n_ctx > 0 ? int(std::min<uint32_t>(p.n_ctx, 1u << 24))
                                       : model->impl->config().n_ctx_train;
         constexpr int kMaxBatch = 64;

@@ -142,18 +142,16 @@ class Backend {
     // rotation alike).
     virtual void matmul_rope(const Tensor& w, const MatmulInput& x, const Tensor& out,
                              const Rope& rope);
-    // dst = src converted to dst's type (F32 or F16), same shape.
+    // dst = src (F32), same shape.
     virtual void copy(const Tensor& src, const Tensor& dst) = 0;
     // Causal grouped-query attention. q: n rows of n_head*head_dim; k_cache, v_cache: context
-    // rows of n_head_kv*head_dim (F32 or F16) where rows [0, pos0 + n) are valid; query row i
+    // rows of n_head_kv*head_dim (F32) where rows [0, pos0 + n) are valid; query row i
     // sits at position pos0 + i and sees keys 0..pos0+i. out: n rows like q.
     virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                            const Tensor& out, int n_head, int n_head_kv, int head_dim, float scale,
                            int pos0) = 0;
     // out = silu(gate) * up, element-wise.
     virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
-    // out = a + b, element-wise (out may alias a).
-    virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
     // See VerifyArgs. The vocabulary size is target.cols (at most det::kMaxVocab).
     virtual void verify(const VerifyArgs& args) = 0;
 

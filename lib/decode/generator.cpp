@@ -181,8 +181,6 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
     stats_.accepted += uint64_t(n_accepted);
     stats_.emitted += emitted.size();
     stats_.last_gamma = gamma;
-    stats_.draft_calls += uint64_t(gamma);
-    ++stats_.target_calls;
     ++stats_.steps;
     ++step_;
     // Each probe that plain decoding still wins after waits twice as long for the next.

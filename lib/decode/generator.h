@@ -30,8 +30,6 @@ enum class GammaPolicy {
 
 struct GeneratorStats {
     uint64_t steps = 0;
-    uint64_t target_calls = 0;  // target forwards (prompt chunks excluded)
-    uint64_t draft_calls = 0;
     uint64_t drafted = 0;
     uint64_t evaluated = 0;  // drafts the target judged: the accepted ones, plus one per rejection
     uint64_t accepted = 0;

@@ -172,14 +172,7 @@ class CpuBackend final : public Backend {
     }
 
     void copy(const Tensor& src, const Tensor& dst) override {
-        const int64_t n = src.cols * src.rows;
-        if (dst.type == GgmlType::kF16) {
-            auto* d = reinterpret_cast<uint16_t*>(bytes_of(dst));
-            for (int64_t i = 0; i < n; ++i)
-                d[i] = float_to_half(f32(src)[i]);
-        } else {
-            std::memcpy(bytes_of(dst), bytes_of(src), size_t(n) * sizeof(float));
-        }
+        std::memcpy(bytes_of(dst), bytes_of(src), size_t(src.cols * src.rows) * sizeof(float));
     }
 
     void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
@@ -189,19 +182,17 @@ class CpuBackend final : public Backend {
         parallel_for(size_t(q.rows) * size_t(n_head_kv),
                      size_t(head_dim) * size_t(pos0 + q.rows) * 2 * size_t(group),
                      [&](size_t begin, size_t end) {
-                         thread_local std::vector<float> scores, keys, values;
+                         thread_local std::vector<float> scores;
                          for (size_t job = begin; job < end; ++job) {
                              const int64_t i = int64_t(job) / n_head_kv;
                              const int kv_head = int(job % size_t(n_head_kv));
                              const int n_keys = pos0 + int(i) + 1;
                              scores.resize(size_t(group) * size_t(n_keys));
-                             const float* k = head_rows(k_cache, kv_head, n_keys, head_dim, keys);
-                             const float* v = head_rows(v_cache, kv_head, n_keys, head_dim, values);
-                             const int64_t k_stride = k == keys.data() ? head_dim : k_cache.cols;
-                             const int64_t v_stride = v == values.data() ? head_dim : v_cache.cols;
-                             const int64_t first = int64_t(kv_head) * group * head_dim;
-                             cpu::attend(row_f32(q, i) + first, group, k, k_stride, v, v_stride,
-                                         n_keys, head_dim, scale, scores.data(),
+                             const int64_t head = int64_t(kv_head) * head_dim;
+                             const int64_t first = head * group;
+                             cpu::attend(row_f32(q, i) + first, group, f32(k_cache) + head,
+                                         k_cache.cols, f32(v_cache) + head, v_cache.cols, n_keys,
+                                         head_dim, scale, scores.data(),
                                          f32(out) + i * out.cols + first);
                          }
                      });
@@ -230,12 +221,6 @@ class CpuBackend final : public Backend {
                     g[r] = silu_times(g[r], u[r]);
             }
         });
-    }
-
-    void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
-        const int64_t n = a.cols * a.rows;
-        for (int64_t i = 0; i < n; ++i)
-            f32(out)[i] = f32(a)[i] + f32(b)[i];
     }
 
     // Ops run as they are recorded, so the host clock is the device clock.
@@ -283,20 +268,6 @@ class CpuBackend final : public Backend {
             p[1] = a * s + b * c;
         }
     }
-    // The first n rows of a cache head as floats: in place (rows cache.cols apart) for an F32
-    // cache, else converted into scratch (rows head_dim apart).
-    static const float* head_rows(const Tensor& cache, int head, int n, int head_dim,
-                                  std::vector<float>& scratch) {
-        const size_t offset = size_t(head * head_dim) * type_bytes(cache.type);
-        if (cache.type == GgmlType::kF32)
-            return reinterpret_cast<const float*>(bytes_of(cache) + offset);
-        scratch.resize(size_t(n) * size_t(head_dim));
-        for (int t = 0; t < n; ++t)
-            cpu::decode_row(cache.type, bytes_of(cache) + size_t(t) * cache.row_bytes() + offset,
-                            head_dim, scratch.data() + size_t(t) * size_t(head_dim));
-        return scratch.data();
-    }
-    static size_t type_bytes(GgmlType t) { return t == GgmlType::kF16 ? 2 : 4; }
 
     static cpu::MatmulArgs matmul_args(const Tensor& w, const Tensor& x, const Tensor& out,
                                        Accumulate accumulate) {

@@ -777,9 +777,6 @@ class VulkanBackend final : public Backend {
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
         elementwise(1, gate, up, out);
     }
-    void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
-        elementwise(0, a, b, out);
-    }
 
     void verify(const VerifyArgs& a) override {
         const auto V = uint32_t(a.target.cols);
