@@ -85,6 +85,13 @@ class CudaBackend final : public Backend {
 
     const specula_device_info& info() const override { return info_; }
 
+    uint64_t available_memory() const override {
+        size_t free = 0, total = 0;
+        if (cudaSetDevice(device_) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess)
+            return 0;
+        return free;
+    }
+
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
         SPECULA_TRY(usable());
         SPECULA_TRY(on_device());

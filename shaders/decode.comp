@@ -1,7 +1,8 @@
 #version 450
-// Sampling and speculative verification on the device (DESIGN §6), one pass per
-// MODE; the host records them in order (VulkanBackend::verify). The arithmetic is
-// that of lib/decode/sampling.cpp and verify.cpp, bit for bit.
+// Sampling and speculative verification on the device (docs/DESIGN.md, "Sampling and
+// random numbers"), one pass per MODE; the host records them in order
+// (VulkanBackend::verify). The arithmetic is that of lib/sampling/sampling.cpp and
+// verify.cpp, bit for bit.
 //
 //   binding 0: target logits, batch * (gamma + 1) rows of V    1: draft logits, batch * gamma rows
 //   binding 2: drafts (I32)    3: scratch    4: result (I32)    5: token (I32)
@@ -66,7 +67,7 @@ bool in_cut(uint key, uint x, uint cut_key, uint cut_id) {
     return key > cut_key || (key == cut_key && x <= cut_id);
 }
 
-// p(x) of row r (decode/sampling.cpp: processed_prob).
+// p(x) of row r (sampling/sampling.cpp: processed_prob).
 float prob(uint r, uint x) {
     const uint at = norm_at(r);
     const float s = scaled(r, x);

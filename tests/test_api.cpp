@@ -304,6 +304,36 @@ TEST_F(Api, ContextFullIsReported) {
     specula_session_free(s);
 }
 
+// A context larger than the backend can hold is refused before anything is allocated (with
+// overcommit, allocating it layer by layer got the process killed); one beyond the training
+// context (128 here) works with a warning; the model serves sessions afterwards.
+TEST_F(Api, HugeContextsAreOutOfMemoryAndLongOnesAreWarned) {
+    std::vector<std::string> warnings;
+    specula_set_log_callback(
+        [](specula_log_level level, const char* m, void* user) {
+            if (level >= SPECULA_LOG_WARN)
+                static_cast<std::vector<std::string>*>(user)->push_back(m);
+        },
+        &warnings);
+    specula_session_params sp = specula_session_default_params();
+    specula_session* s = nullptr;
+    for (uint32_t n_ctx : {1u << 30, 0xFFFFFFFFu}) {
+        sp.n_ctx = n_ctx;
+        EXPECT_EQ(specula_session_create(model, &sp, &s), SPECULA_ERR_OUT_OF_MEMORY) << n_ctx;
+        EXPECT_EQ(s, nullptr);
+        EXPECT_NE(std::string(specula_last_error()).find("MiB"), std::string::npos);
+    }
+    EXPECT_TRUE(warnings.empty());
+    sp.n_ctx = 512;
+    ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
+    specula_set_log_callback(nullptr, nullptr);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find("training context of 128"), std::string::npos) << warnings[0];
+    const auto ids = tokenize("Hi");
+    EXPECT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
+    specula_session_free(s);
+}
+
 TEST_F(Api, BadFilesFailCleanlyAndLeaveLoadedModelsWorking) {
     const auto good = read_bytes(model_path());
     specula_model* m = nullptr;

@@ -32,7 +32,8 @@ const std::vector<int32_t> kTokens = {1, 15043, 3186, 29892, 920, 526, 366, 2997
 
 class WeightTypeTest : public ::testing::TestWithParam<GgmlType> {};
 
-// DESIGN §4: a position's logits are bit-identical whether it was computed alone or in a batch.
+// docs/DESIGN.md "Batch invariance": a position's logits are bit-identical whether it was computed
+// alone or in a batch.
 TEST_P(WeightTypeTest, BatchInvariance) {
     Loaded l = load(GetParam());
     ASSERT_TRUE(l.model);

@@ -59,7 +59,8 @@ TEST_P(ModelOnBackend, LogitsMatchTheCpu) {
         << "max |gpu - cpu| " << max_err << " of max |cpu| " << max_ref;
 }
 
-// DESIGN §4 on the device: a position's logits are bit-identical alone and in a batch.
+// docs/DESIGN.md "Batch invariance" on the device: a position's logits are bit-identical alone and
+// in a batch.
 TEST_P(ModelOnBackend, BatchInvariance) {
     SPECULA_BACKEND_OR_SKIP(gpu, GetParam().kind);
     auto m = load(*gpu, model_file(GetParam().type));

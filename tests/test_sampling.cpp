@@ -3,7 +3,7 @@
 #include <cmath>
 #include <functional>
 
-#include "decode/sampling.h"
+#include "sampling/sampling.h"
 
 using namespace specula;
 

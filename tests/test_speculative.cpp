@@ -15,8 +15,8 @@
 
 #include "backend_util.h"
 #include "decode/generator.h"
-#include "decode/verify.h"
 #include "models/llama.h"
+#include "sampling/verify.h"
 #include "specula.h"
 #include "test_util.h"
 

@@ -1,7 +1,7 @@
 // The device verify and sampling passes against the cpu reference: the same
-// logits and seed must give the same n and tokens, bit for bit (DESIGN §6), over
-// vocabulary sizes that are and are not multiples of the tile, every sampling
-// mode, γ from 0 (plain sampling) to 16, batches, ties and -inf logits.
+// logits and seed must give the same n and tokens, bit for bit (docs/DESIGN.md "Sampling and random
+// numbers"), over vocabulary sizes that are and are not multiples of the tile, every sampling mode,
+// γ from 0 (plain sampling) to 16, batches, ties and -inf logits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend_util.h"
-#include "decode/verify.h"
+#include "sampling/verify.h"
 
 using namespace specula;
 

@@ -6,7 +6,7 @@
 //                ratios, host readback of the acceptances, residual row,
 //                normalisation, inverse-CDF sample): two host waits
 //   readback     the logits rows copied to the host and verified there by the cpu
-//                reference (decode/verify.cpp)
+//                reference (sampling/verify.cpp)
 // Logits are random; the draft rows are the target rows plus noise.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "decode/verify.h"
+#include "sampling/verify.h"
 #ifdef SPECULA_HAVE_VULKAN
 #include "backend/vulkan/vulkan_backend.h"
 #endif

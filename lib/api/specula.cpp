@@ -126,8 +126,13 @@ const char* specula_status_name(specula_status status) {
     return "SPECULA_ERR_UNKNOWN";
 }
 
+#define SPECULA_STRINGIZE(x) #x
+#define SPECULA_VERSION_STRING(a, b, c) \
+    SPECULA_STRINGIZE(a) "." SPECULA_STRINGIZE(b) "." SPECULA_STRINGIZE(c)
+
 const char* specula_version(void) {
-    return "0.1.0";
+    return SPECULA_VERSION_STRING(SPECULA_VERSION_MAJOR, SPECULA_VERSION_MINOR,
+                                  SPECULA_VERSION_PATCH);
 }
 
 void specula_set_log_callback(specula_log_fn callback, void* user_data) {
@@ -269,7 +274,7 @@ specula_status specula_model_get_info(const specula_model* model, specula_model_
         const LlamaModel& m = *model->impl;
         const LlamaConfig& c = m.config();
         *info = specula_model_info{};
-        copy_string(info->architecture, "llama");
+        copy_string(info->architecture, LlamaModel::kArchitecture);
         copy_string(info->name, m.name());
         copy_string(info->tokenizer, m.tokenizer().kind_name());
         info->n_vocab = c.n_vocab;
@@ -384,8 +389,7 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         std::lock_guard turn(model->backend->turn);
         auto s = std::make_unique<specula_session>();
         s->model = model;
-        const int n_ctx = p.n_ctx > 0 ? int(std::min<uint32_t>(p.n_ctx, 1u << 24))
-                                      : model->impl->config().n_ctx_train;
+        const int64_t n_ctx = p.n_ctx > 0 ? int64_t(p.n_ctx) : model->impl->config().n_ctx_train;
         constexpr int kMaxBatch = 64;
         SPECULA_TRY(LlamaContext::create(*model->impl, n_ctx, kMaxBatch, &s->target));
         if (p.draft != nullptr) {

@@ -110,7 +110,7 @@ Status create_backend(const specula_backend_params& params, std::unique_ptr<Back
             *out = create_cpu_backend(params.n_threads);
             return Status::Ok();
         case SPECULA_BACKEND_AUTO: {
-            // CUDA on NVIDIA, then Vulkan (a GPU or, failing that, a software device), then
+            // CUDA on NVIDIA, then a Vulkan GPU (software devices are skipped, below), then
             // the cpu backend.
 #ifdef SPECULA_HAVE_CUDA
             specula_backend_params cu = params;

@@ -1,4 +1,4 @@
-// The one interface every backend implements (DESIGN §4). Model code records a
+// The one interface every backend implements (docs/DESIGN.md "Backends"). Model code records a
 // forward pass as a sequence of ops on tensors and calls flush() once; the cpu
 // backend runs each op as it is recorded, a GPU backend appends it to one
 // command buffer and submits on flush().
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "core/status.h"
-#include "decode/sampling.h"
 #include "format/gguf.h"
+#include "sampling/sampling.h"
 #include "specula.h"
 
 namespace specula {
@@ -42,8 +42,8 @@ struct Tensor {
     Tensor row_range(int64_t first, int64_t count) const;
 };
 
-// Speculative verification of `batch` sequences on the device (DESIGN §6), the
-// arithmetic of decode/verify.h's verify() bit for bit. With gamma = 0 it samples
+// Speculative verification of `batch` sequences on the device (docs/DESIGN.md "Sampling and random
+// numbers"), the arithmetic of sampling/verify.h's verify() bit for bit. With gamma = 0 it samples
 // one token per sequence from its single target row, which is how drafts are
 // drawn on the device without a host round trip.
 struct VerifyArgs {
@@ -67,6 +67,10 @@ class Backend {
     virtual ~Backend() = default;
 
     virtual const specula_device_info& info() const = 0;
+    // Bytes this backend can still allocate, as far as it can tell (0: unknown). What a large
+    // allocation made of many buffers (a context's caches) needs is checked against it first,
+    // since on a host that overcommits, each buffer succeeds and touching them kills the process.
+    virtual uint64_t available_memory() const = 0;
 
     // Device memory for activations and caches, zero-filled.
     virtual Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) = 0;
@@ -113,10 +117,10 @@ class Backend {
     // returns x with the norm pending (out is then its scratch).
     virtual MatmulInput normed(const Tensor& x, const Tensor& weight, float eps, const Tensor& out);
     // out[i][r] = dot(w[r], x[i]), or with Accumulate::kYes out[i][r] += dot(w[r], x[i]) (the
-    // same single addition as add(), so a residual add needs no op of its own): w is
+    // same single rounded addition per element, so a residual add needs no op of its own): w is
     // (out_features rows x in_features cols) of any weight type, x is (n x in_features), out
     // (n x out_features). The result of a row does not depend on n (batch invariance,
-    // DESIGN §4).
+    // docs/DESIGN.md, "Batch invariance").
     enum class Accumulate : bool { kNo, kYes };
     virtual void matmul(const Tensor& w, const MatmulInput& x, const Tensor& out,
                         Accumulate accumulate) = 0;

@@ -1,4 +1,5 @@
-// Deterministic float math for sampling and verification (DESIGN §6).
+// Deterministic float math for sampling and verification (docs/DESIGN.md "Sampling and random
+// numbers").
 //
 // The same logits and seed must give the same tokens on every backend, but
 // GPU exp/log/division are not correctly rounded and drivers reorder sums.

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "decode/verify.h"
+#include "sampling/verify.h"
 
 namespace specula {
 
@@ -209,9 +209,9 @@ Status Generator::device_buffers(int n_vocab) {
 }
 
 // The whole step is recorded for the device and waited for once, when its n and
-// tokens are read back (DESIGN §5): the draft samples each token on the device and
-// writes it straight into the target's input ids, from where the next draft forward
-// also reads it; the draft rows stay on the device for the verify passes.
+// tokens are read back (docs/DESIGN.md "Speculative decoding"): the draft samples each token on the
+// device and writes it straight into the target's input ids, from where the next draft forward also
+// reads it; the draft rows stay on the device for the verify passes.
 Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
     Backend& be = target_.model().backend();
     const int L = int(committed_.size());

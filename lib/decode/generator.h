@@ -1,8 +1,8 @@
 // Token generation for a session: plain decoding with the target alone, or
-// speculative decoding with a draft model (DESIGN §5). Both are one loop:
-// each step drafts γ tokens (γ = 0 without a draft), runs the target once on
-// the last committed token plus the drafts, verifies, commits n + 1 tokens and
-// rolls both KV caches back to what was committed.
+// speculative decoding with a draft model (docs/DESIGN.md "Speculative decoding"). Both are one
+// loop: each step drafts γ tokens (γ = 0 without a draft), runs the target once on the last
+// committed token plus the drafts, verifies, commits n + 1 tokens and rolls both KV caches back to
+// what was committed.
 #pragma once
 
 #include <array>
@@ -12,9 +12,9 @@
 #include <span>
 #include <vector>
 
-#include "decode/sampling.h"
-#include "decode/verify.h"
 #include "models/llama.h"
+#include "sampling/sampling.h"
+#include "sampling/verify.h"
 
 namespace specula {
 

@@ -8,9 +8,22 @@
 
 namespace specula {
 
+namespace {
+constexpr GgmlType kRunnableWeightTypes[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0,
+                                             GgmlType::kQ4_0};
+}  // namespace
+
 bool is_runnable_weight_type(GgmlType type) {
-    return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kQ8_0 ||
-           type == GgmlType::kQ4_0;
+    for (GgmlType t : kRunnableWeightTypes)
+        if (t == type) return true;
+    return false;
+}
+
+std::string runnable_weight_type_names() {
+    std::string names;
+    for (GgmlType t : kRunnableWeightTypes)
+        names += (names.empty() ? "" : ", ") + std::string(ggml_type_name(t));
+    return names;
 }
 
 namespace {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/device_abi.h"
 #include "format/gguf.h"
@@ -28,6 +29,8 @@ static_assert(sizeof(BlockQ4_0) == shared::kQ4_0BlockBytes);
 
 // Whether the runtime can compute with this weight type.
 bool is_runnable_weight_type(GgmlType type);
+// Their names, for messages: "F32, F16, ...".
+std::string runnable_weight_type_names();
 
 // Row conversions; n must be a multiple of the type's block size.
 void quantize_row(GgmlType type, const float* src, void* dst, size_t n);

@@ -201,7 +201,9 @@ typedef enum specula_gamma_policy {
 } specula_gamma_policy;
 
 typedef struct specula_session_params {
-    uint32_t n_ctx;    /* context length; 0 = the model's training context */
+    uint32_t n_ctx;    /* context length; 0 = the model's training context. More than the
+                        * backend can hold: SPECULA_ERR_OUT_OF_MEMORY before anything is
+                        * allocated; beyond the training context: a warning in the log */
     uint64_t seed;     /* the Philox key: same seed + same logits = same tokens on every backend */
     float temperature; /* 0 = greedy */
     int32_t top_k;     /* 0 = off */

@@ -1,9 +1,11 @@
 #include "models/llama.h"
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <numeric>
 
+#include "core/log.h"
 #include "format/quant.h"
 
 namespace specula {
@@ -36,7 +38,8 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     SPECULA_TRY(GgufFile::parse(file->bytes(), &gguf));
     std::string arch;
     SPECULA_TRY(gguf.get_string("general.architecture", &arch));
-    if (arch != "llama") return Unsupported("model architecture '" + arch + "' (supported: llama)");
+    if (arch != kArchitecture)
+        return Unsupported("model architecture '" + arch + "' (supported: " + kArchitecture + ")");
 
     std::unique_ptr<LlamaModel> m(new LlamaModel(backend));
     SPECULA_TRY(gguf.get_string("general.name", &m->name_));
@@ -94,9 +97,9 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
                                "], expected [" + std::to_string(cols) + ", " +
                                std::to_string(rows) + "]");
         if (norm ? info->type != GgmlType::kF32 : !is_runnable_weight_type(info->type))
-            return Unsupported(
-                "tensor '" + name + "' has type " + ggml_type_name(info->type) +
-                (norm ? " (norm weights must be F32)" : " (supported: F32, F16, Q8_0, Q4_0)"));
+            return Unsupported("tensor '" + name + "' has type " + ggml_type_name(info->type) +
+                               (norm ? " (norm weights must be F32)"
+                                     : " (supported: " + runnable_weight_type_names() + ")"));
         std::unique_ptr<Buffer> buffer;
         SPECULA_TRY(backend.load_weights(info->data, &buffer));
         *t = Tensor{buffer.get(), 0, info->type, cols, rows};
@@ -138,14 +141,38 @@ Status LlamaContext::allocate(Tensor* t, GgmlType type, int64_t cols, int64_t ro
     return Status::Ok();
 }
 
-Status LlamaContext::create(const LlamaModel& model, int n_ctx, int max_batch,
+Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batch,
                             std::unique_ptr<LlamaContext>* out) {
-    if (n_ctx <= 0 || n_ctx > kMaxContext) return InvalidArgument("context length out of range");
+    if (n_ctx <= 0) return InvalidArgument("context length out of range");
     if (max_batch <= 0 || max_batch > 4096) return InvalidArgument("batch size out of range");
-    std::unique_ptr<LlamaContext> ctx(new LlamaContext(model));
-    ctx->n_ctx_ = n_ctx;
-    ctx->max_batch_ = max_batch;
     const LlamaConfig& c = model.config();
+    // Every buffer below, in bytes: the caches and RoPE table per position, the activations
+    // per batch row.
+    const uint64_t per_position = uint64_t(2 * c.n_layer * c.kv_dim() + c.n_rot) * 4;
+    const uint64_t per_row = uint64_t(2 + 4 * c.n_embd + 2 * c.n_ff + c.n_vocab) * 4;
+    const uint64_t need = per_position * uint64_t(n_ctx) + per_row * uint64_t(max_batch);
+    const uint64_t available = model.backend_.available_memory();
+    constexpr double kMiB = 1024.0 * 1024.0;
+    if (available != 0 && need > available) {
+        char what[192];
+        std::snprintf(what, sizeof what,
+                      "a context of %lld tokens needs %.1f MiB; the %s backend can give %.1f MiB",
+                      static_cast<long long>(n_ctx), double(need) / kMiB,
+                      specula_backend_kind_name(model.backend_.info().kind),
+                      double(available) / kMiB);
+        return OutOfMemory(what);
+    }
+    if (n_ctx > kMaxContext)
+        return InvalidArgument("context length " + std::to_string(n_ctx) + " is above the " +
+                               std::to_string(kMaxContext) + " positions supported");
+    if (n_ctx > c.n_ctx_train)
+        log(SPECULA_LOG_WARN, "a context of " + std::to_string(n_ctx) +
+                                  " tokens exceeds the model's training context of " +
+                                  std::to_string(c.n_ctx_train) +
+                                  ": positions beyond it are untrained");
+    std::unique_ptr<LlamaContext> ctx(new LlamaContext(model));
+    ctx->n_ctx_ = int(n_ctx);
+    ctx->max_batch_ = max_batch;
     ctx->k_cache_.resize(size_t(c.n_layer));
     ctx->v_cache_.resize(size_t(c.n_layer));
     for (int l = 0; l < c.n_layer; ++l) {

@@ -32,6 +32,9 @@ struct LlamaConfig {
 
 class LlamaModel {
   public:
+    // general.architecture of the GGUF files this model reads.
+    static constexpr const char* kArchitecture = "llama";
+
     using Progress = std::function<bool(float)>;  // false cancels
     static Status load(Backend& backend, std::unique_ptr<MappedFile> file, const Progress& progress,
                        std::unique_ptr<LlamaModel>* out);
@@ -67,7 +70,9 @@ class LlamaModel {
 // batch of up to max_batch positions.
 class LlamaContext {
   public:
-    static Status create(const LlamaModel& model, int n_ctx, int max_batch,
+    // Refuses with OUT_OF_MEMORY what the backend cannot hold before allocating any of it, and
+    // logs a warning when n_ctx exceeds the model's training context.
+    static Status create(const LlamaModel& model, int64_t n_ctx, int max_batch,
                          std::unique_ptr<LlamaContext>* out);
 
     const LlamaModel& model() const { return model_; }

@@ -46,7 +46,7 @@ class Tokenizer {
     std::string decode(std::span<const int32_t> tokens) const;
 
     // Two tokenizers that map every text to the same ids: a draft model must
-    // share its target's (DESIGN §3).
+    // share its target's (docs/DESIGN.md "Tokenizers").
     bool same_vocabulary(const Tokenizer& other) const;
 
   private:

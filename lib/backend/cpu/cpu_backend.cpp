@@ -4,18 +4,20 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <thread>
 
 #include "backend/cpu/kernels.h"
 #include "core/fp16.h"
-#include "decode/verify.h"
 #include "format/quant.h"
+#include "sampling/verify.h"
 
 namespace specula {
 
@@ -67,6 +69,21 @@ class CpuBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
+
+    // Linux's MemAvailable (what can be allocated without swapping), else the free pages.
+    uint64_t available_memory() const override {
+        if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+            char line[256];
+            unsigned long long kib = 0;
+            bool found = false;
+            while (!found && std::fgets(line, sizeof line, f))
+                found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+            std::fclose(f);
+            if (found) return uint64_t(kib) * 1024;
+        }
+        const long pages = sysconf(_SC_AVPHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
+        return pages > 0 && page_bytes > 0 ? uint64_t(pages) * uint64_t(page_bytes) : 0;
+    }
 
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
         // Where the kernel overcommits memory, an allocation larger than the machine succeeds

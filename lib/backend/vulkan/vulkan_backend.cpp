@@ -34,6 +34,7 @@ Status vk_check(VkResult r, const std::string& what) {
         case VK_SUCCESS:
             return Status::Ok();
         case VK_ERROR_OUT_OF_HOST_MEMORY:
+            return OutOfMemory(what + ": out of host memory");
         case VK_ERROR_OUT_OF_DEVICE_MEMORY:
             return OutOfMemory(what + ": out of device memory");
         case VK_ERROR_DEVICE_LOST:
@@ -503,6 +504,9 @@ class VulkanBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
+    // The device-local heaps' size: an upper bound (what others use of them is not known
+    // without VK_EXT_memory_budget), enough to refuse a context that can never fit.
+    uint64_t available_memory() const override { return info_.memory_bytes; }
     bool reads_small_storage() const { return phys_.small_storage; }
 
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {

@@ -1,4 +1,4 @@
-#include "decode/sampling.h"
+#include "sampling/sampling.h"
 
 #include <algorithm>
 #include <cfloat>

@@ -1,8 +1,8 @@
 // Turning logits into a token. The processed distribution (temperature, then
 // top-k, then top-p) is defined here once, in the deterministic arithmetic of
 // core/detmath.h, and every backend's sampling and verify kernels compute
-// exactly it (DESIGN §6): the same logits and seed give the same token on the
-// cpu, Vulkan and CUDA backends.
+// exactly it (docs/DESIGN.md "Sampling and random numbers"): the same logits and seed give the same
+// token on the cpu, Vulkan and CUDA backends.
 //
 // With s(x) = z(x) * (1 / T) and m = max s, a token's weight is
 // e(x) = exp_nonpositive(s(x) - m). Tokens are ranked by (order_key(s) desc,

@@ -11,7 +11,7 @@
 #include <span>
 
 #include "core/device_abi.h"
-#include "decode/sampling.h"
+#include "sampling/sampling.h"
 
 namespace specula {
 

@@ -1,4 +1,4 @@
-#include "decode/verify.h"
+#include "sampling/verify.h"
 
 #include <algorithm>
 #include <cmath>
