@@ -10,8 +10,10 @@
 
 namespace specula {
 
-Status MappedFile::open(const std::string& path, std::unique_ptr<MappedFile>* out) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+Status MappedFile::open(const std::string& path, std::unique_ptr<MappedFile>* out, bool copy) {
+    // Non-blocking: opening a FIFO without a writer would otherwise wait forever (it is then
+    // refused below, as is anything but a regular file).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return IoError("cannot open '" + path + "': " + std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -19,6 +21,23 @@ Status MappedFile::open(const std::string& path, std::unique_ptr<MappedFile>* ou
         return IoError("'" + path + "' is not a regular file");
     }
     const size_t size = size_t(st.st_size);
+    if (copy) {
+        std::vector<uint8_t> bytes(size);
+        size_t done = 0;
+        while (done < size) {
+            const ssize_t r = ::pread(fd, bytes.data() + done, size - done, off_t(done));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                const std::string why = r < 0 ? std::strerror(errno) : "the file shrank";
+                ::close(fd);
+                return IoError("cannot read '" + path + "': " + why);
+            }
+            done += size_t(r);
+        }
+        ::close(fd);
+        out->reset(new MappedFile(std::move(bytes)));
+        return Status::Ok();
+    }
     const uint8_t* data = nullptr;
     if (size > 0) {
         void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);

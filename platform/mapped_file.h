@@ -1,5 +1,7 @@
 // A read-only memory mapping of a whole file (POSIX mmap). Weights are read
 // in place from the mapping: loading a model costs no copy on the cpu backend.
+// A mapped file that shrinks on disk while mapped faults the process (SIGBUS)
+// when the lost pages are read; `copy` reads the file into memory instead.
 #pragma once
 
 #include <cstddef>
@@ -7,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -14,7 +17,8 @@ namespace specula {
 
 class MappedFile {
   public:
-    static Status open(const std::string& path, std::unique_ptr<MappedFile>* out);
+    static Status open(const std::string& path, std::unique_ptr<MappedFile>* out,
+                       bool copy = false);
     ~MappedFile();
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
@@ -23,8 +27,11 @@ class MappedFile {
 
   private:
     MappedFile(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+    explicit MappedFile(std::vector<uint8_t> copy)
+        : data_(copy.data()), size_(copy.size()), copy_(std::move(copy)) {}
     const uint8_t* data_;
     size_t size_;
+    std::vector<uint8_t> copy_;  // the file's bytes when read instead of mapped
 };
 
 }  // namespace specula

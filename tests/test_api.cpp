@@ -1,6 +1,13 @@
 // The C ABI: errors as status values, callbacks, determinism, bad files.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -390,6 +397,132 @@ TEST_F(Api, ProgressIsReportedAndCanCancel) {
     p = Progress{0, 0, true};
     EXPECT_EQ(specula_model_load(backend, model_path().c_str(), &mp, &m), SPECULA_ERR_ABORTED);
     EXPECT_EQ(m, nullptr);
+}
+
+// Probes of the C API that used to hang, read misaligned data, lose the last progress step or
+// run into undefined behaviour that only a sanitizer build reports.
+TEST_F(Api, MisuseGetsAStatusNeverUndefinedBehaviour) {
+    // C enums holding values outside their enumerators are checked as integers.
+    specula_backend_params bp = specula_backend_default_params();
+    specula_backend* b = nullptr;
+    for (int kind : {1000, -1, 3, 99}) {
+        std::memcpy(&bp.kind, &kind, sizeof kind);
+        EXPECT_EQ(specula_backend_create(&bp, &b), SPECULA_ERR_INVALID_ARGUMENT) << kind;
+        EXPECT_EQ(b, nullptr);
+    }
+    specula_session_params sp = specula_session_default_params();
+    specula_session* s = nullptr;
+    for (int policy : {7, -1}) {
+        std::memcpy(&sp.gamma_policy, &policy, sizeof policy);
+        EXPECT_EQ(specula_session_create(model, &sp, &s), SPECULA_ERR_INVALID_ARGUMENT) << policy;
+    }
+    // Empty texts into a NULL buffer: nothing to copy.
+    size_t length = 99;
+    EXPECT_EQ(specula_detokenize(model, nullptr, 0, nullptr, 0, &length), SPECULA_OK);
+    EXPECT_EQ(length, 0u);
+    const int32_t bos = tokenize("")[0];
+    EXPECT_EQ(specula_detokenize(model, &bos, 1, nullptr, 0, &length), SPECULA_OK);
+    EXPECT_EQ(length, 0u);
+    // A thread per requested thread would be 100000 threads: the machine's count at most.
+    bp = specula_backend_default_params();
+    bp.kind = SPECULA_BACKEND_CPU;
+    bp.n_threads = 100000;
+    ASSERT_EQ(specula_backend_create(&bp, &b), SPECULA_OK);
+    specula_device_info info{};
+    EXPECT_EQ(specula_backend_get_info(b, &info), SPECULA_OK);
+    EXPECT_NE(std::string(info.name).find(std::to_string(std::thread::hardware_concurrency()) +
+                                          " threads"),
+              std::string::npos)
+        << info.name;
+    specula_backend_free(b);
+}
+
+TEST_F(Api, OnlyRegularFilesAreOpened) {
+    const std::string fifo = (specula::test::temp_dir() / "model.fifo").string();
+    ::unlink(fifo.c_str());
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    specula_model* m = nullptr;
+    EXPECT_EQ(specula_model_load(backend, fifo.c_str(), nullptr, &m), SPECULA_ERR_IO);  // no hang
+    EXPECT_NE(std::string(specula_last_error()).find("regular file"), std::string::npos);
+    EXPECT_EQ(specula_model_load(backend, specula::test::temp_dir().c_str(), nullptr, &m),
+              SPECULA_ERR_IO);
+    ::unlink(fifo.c_str());
+}
+
+TEST_F(Api, ProgressEndsAtOneWithATiedHeadAndTruncatedVocabulariesLoad) {
+    specula::RandomLlamaSpec spec = specula::test::small_spec(specula::GgmlType::kQ8_0, 3);
+    spec.tied_output = true;
+    spec.vocab_path = specula::test::data_path("ggml-vocab-gpt-2.gguf");
+    spec.n_vocab = 300;  // its BOS/EOS id (50256) lies beyond: left out of the file
+    const std::string path = specula::test::make_model("api-tied-300", spec);
+    float last = 0;
+    specula_model_params mp = specula_model_default_params();
+    mp.progress = [](float f, void* user) {
+        *static_cast<float*>(user) = f;
+        return true;
+    };
+    mp.progress_user_data = &last;
+    specula_model* m = nullptr;
+    ASSERT_EQ(specula_model_load(backend, path.c_str(), &mp, &m), SPECULA_OK)
+        << specula_last_error();
+    EXPECT_EQ(last, 1.0f);
+    specula_model_free(m);
+}
+
+// A model read into memory does not depend on its file: truncating the file afterwards (which
+// faults a process reading weights from a mapping) changes nothing.
+TEST_F(Api, AModelReadIntoMemorySurvivesItsFileBeingTruncated) {
+    const auto bytes = read_bytes(model_path());
+    const std::string path = write_bytes("in-memory.gguf", bytes);
+    specula_model_params mp = specula_model_default_params();
+    mp.read_into_memory = true;
+    specula_model* m = nullptr;
+    ASSERT_EQ(specula_model_load(backend, path.c_str(), &mp, &m), SPECULA_OK);
+    ASSERT_EQ(::truncate(path.c_str(), off_t(bytes.size() / 2)), 0);
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    EXPECT_EQ(generate(m, sp, "Hello", 6), generate(sp, "Hello", 6));
+    specula_model_free(m);
+}
+
+// ulimit -v: a worker thread cannot be started. The constructor used to wait forever for the
+// workers it had started; now backend creation returns OUT_OF_MEMORY. Run in a child process
+// (the limit is process-wide) with an alarm, so a hang fails instead of blocking the suite.
+TEST(ApiProcess, ThreadsThatCannotStartAreOutOfMemory) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    GTEST_SKIP() << "sanitizers reserve more address space than the limit leaves";
+#else
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        ::alarm(20);
+        // Each thread reserves an 8 MiB stack: a limit a little above what is mapped now
+        // lets a few start and refuses the rest.
+        std::ifstream statm("/proc/self/statm");
+        size_t pages = 0;
+        statm >> pages;
+        const rlim_t limit = rlim_t(pages) * rlim_t(::sysconf(_SC_PAGE_SIZE)) + (64u << 20);
+        const rlimit rl{limit, limit};
+        if (::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(3);
+        specula_backend_params bp = specula_backend_default_params();
+        bp.kind = SPECULA_BACKEND_CPU;
+        specula_backend* b = nullptr;
+        int made = 0;
+        std::vector<specula_backend*> backends;
+        specula_status st = SPECULA_OK;
+        while (st == SPECULA_OK && made < 1000) {  // backends of every core until threads fail
+            st = specula_backend_create(&bp, &b);
+            if (st == SPECULA_OK) backends.push_back(b), ++made;
+        }
+        for (specula_backend* x : backends)
+            specula_backend_free(x);
+        ::_exit(st == SPECULA_ERR_OUT_OF_MEMORY ? 0 : st == SPECULA_OK ? 4 : 5);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_FALSE(WIFSIGNALED(status)) << "signal " << WTERMSIG(status) << " (SIGALRM: a hang)";
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+#endif
 }
 
 TEST_F(Api, MissingBackendsAreReportedAndCpuStillWorks) {

@@ -197,9 +197,14 @@ TEST(Gguf, BadTensorInfosAreRejected) {
 }
 
 TEST(Gguf, BadAlignmentAndDuplicatesAreRejected) {
-    GgufWriter w;
-    w.set_u32("general.alignment", 48);
-    EXPECT_EQ(parse(w.serialize()).code(), SPECULA_ERR_FORMAT);
+    for (uint32_t alignment : {48u, 1u, 2u, 4u, 0u}) {  // 1..4: blocks would be read misaligned
+        GgufWriter w;
+        w.set_u32("general.alignment", alignment);
+        EXPECT_EQ(parse(w.serialize()).code(), SPECULA_ERR_FORMAT) << alignment;
+    }
+    GgufWriter w8;
+    w8.set_u32("general.alignment", 8);
+    EXPECT_EQ(parse(w8.serialize()).code(), SPECULA_OK);
     auto bytes = small_file();
     const size_t at = find(bytes, "k.u16");
     std::memcpy(bytes.data() + at, "k.i16", 5);  // two keys named k.i16

@@ -122,3 +122,16 @@ TEST(Sampling, SameSeedAndStepGiveTheSameToken) {
 }
 
 }  // namespace
+
+// Temperatures too small to invert safely are greedy: at 1e-38 and below, 1/T overflows the
+// logits to infinities (every draw came out as token 0).
+TEST(Sampling, TinyTemperaturesAreGreedy) {
+    const std::vector<float> logits = {0.5f, -1.0f, 3.25f, 3.0f, -7.0f};
+    for (float t : {1e-38f, 3e-39f, 1e-42f, 1e-7f}) {
+        const SamplingParams p{t, 0, 1.0f, 3};
+        EXPECT_TRUE(p.greedy()) << t;
+        for (uint32_t step = 0; step < 20; ++step)
+            EXPECT_EQ(sample_token(logits, p, step), 2) << t;
+    }
+    EXPECT_FALSE((SamplingParams{1e-6f, 0, 1.0f, 3}).greedy());
+}

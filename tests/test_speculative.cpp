@@ -574,6 +574,68 @@ INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,
                              return std::string(test::backend_name(info.param));
                          });
 
+// A speculative step commits several tokens at once. Generation that ends inside a step (the
+// callback says stop, or max_tokens) must not lose the rest: across calls the caller sees the
+// tokens of one uninterrupted run, greedy and sampled, at every stop point.
+TEST(Speculative, StoppingInsideAStepLosesNoTokens) {
+    specula_backend_params bp = specula_backend_default_params();
+    bp.kind = SPECULA_BACKEND_CPU;
+    specula_backend* backend = nullptr;
+    specula_model *tm = nullptr, *dm = nullptr;
+    ASSERT_EQ(specula_backend_create(&bp, &backend), SPECULA_OK);
+    ASSERT_EQ(specula_model_load(backend, models().target.c_str(), nullptr, &tm), SPECULA_OK);
+    ASSERT_EQ(specula_model_load(backend, models().close_draft.c_str(), nullptr, &dm), SPECULA_OK);
+    const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
+    constexpr int kTokens = 12;
+    for (float temperature : {0.0f, 0.8f}) {
+        specula_session_params sp = specula_session_default_params();
+        sp.draft = dm;
+        sp.n_ctx = 64;
+        sp.gamma = 4;
+        sp.gamma_policy = SPECULA_GAMMA_FIXED;
+        sp.temperature = temperature;
+        sp.seed = 5;
+        auto run = [&](int stop_after) {  // stop_after 0: uninterrupted
+            specula_session* s = nullptr;
+            EXPECT_EQ(specula_session_create(tm, &sp, &s), SPECULA_OK);
+            EXPECT_EQ(specula_session_eval(s, prompt.data(), prompt.size()), SPECULA_OK);
+            struct Stop {
+                int left;
+            } stop{stop_after};
+            specula_generate_params gp = specula_generate_default_params();
+            gp.stop_at_eos = false;
+            gp.max_tokens = kTokens;
+            gp.on_token_user_data = &stop;
+            gp.on_token = [](int32_t, const char*, size_t, void* user) {
+                return --static_cast<Stop*>(user)->left != 0;
+            };
+            std::vector<int32_t> out(kTokens);
+            size_t n = 0;
+            EXPECT_EQ(specula_generate(s, &gp, out.data(), out.size(), &n), SPECULA_OK);
+            gp.on_token = nullptr;
+            gp.max_tokens = kTokens - int(n);
+            size_t more = 0;
+            if (gp.max_tokens > 0) {
+                EXPECT_EQ(specula_generate(s, &gp, out.data() + n, out.size() - n, &more),
+                          SPECULA_OK);
+            }
+            out.resize(n + more);
+            specula_session_stats st{};
+            specula_session_get_stats(s, &st);
+            EXPECT_GT(st.n_accepted, 0u);  // steps did emit several tokens
+            specula_session_free(s);
+            return out;
+        };
+        const std::vector<int32_t> whole = run(0);
+        ASSERT_EQ(whole.size(), size_t(kTokens));
+        for (int stop = 1; stop < kTokens; ++stop)
+            EXPECT_EQ(run(stop), whole) << "T " << temperature << ", stopped after " << stop;
+    }
+    specula_model_free(dm);
+    specula_model_free(tm);
+    specula_backend_free(backend);
+}
+
 TEST(Speculative, DraftWithAnotherVocabularyIsRefused) {
     specula_backend* backend = nullptr;
     specula_backend_params bp = specula_backend_default_params();

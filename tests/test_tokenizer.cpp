@@ -117,6 +117,27 @@ TEST(Tokenizer, InvalidUtf8SurvivesRoundTrip) {
     }
 }
 
+// A byte token that is not <0xHH> is a malformed file, refused at load (detokenizing it used
+// to throw from inside the library).
+TEST(Tokenizer, MalformedByteTokensAreRefusedAtLoad) {
+    std::string bytes = read_file(test::data_path("ggml-vocab-llama-spm.gguf"));
+    for (const char* bad : {"<0xZZ>", "<0x1G>", "<0x01)"}) {
+        std::string patched = bytes;
+        const size_t at = patched.find("<0x01>");
+        ASSERT_NE(at, std::string::npos);
+        patched.replace(at, 6, bad);
+        GgufFile gguf;
+        ASSERT_TRUE(
+            GgufFile::parse(
+                std::span(reinterpret_cast<const uint8_t*>(patched.data()), patched.size()), &gguf)
+                .ok());
+        std::unique_ptr<Tokenizer> tok;
+        const Status s = Tokenizer::from_gguf(gguf, &tok);
+        EXPECT_EQ(s.code(), SPECULA_ERR_FORMAT) << bad;
+        EXPECT_NE(s.message().find(bad), std::string::npos) << s.message();
+    }
+}
+
 TEST(Tokenizer, SameVocabularyDistinguishesVocabularies) {
     std::unique_ptr<MappedFile> f1, f2, f3;
     auto spm = load_tokenizer(test::data_path("ggml-vocab-llama-spm.gguf"), &f1);

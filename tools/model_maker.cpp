@@ -92,6 +92,13 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         if (!key.starts_with("tokenizer.")) continue;
         GgufValue v = value;
         if (s.n_vocab > 0 && size_t(s.n_vocab) < n_vocab) {
+            // Special token ids past a truncated vocabulary are left out (the loader's defaults).
+            if (key.ends_with("_token_id")) {
+                const auto* id = std::get_if<uint64_t>(&v.value);
+                const auto* sid = std::get_if<int64_t>(&v.value);
+                if ((id && *id >= uint64_t(s.n_vocab)) || (sid && *sid >= int64_t(s.n_vocab)))
+                    continue;
+            }
             // Truncate per-token arrays; a truncated vocabulary is for tests that need a small one.
             if (auto* arr = std::get_if<GgufArray>(&v.value)) {
                 std::visit(

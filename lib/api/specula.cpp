@@ -35,6 +35,11 @@ struct specula_session {
     std::unique_ptr<LlamaContext> target, draft;
     std::unique_ptr<Generator> generator;
     specula_session_stats stats{};  // the prompt and timing part; the rest comes from the generator
+    // Tokens of the last step that were committed but not reported because generation ended
+    // before them (the callback said stop, or EOS came first): the next specula_generate
+    // reports them first, as an uninterrupted run would; any other use of the context
+    // (evaluating tokens, reading logits) forgets them.
+    std::vector<int32_t> unreported;
 };
 
 namespace {
@@ -59,6 +64,15 @@ specula_status guarded(F&& body) {
     } catch (const std::exception& e) {
         return report({SPECULA_ERR_INTERNAL, std::string("internal error: ") + e.what()});
     }
+}
+
+// A C enum field as the integer the caller stored: checked before it is used as the enum (a
+// value outside the enumerators is undefined behaviour to load as one in C++).
+template <typename E>
+int enum_value(const E& e) {
+    std::underlying_type_t<E> v;
+    std::memcpy(&v, &e, sizeof v);
+    return int(v);
 }
 
 Status need(const void* p, const char* what) {
@@ -208,6 +222,10 @@ specula_status specula_backend_create(const specula_backend_params* params, spec
         SPECULA_TRY(need(out, "out"));
         *out = nullptr;
         const specula_backend_params p = params ? *params : specula_backend_default_params();
+        if (const int kind = enum_value(p.kind);
+            kind != SPECULA_BACKEND_AUTO &&
+            (kind < SPECULA_BACKEND_CPU || kind > SPECULA_BACKEND_CUDA))
+            return InvalidArgument("unknown backend kind " + std::to_string(kind));
         auto b = std::make_unique<specula_backend>();
         SPECULA_TRY(create_backend(p, &b->impl));
         *out = b.release();
@@ -247,7 +265,7 @@ specula_status specula_model_load(specula_backend* backend, const char* path,
         SPECULA_TRY(need(path, "path"));
         const specula_model_params p = params ? *params : specula_model_default_params();
         std::unique_ptr<MappedFile> file;
-        SPECULA_TRY(MappedFile::open(path, &file));
+        SPECULA_TRY(MappedFile::open(path, &file, p.read_into_memory));
         LlamaModel::Progress progress;
         if (p.progress != nullptr)
             progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
@@ -330,7 +348,7 @@ specula_status specula_detokenize(const specula_model* model, const int32_t* tok
         if (s.size() > capacity)
             return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
                           "the text needs " + std::to_string(s.size()) + " bytes");
-        std::memcpy(text, s.data(), s.size());
+        if (!s.empty()) std::memcpy(text, s.data(), s.size());  // text may be NULL otherwise
         return Status::Ok();
     });
 }
@@ -381,8 +399,8 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         if (p.gamma < 1 || p.gamma > kMaxGamma || p.gamma_max < 1 || p.gamma_max > kMaxGamma)
             return InvalidArgument("gamma and gamma_max must lie in 1.." +
                                    std::to_string(kMaxGamma));
-        if (p.gamma_policy != SPECULA_GAMMA_FIXED && p.gamma_policy != SPECULA_GAMMA_HEURISTIC &&
-            p.gamma_policy != SPECULA_GAMMA_ANALYTIC)
+        if (const int policy = enum_value(p.gamma_policy);
+            policy < SPECULA_GAMMA_FIXED || policy > SPECULA_GAMMA_ANALYTIC)
             return InvalidArgument("unknown gamma policy");
         if (p.sigmoid_verify && !(p.sigmoid_alpha < 0.0f && p.sigmoid_beta > 0.0f))
             return InvalidArgument("the sigmoid scale needs alpha < 0 < beta");
@@ -427,6 +445,7 @@ specula_status specula_session_reset(specula_session* session) {
     return guarded([&] {
         SPECULA_TRY(need(session, "session"));
         session->generator->reset();
+        session->unreported.clear();
         session->stats = specula_session_stats{};
         return Status::Ok();
     });
@@ -447,8 +466,11 @@ specula_status specula_session_eval(specula_session* session, const int32_t* tok
                                                         std::to_string(session->target->n_ctx()) +
                                                         " tokens");
         const auto t0 = Clock::now();
-        Status s = counted(session,
-                           [&] { return session->generator->append(std::span(tokens, n_tokens)); });
+        Status s = counted(session, [&] {
+            session->generator->forget(session->unreported.size());
+            session->unreported.clear();
+            return session->generator->append(std::span(tokens, n_tokens));
+        });
         session->stats.n_prompt_tokens += n_tokens;
         session->stats.prompt_seconds += seconds_since(t0);
         return s;
@@ -465,7 +487,11 @@ specula_status specula_session_get_logits(specula_session* session, float* logit
             return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
                           "logits need " + std::to_string(n_vocab) + " floats");
         std::vector<float> row;
-        SPECULA_TRY(counted(session, [&] { return session->generator->last_logits(&row); }));
+        SPECULA_TRY(counted(session, [&] {
+            session->generator->forget(session->unreported.size());
+            session->unreported.clear();
+            return session->generator->last_logits(&row);
+        }));
         std::copy(row.begin(), row.end(), logits);
         return Status::Ok();
     });
@@ -487,25 +513,37 @@ specula_status specula_generate(specula_session* session, const specula_generate
             ~Timer() { s.stats.generate_seconds += seconds_since(t0); }
         } timer{s, t0};
         const Tokenizer& tok = s.model->impl->tokenizer();
-        std::vector<int32_t> step_tokens;
+        std::vector<int32_t> step_tokens = std::exchange(s.unreported, {});
+        bool from_unreported = !step_tokens.empty();
         while (count < size_t(g.max_tokens)) {
-            if (g.should_abort != nullptr && g.should_abort(g.should_abort_user_data))
-                return Status(SPECULA_ERR_ABORTED, "generation was aborted by the abort callback");
-            step_tokens.clear();
-            SPECULA_TRY(counted(session, [&] {
-                return s.generator->step(g.max_tokens - int(count), &step_tokens);
-            }));
-            for (int32_t t : step_tokens) {
-                // A token after the end (EOS, or the callback said stop) is dropped; the
-                // session's context keeps it, as it keeps every committed token.
-                if (g.stop_at_eos && t == tok.eos()) return Status::Ok();
+            if (!from_unreported) {
+                if (g.should_abort != nullptr && g.should_abort(g.should_abort_user_data))
+                    return Status(SPECULA_ERR_ABORTED,
+                                  "generation was aborted by the abort callback");
+                step_tokens.clear();
+                SPECULA_TRY(counted(session, [&] {
+                    return s.generator->step(g.max_tokens - int(count), &step_tokens);
+                }));
+            }
+            from_unreported = false;
+            for (size_t i = 0; i < step_tokens.size(); ++i) {
+                const int32_t t = step_tokens[i];
+                // The tokens after the end stay committed and are reported next time.
+                auto end_here = [&](size_t after) {
+                    s.unreported.assign(step_tokens.begin() + std::ptrdiff_t(after),
+                                        step_tokens.end());
+                    return Status::Ok();
+                };
+                // EOS itself is not reported; the session's context keeps it.
+                if (g.stop_at_eos && t == tok.eos()) return end_here(i + 1);
+                if (count == size_t(g.max_tokens)) return end_here(i);
                 if (count < capacity) tokens[count] = t;
                 ++count;
                 ++s.stats.n_generated;
                 if (g.on_token != nullptr) {
                     const std::string piece = tok.piece(t);
                     if (!g.on_token(t, piece.data(), piece.size(), g.on_token_user_data))
-                        return Status::Ok();
+                        return end_here(i + 1);
                 }
             }
         }

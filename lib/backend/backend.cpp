@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <system_error>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/log.h"
@@ -107,7 +109,14 @@ std::vector<specula_device_info> enumerate_devices() {
 Status create_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out) {
     switch (params.kind) {
         case SPECULA_BACKEND_CPU:
-            *out = create_cpu_backend(params.n_threads);
+            try {
+                // More threads than the machine has would only take turns on its cores.
+                const int hardware = int(std::max(1u, std::thread::hardware_concurrency()));
+                *out = create_cpu_backend(std::min<int>(params.n_threads, hardware));
+            } catch (const std::system_error& e) {  // a worker thread could not be started
+                return OutOfMemory(std::string("cannot start the cpu backend's threads: ") +
+                                   e.what());
+            }
             return Status::Ok();
         case SPECULA_BACKEND_AUTO: {
             // CUDA on NVIDIA, then a Vulkan GPU (software devices are skipped, below), then

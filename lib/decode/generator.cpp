@@ -308,6 +308,12 @@ Status Generator::sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted)
     return Status::Ok();
 }
 
+void Generator::forget(size_t n) {
+    if (committed_.empty()) return;
+    committed_.resize(committed_.size() - std::min(n, committed_.size() - 1));
+    commit({});
+}
+
 void Generator::commit(std::span<const int32_t> tokens) {
     committed_.insert(committed_.end(), tokens.begin(), tokens.end());
     // Both caches keep every committed position but the last; anything they computed

@@ -61,6 +61,8 @@ class Generator {
     Status step(int max_tokens, std::vector<int32_t>* out);
     // Drops every committed token and all state.
     void reset();
+    // Drops the last n committed tokens (at most all but one): the caches forget them too.
+    void forget(size_t n);
 
     // The target's logits after the committed sequence (evaluates the pending token if needed).
     Status last_logits(std::vector<float>* out);

@@ -314,9 +314,10 @@ Status GgufFile::parse(std::span<const uint8_t> bytes, GgufFile* out) {
     bool has_alignment = false;
     int64_t alignment = 32;
     SPECULA_TRY(f.get_int("general.alignment", &alignment, &has_alignment));
-    if (alignment <= 0 || alignment > (1 << 20) || (alignment & (alignment - 1)) != 0)
+    // A multiple of 8 (GGUF's rule), so every block's scale and every float is aligned.
+    if (alignment < 8 || alignment > (1 << 20) || (alignment & (alignment - 1)) != 0)
         return FormatError("GGUF alignment " + std::to_string(alignment) +
-                           " is not a power of two");
+                           " is not a power of two of at least 8");
     f.alignment_ = uint32_t(alignment);
 
     f.tensors_.reserve(size_t(n_tensors));

@@ -110,7 +110,7 @@ typedef struct specula_backend_params {
     specula_backend_kind kind;
     int32_t device_index;    /* within the kind; -1 selects by name or the best one */
     const char* device_name; /* optional substring match; NULL for none */
-    int32_t n_threads;       /* cpu backend; 0 = all hardware threads */
+    int32_t n_threads;       /* cpu backend; 0 = all hardware threads, and at most those */
 } specula_backend_params;
 
 typedef struct specula_backend specula_backend;
@@ -138,6 +138,11 @@ typedef bool (*specula_progress_fn)(float progress, void* user_data);
 typedef struct specula_model_params {
     specula_progress_fn progress;
     void* progress_user_data;
+    /* The file is memory-mapped and the cpu backend reads weights from the mapping: if the
+     * file is truncated or rewritten while the model is loaded, the process gets SIGBUS (as
+     * with SQLite's and llama.cpp's mmap). Apps that cannot guarantee the file set this to
+     * read it into memory instead (costs a copy of the file in RAM). */
+    bool read_into_memory;
 } specula_model_params;
 
 typedef struct specula_model_info {
@@ -162,8 +167,8 @@ typedef struct specula_model specula_model;
 
 SPECULA_API specula_model_params specula_model_default_params(void);
 SPECULA_API void specula_model_default_params_by_ref(specula_model_params* params);
-/* Memory-maps a GGUF file and places its weights on the backend. The backend
- * must outlive the model. */
+/* Memory-maps (or reads, see read_into_memory) a GGUF file and places its weights on the
+ * backend. Only regular files are opened. The backend must outlive the model. */
 SPECULA_API specula_status specula_model_load(specula_backend* backend, const char* path,
                                               const specula_model_params* params,
                                               specula_model** out);
@@ -205,7 +210,7 @@ typedef struct specula_session_params {
                         * backend can hold: SPECULA_ERR_OUT_OF_MEMORY before anything is
                         * allocated; beyond the training context: a warning in the log */
     uint64_t seed;     /* the Philox key: same seed + same logits = same tokens on every backend */
-    float temperature; /* 0 = greedy */
+    float temperature; /* 0 = greedy; so is anything below 1e-6 (1/T would overflow) */
     int32_t top_k;     /* 0 = off */
     float top_p;       /* 1 = off */
     /* Speculative decoding: a draft model on the same backend with the same
@@ -290,7 +295,11 @@ SPECULA_API specula_status specula_session_get_logits(specula_session* session, 
 /* Generates up to max_tokens after the current context. `tokens` (may be NULL
  * with capacity 0) receives the first `capacity` of them; *n_generated (may be
  * NULL) counts them all, as on_token sees them all. On an error, what was
- * generated before it is stored and counted. */
+ * generated before it is stored and counted. A speculative step may produce
+ * tokens past the point where generation ends (max_tokens, EOS, on_token
+ * returning false): they are kept and reported first by the next call, so the
+ * tokens seen across calls are those of one uninterrupted run; evaluating
+ * tokens or reading logits in between discards them. */
 SPECULA_API specula_status specula_generate(specula_session* session,
                                             const specula_generate_params* params, int32_t* tokens,
                                             size_t capacity, size_t* n_generated);

@@ -127,6 +127,9 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     SPECULA_TRY(load("output_norm.weight", c.n_embd, 1, true, &m->output_norm_));
     m->output_ = m->token_embd_;  // tied head unless the file has its own
     SPECULA_TRY(load("output.weight", c.n_embd, c.n_vocab, false, &m->output_, true));
+    // A tied head loads one tensor fewer than expected: the callback still ends at 1.
+    if (progress && n_loaded < n_expected && !progress(1.0f))
+        return {SPECULA_ERR_ABORTED, "model loading was cancelled by the progress callback"};
     m->file_ = std::move(file);
     *out = std::move(m);
     return Status::Ok();

@@ -24,13 +24,18 @@
 
 namespace specula {
 
+// Temperatures below this are greedy: 1/T must stay far from overflow when it scales logits
+// (below FLT_MIN it is infinite), and at 1e-6 logits 4e-5 apart already differ by more than the
+// e^-40 below which a probability counts as 0, so sampling is argmax but for near-ties.
+constexpr float kMinTemperature = 1e-6f;
+
 struct SamplingParams {
-    float temperature = 0.0f;  // <= 0: greedy
+    float temperature = 0.0f;  // < kMinTemperature: greedy
     int top_k = 0;             // <= 0: off
     float top_p = 1.0f;        // >= 1: off
     uint64_t seed = 0;
 
-    bool greedy() const { return temperature <= 0.0f; }
+    bool greedy() const { return !(temperature >= kMinTemperature); }
     // Whether top-k or top-p removes tokens from a vocabulary of n_vocab.
     bool filtered(int n_vocab) const { return (top_k > 0 && top_k < n_vocab) || top_p < 1.0f; }
     float inv_temperature() const { return greedy() ? 1.0f : 1.0f / temperature; }
@@ -80,7 +85,7 @@ int32_t residual_race(std::span<const float> p_logits, const RowNorm& pn,
                       std::span<const float> q_logits, const RowNorm& qn, const SamplingParams& p,
                       RandomStream stream, uint32_t step, uint32_t row);
 
-// Greedy when temperature <= 0, else one race over the processed distribution.
+// Greedy when p.greedy(), else one race over the processed distribution.
 int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint32_t step,
                      RandomStream stream = RandomStream::kSample, uint32_t row = 0);
 

@@ -62,7 +62,7 @@ VerifyResult verify_sigmoid(std::span<const float> target_logits,
                             std::span<const float> draft_logits, std::span<const int32_t> drafts,
                             int n_vocab, const SamplingParams& p, const SigmoidScale& scale,
                             uint32_t step) {
-    if (p.temperature <= 0.0f) return verify(target_logits, draft_logits, drafts, n_vocab, p, step);
+    if (p.greedy()) return verify(target_logits, draft_logits, drafts, n_vocab, p, step);
     const size_t V = size_t(n_vocab);
     const int gamma = int(drafts.size());
     const float inv_t = 1.0f / p.temperature, inv_range = 1.0f / (scale.beta - scale.alpha);

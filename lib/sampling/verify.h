@@ -28,7 +28,7 @@ inline int32_t draft_token(std::span<const float> draft_logits, const SamplingPa
 }
 
 // target_logits: (γ+1) rows of n_vocab; draft_logits: γ rows; drafts: γ tokens.
-// Greedy (temperature <= 0): accept while argmax p_c == x_c; the token is argmax p_n.
+// Greedy (p.greedy()): accept while argmax p_c == x_c; the token is argmax p_n.
 // Sampled: accept x_c when u_c * q_c(x_c) < p_c(x_c) with u_c from stream kAccept at
 // (step, row_offset + c); on the first rejection the residual race over max(0, p_n - q_n),
 // after γ acceptances the race over p_γ (the bonus token), both on `stream` (kResidual in a

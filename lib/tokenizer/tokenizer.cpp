@@ -112,6 +112,23 @@ std::vector<std::string_view> gpt2_pre_split(std::string_view text) {
 
 }  // namespace
 
+namespace {
+
+// The byte of a SentencePiece byte token "<0xHH>", or -1 when the text is not one.
+int byte_value(std::string_view text) {
+    auto hex = [](char c) {
+        return c >= '0' && c <= '9'   ? c - '0'
+               : c >= 'A' && c <= 'F' ? c - 'A' + 10
+               : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                      : -1;
+    };
+    if (text.size() != 6 || !text.starts_with("<0x") || text[5] != '>') return -1;
+    const int hi = hex(text[3]), lo = hex(text[4]);
+    return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+}  // namespace
+
 Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* out) {
     auto t = std::make_unique<Tokenizer>();
     std::string model;
@@ -150,6 +167,11 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
     t->types_.assign(n, kNormal);
     for (size_t i = 0; i < types.size(); ++i)
         t->types_[i] = int32_t(types[i]);
+    if (t->kind_ == Kind::kSentencePiece)
+        for (size_t i = 0; i < n; ++i)
+            if (t->types_[i] == kByte && byte_value(t->tokens_[i]) < 0)
+                return FormatError("byte token " + std::to_string(i) + " is '" +
+                                   t->tokens_[i].substr(0, 32) + "', not <0xHH>");
 
     t->token_ids_.reserve(n);
     for (size_t i = 0; i < n; ++i)
@@ -350,9 +372,7 @@ std::string Tokenizer::piece(int32_t token) const {
     const std::string& text = tokens_[size_t(token)];
     if (type == kControl || type == kUnused) return {};
     if (kind_ == Kind::kSentencePiece) {
-        if (type == kByte && text.size() == 6 && text.starts_with("<0x")) {
-            return std::string(1, char(std::stoi(text.substr(3, 2), nullptr, 16)));
-        }
+        if (type == kByte) return std::string(1, char(byte_value(text)));  // checked at load
         std::string s;
         for (size_t i = 0; i < text.size();) {
             if (std::string_view(text).substr(i).starts_with(kSpaceMarker)) {
