@@ -54,7 +54,7 @@ Status MappedFile::open(const std::string& path, std::unique_ptr<MappedFile>* ou
 }
 
 MappedFile::~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (data_ != nullptr && copy_.empty()) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 }  // namespace specula

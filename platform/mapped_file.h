@@ -23,6 +23,12 @@ class MappedFile {
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
 
+    // A copy of bytes held in memory (a model loaded from a buffer).
+    static std::unique_ptr<MappedFile> copy_of(std::span<const uint8_t> bytes) {
+        return std::unique_ptr<MappedFile>(
+            new MappedFile(std::vector<uint8_t>(bytes.begin(), bytes.end())));
+    }
+
     std::span<const uint8_t> bytes() const { return {data_, size_}; }
 
   private:

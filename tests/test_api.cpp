@@ -37,8 +37,7 @@ std::string write_bytes(const std::string& name, const std::vector<char>& bytes)
 }
 
 std::vector<char> read_bytes(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), {}};
+    return specula::test::read_file_bytes(path);
 }
 
 class Api : public ::testing::Test {
@@ -483,6 +482,35 @@ TEST_F(Api, AModelReadIntoMemorySurvivesItsFileBeingTruncated) {
     sp.temperature = 0.0f;
     EXPECT_EQ(generate(m, sp, "Hello", 6), generate(sp, "Hello", 6));
     specula_model_free(m);
+}
+
+// The same model from a buffer: the same tokens, the buffer no longer needed; bad bytes are
+// refused as from a file, and loaded models keep working.
+TEST_F(Api, ModelsLoadFromMemory) {
+    std::vector<char> bytes = read_bytes(model_path());
+    specula_model* m = nullptr;
+    ASSERT_EQ(specula_model_load_from_memory(backend, bytes.data(), bytes.size(), nullptr, &m),
+              SPECULA_OK);
+    std::fill(bytes.begin(), bytes.end(), 0);  // the model holds its own copy
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    EXPECT_EQ(generate(m, sp, "Hello", 6), generate(sp, "Hello", 6));
+    specula_model_free(m);
+
+    bytes = read_bytes(model_path());
+    specula_model* bad = nullptr;
+    EXPECT_EQ(
+        specula_model_load_from_memory(backend, bytes.data(), bytes.size() / 2, nullptr, &bad),
+        SPECULA_ERR_FORMAT);
+    bytes[0] = 'X';
+    EXPECT_EQ(specula_model_load_from_memory(backend, bytes.data(), bytes.size(), nullptr, &bad),
+              SPECULA_ERR_FORMAT);
+    EXPECT_EQ(specula_model_load_from_memory(backend, nullptr, 10, nullptr, &bad),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(specula_model_load_from_memory(backend, nullptr, 0, nullptr, &bad),
+              SPECULA_ERR_FORMAT);
+    EXPECT_EQ(bad, nullptr);
+    EXPECT_EQ(generate(sp, "Hello", 3).size(), 3u);
 }
 
 // ulimit -v: a worker thread cannot be started. The constructor used to wait forever for the

@@ -101,7 +101,8 @@ INSTANTIATE_TEST_SUITE_P(Gpu, ModelOnBackend, ::testing::ValuesIn(cases()), [](c
 class GenerateOnBackend : public ::testing::TestWithParam<specula_backend_kind> {};
 
 std::vector<int32_t> greedy(specula_backend_kind kind, const std::string& path,
-                            specula_session_stats* stats, specula_status* status) {
+                            specula_session_stats* stats, specula_status* status,
+                            bool from_memory = false) {
     specula_backend_params bp = specula_backend_default_params();
     bp.kind = kind;
     specula_backend* backend = nullptr;
@@ -116,7 +117,13 @@ std::vector<int32_t> greedy(specula_backend_kind kind, const std::string& path,
     gp.max_tokens = 64;
     gp.stop_at_eos = false;
     *status = specula_backend_create(&bp, &backend);
-    if (*status == SPECULA_OK) *status = specula_model_load(backend, path.c_str(), nullptr, &model);
+    if (*status == SPECULA_OK && from_memory) {
+        std::vector<char> bytes = test::read_file_bytes(path);  // freed before generating
+        *status =
+            specula_model_load_from_memory(backend, bytes.data(), bytes.size(), nullptr, &model);
+    } else if (*status == SPECULA_OK) {
+        *status = specula_model_load(backend, path.c_str(), nullptr, &model);
+    }
     if (*status == SPECULA_OK) *status = specula_session_create(model, &sp, &session);
     if (*status == SPECULA_OK) *status = specula_session_eval(session, kTokens.data(), 4);
     if (*status == SPECULA_OK) *status = specula_generate(session, &gp, out.data(), out.size(), &n);
@@ -142,6 +149,20 @@ TEST_P(GenerateOnBackend, Greedy64TokensMatchTheCpu) {
     EXPECT_EQ(tokens_gpu, tokens_cpu);
     EXPECT_EQ(sg.n_forward_calls, 1 + 64u);  // the prompt but its last token, then one per token
     EXPECT_EQ(sg.n_host_waits, sg.n_forward_calls);
+}
+
+// A model loaded from a buffer (the buffer freed at once) generates what the file gives.
+TEST_P(GenerateOnBackend, AModelLoadedFromMemoryMatchesTheFile) {
+    SPECULA_BACKEND_OR_SKIP(probe, GetParam());
+    probe.reset();
+    const std::string path = model_file(GgmlType::kQ4_0);
+    specula_session_stats st{};
+    specula_status s = SPECULA_OK;
+    const auto from_memory = greedy(GetParam(), path, &st, &s, true);
+    ASSERT_EQ(s, SPECULA_OK) << specula_last_error();
+    const auto from_file = greedy(SPECULA_BACKEND_CPU, path, &st, &s);
+    ASSERT_EQ(s, SPECULA_OK) << specula_last_error();
+    EXPECT_EQ(from_memory, from_file);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GenerateOnBackend, ::testing::ValuesIn(gpu_kinds()),

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "model_maker.h"
 
@@ -10,6 +13,12 @@ namespace specula::test {
 
 inline std::string data_path(const std::string& name) {
     return std::string(SPECULA_TEST_DATA_DIR) + "/" + name;
+}
+
+// A whole file's bytes (empty when it cannot be read).
+inline std::vector<char> read_file_bytes(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(f), {}};
 }
 
 inline std::filesystem::path temp_dir() {

@@ -100,6 +100,21 @@ void copy_string(char (&dst)[N], const std::string& src) {
     std::snprintf(dst, N, "%s", src.c_str());
 }
 
+// A model from a file or from memory.
+Status load_model(specula_backend* backend, std::unique_ptr<MappedFile> file,
+                  const specula_model_params& p, const std::string& what, specula_model** out) {
+    LlamaModel::Progress progress;
+    if (p.progress != nullptr)
+        progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
+    auto m = std::make_unique<specula_model>();
+    m->backend = backend;
+    std::lock_guard turn(backend->turn);
+    Status s = LlamaModel::load(*backend->impl, std::move(file), progress, &m->impl);
+    if (!s.ok()) return Status(s.code(), what + ": " + s.message());
+    *out = m.release();
+    return Status::Ok();
+}
+
 }  // namespace
 
 extern "C" {
@@ -266,16 +281,22 @@ specula_status specula_model_load(specula_backend* backend, const char* path,
         const specula_model_params p = params ? *params : specula_model_default_params();
         std::unique_ptr<MappedFile> file;
         SPECULA_TRY(MappedFile::open(path, &file, p.read_into_memory));
-        LlamaModel::Progress progress;
-        if (p.progress != nullptr)
-            progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
-        auto m = std::make_unique<specula_model>();
-        m->backend = backend;
-        std::lock_guard turn(backend->turn);
-        Status s = LlamaModel::load(*backend->impl, std::move(file), progress, &m->impl);
-        if (!s.ok()) return Status(s.code(), std::string(path) + ": " + s.message());
-        *out = m.release();
-        return Status::Ok();
+        return load_model(backend, std::move(file), p, path, out);
+    });
+}
+
+specula_status specula_model_load_from_memory(specula_backend* backend, const void* data,
+                                              size_t size, const specula_model_params* params,
+                                              specula_model** out) {
+    return guarded([&] {
+        SPECULA_TRY(need(out, "out"));
+        *out = nullptr;
+        SPECULA_TRY(need(backend, "backend"));
+        if (data == nullptr && size > 0) return InvalidArgument("data is NULL");
+        const specula_model_params p = params ? *params : specula_model_default_params();
+        return load_model(backend,
+                          MappedFile::copy_of(std::span(static_cast<const uint8_t*>(data), size)),
+                          p, "model in memory", out);
     });
 }
 

@@ -172,6 +172,12 @@ SPECULA_API void specula_model_default_params_by_ref(specula_model_params* param
 SPECULA_API specula_status specula_model_load(specula_backend* backend, const char* path,
                                               const specula_model_params* params,
                                               specula_model** out);
+/* The same from a GGUF file's bytes in memory (an app's asset, a download): they are copied,
+ * so the caller may free them when this returns. */
+SPECULA_API specula_status specula_model_load_from_memory(specula_backend* backend,
+                                                          const void* data, size_t size,
+                                                          const specula_model_params* params,
+                                                          specula_model** out);
 SPECULA_API void specula_model_free(specula_model* model);
 SPECULA_API specula_status specula_model_get_info(const specula_model* model,
                                                   specula_model_info* info);
