@@ -100,6 +100,12 @@ void copy_string(char (&dst)[N], const std::string& src) {
     std::snprintf(dst, N, "%s", src.c_str());
 }
 
+// Any use of the context but generation drops the tokens generation did not report.
+void forget_unreported(specula_session& s) {
+    s.generator->forget(s.unreported.size());
+    s.unreported.clear();
+}
+
 // A model from a file or from memory.
 Status load_model(specula_backend* backend, std::unique_ptr<MappedFile> file,
                   const specula_model_params& p, const std::string& what, specula_model** out) {
@@ -488,8 +494,7 @@ specula_status specula_session_eval(specula_session* session, const int32_t* tok
                                                         " tokens");
         const auto t0 = Clock::now();
         Status s = counted(session, [&] {
-            session->generator->forget(session->unreported.size());
-            session->unreported.clear();
+            forget_unreported(*session);
             return session->generator->append(std::span(tokens, n_tokens));
         });
         session->stats.n_prompt_tokens += n_tokens;
@@ -509,8 +514,7 @@ specula_status specula_session_get_logits(specula_session* session, float* logit
                           "logits need " + std::to_string(n_vocab) + " floats");
         std::vector<float> row;
         SPECULA_TRY(counted(session, [&] {
-            session->generator->forget(session->unreported.size());
-            session->unreported.clear();
+            forget_unreported(*session);
             return session->generator->last_logits(&row);
         }));
         std::copy(row.begin(), row.end(), logits);
@@ -536,6 +540,11 @@ specula_status specula_generate(specula_session* session, const specula_generate
         const Tokenizer& tok = s.model->impl->tokenizer();
         std::vector<int32_t> step_tokens = std::exchange(s.unreported, {});
         bool from_unreported = !step_tokens.empty();
+        // Generation ends before step_tokens[after]: the rest stays committed, reported next time.
+        auto end_before = [&](size_t after) {
+            s.unreported.assign(step_tokens.begin() + std::ptrdiff_t(after), step_tokens.end());
+            return Status::Ok();
+        };
         while (count < size_t(g.max_tokens)) {
             if (!from_unreported) {
                 if (g.should_abort != nullptr && g.should_abort(g.should_abort_user_data))
@@ -549,22 +558,16 @@ specula_status specula_generate(specula_session* session, const specula_generate
             from_unreported = false;
             for (size_t i = 0; i < step_tokens.size(); ++i) {
                 const int32_t t = step_tokens[i];
-                // The tokens after the end stay committed and are reported next time.
-                auto end_here = [&](size_t after) {
-                    s.unreported.assign(step_tokens.begin() + std::ptrdiff_t(after),
-                                        step_tokens.end());
-                    return Status::Ok();
-                };
                 // EOS itself is not reported; the session's context keeps it.
-                if (g.stop_at_eos && t == tok.eos()) return end_here(i + 1);
-                if (count == size_t(g.max_tokens)) return end_here(i);
+                if (g.stop_at_eos && t == tok.eos()) return end_before(i + 1);
+                if (count == size_t(g.max_tokens)) return end_before(i);
                 if (count < capacity) tokens[count] = t;
                 ++count;
                 ++s.stats.n_generated;
                 if (g.on_token != nullptr) {
                     const std::string piece = tok.piece(t);
                     if (!g.on_token(t, piece.data(), piece.size(), g.on_token_user_data))
-                        return end_here(i + 1);
+                        return end_before(i + 1);
                 }
             }
         }

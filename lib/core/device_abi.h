@@ -40,8 +40,8 @@ SPECULA_ABI_UINT(kBitsTwoToMinus23, 0x34000000u)  // a uniform's scale: 23 rando
 // partials and a halving tree over the lanes (a GPU workgroup of kDetLanes threads).
 SPECULA_ABI_UINT(kDetLanes, 256u)
 SPECULA_ABI_UINT(kDetLaneItems, 16u)
-SPECULA_ABI_UINT(kDetTile, kDetLanes* kDetLaneItems)
-SPECULA_ABI_UINT(kDetMaxVocab, kDetTile* kDetLanes)  // the tile sums of a row fit one tree
+SPECULA_ABI_UINT(kDetTile, (kDetLanes * kDetLaneItems))
+SPECULA_ABI_UINT(kDetMaxVocab, (kDetTile * kDetLanes))  // the tile sums of a row fit one tree
 
 // The deterministic math's constants by their bits, so no compiler parses them differently.
 SPECULA_ABI_UINT(kBitsExpCutoff, 0xC2200000u)  // -40: e^x is 0 below

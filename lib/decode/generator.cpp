@@ -15,10 +15,6 @@ double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-}  // namespace
-
-namespace {
-
 // Tokens a step of γ drafts emits on average (Leviathan et al. eq. 1).
 double expected_tokens(double alpha, double gamma) {
     return alpha >= 1.0 ? gamma + 1.0 : (1.0 - std::pow(alpha, gamma + 1.0)) / (1.0 - alpha);

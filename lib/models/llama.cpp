@@ -149,11 +149,34 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     if (n_ctx <= 0) return InvalidArgument("context length out of range");
     if (max_batch <= 0 || max_batch > 4096) return InvalidArgument("batch size out of range");
     const LlamaConfig& c = model.config();
-    // Every buffer below, in bytes: the caches and RoPE table per position, the activations
-    // per batch row.
-    const uint64_t per_position = uint64_t(2 * c.n_layer * c.kv_dim() + c.n_rot) * 4;
-    const uint64_t per_row = uint64_t(2 + 4 * c.n_embd + 2 * c.n_ff + c.n_vocab) * 4;
-    const uint64_t need = per_position * uint64_t(n_ctx) + per_row * uint64_t(max_batch);
+    std::unique_ptr<LlamaContext> ctx(new LlamaContext(model));
+    // Every buffer, listed once: summed against what the backend can give, then allocated.
+    struct Planned {
+        Tensor* tensor;
+        GgmlType type;
+        int64_t cols, rows;
+    };
+    std::vector<Planned> plan;
+    ctx->k_cache_.resize(size_t(c.n_layer));
+    ctx->v_cache_.resize(size_t(c.n_layer));
+    for (int l = 0; l < c.n_layer; ++l) {
+        plan.push_back({&ctx->k_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx});
+        plan.push_back({&ctx->v_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx});
+    }
+    const int64_t b = max_batch;
+    plan.insert(plan.end(), {{&ctx->rope_table_, GgmlType::kF32, c.n_rot, n_ctx},
+                             {&ctx->ids_, GgmlType::kI32, b, 1},
+                             {&ctx->positions_, GgmlType::kI32, b, 1},
+                             {&ctx->x_, GgmlType::kF32, c.n_embd, b},
+                             {&ctx->norm_, GgmlType::kF32, c.n_embd, b},
+                             {&ctx->q_, GgmlType::kF32, c.n_embd, b},
+                             {&ctx->attn_, GgmlType::kF32, c.n_embd, b},
+                             {&ctx->gate_, GgmlType::kF32, c.n_ff, b},
+                             {&ctx->up_, GgmlType::kF32, c.n_ff, b},
+                             {&ctx->logits_, GgmlType::kF32, c.n_vocab, b}});
+    uint64_t need = 0;
+    for (const Planned& t : plan)
+        need += Tensor{nullptr, 0, t.type, t.cols, t.rows}.bytes();
     const uint64_t available = model.backend_.available_memory();
     constexpr double kMiB = 1024.0 * 1024.0;
     if (available != 0 && need > available) {
@@ -173,28 +196,12 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
                                   " tokens exceeds the model's training context of " +
                                   std::to_string(c.n_ctx_train) +
                                   ": positions beyond it are untrained");
-    std::unique_ptr<LlamaContext> ctx(new LlamaContext(model));
     ctx->n_ctx_ = int(n_ctx);
     ctx->max_batch_ = max_batch;
-    ctx->k_cache_.resize(size_t(c.n_layer));
-    ctx->v_cache_.resize(size_t(c.n_layer));
-    for (int l = 0; l < c.n_layer; ++l) {
-        SPECULA_TRY(ctx->allocate(&ctx->k_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx));
-        SPECULA_TRY(ctx->allocate(&ctx->v_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx));
-    }
-    SPECULA_TRY(ctx->allocate(&ctx->rope_table_, GgmlType::kF32, c.n_rot, n_ctx));
-    const std::vector<float> table = rope_table(n_ctx, c.n_rot, c.rope_base);
+    for (const Planned& t : plan)
+        SPECULA_TRY(ctx->allocate(t.tensor, t.type, t.cols, t.rows));
+    const std::vector<float> table = rope_table(int(n_ctx), c.n_rot, c.rope_base);
     model.backend_.upload(ctx->rope_table_, table.data());
-    const int64_t b = max_batch;
-    SPECULA_TRY(ctx->allocate(&ctx->ids_, GgmlType::kI32, b, 1));
-    SPECULA_TRY(ctx->allocate(&ctx->positions_, GgmlType::kI32, b, 1));
-    SPECULA_TRY(ctx->allocate(&ctx->x_, GgmlType::kF32, c.n_embd, b));
-    SPECULA_TRY(ctx->allocate(&ctx->norm_, GgmlType::kF32, c.n_embd, b));
-    SPECULA_TRY(ctx->allocate(&ctx->q_, GgmlType::kF32, c.n_embd, b));
-    SPECULA_TRY(ctx->allocate(&ctx->attn_, GgmlType::kF32, c.n_embd, b));
-    SPECULA_TRY(ctx->allocate(&ctx->gate_, GgmlType::kF32, c.n_ff, b));
-    SPECULA_TRY(ctx->allocate(&ctx->up_, GgmlType::kF32, c.n_ff, b));
-    SPECULA_TRY(ctx->allocate(&ctx->logits_, GgmlType::kF32, c.n_vocab, b));
     *out = std::move(ctx);
     return Status::Ok();
 }

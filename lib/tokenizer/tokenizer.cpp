@@ -110,10 +110,6 @@ std::vector<std::string_view> gpt2_pre_split(std::string_view text) {
     return words;
 }
 
-}  // namespace
-
-namespace {
-
 // The byte of a SentencePiece byte token "<0xHH>", or -1 when the text is not one.
 int byte_value(std::string_view text) {
     auto hex = [](char c) {
