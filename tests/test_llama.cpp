@@ -1,9 +1,11 @@
 // The Llama decoder on the cpu backend: batch invariance, KV rollback, limits.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
 #include "models/llama.h"
 #include "test_util.h"
 
@@ -117,6 +119,23 @@ TEST(Llama, ContextAndBatchLimitsAreErrors) {
 }  // namespace
 
 namespace {
+
+// tests/CMakeLists.txt runs this program once per instruction set the kernels are compiled
+// for, naming it in SPECULA_CPU_SIMD; the other tests then run on it.
+TEST(CpuBackend, RunsTheInstructionSetTheEnvironmentNames) {
+    auto backend = create_cpu_backend(1);
+    const std::string name = backend->info().name;
+    EXPECT_NE(name.find(cpu::simd_target()), std::string::npos) << name;
+    const char* wanted = std::getenv("SPECULA_CPU_SIMD");
+    if (wanted == nullptr) GTEST_SKIP() << "SPECULA_CPU_SIMD is not set";
+    const Status s = cpu_simd_environment();
+    if (s.code() == SPECULA_ERR_NO_DEVICE) GTEST_SKIP() << "not runnable here: " << s.message();
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_STREQ(cpu::simd_target(), wanted);
+    EXPECT_EQ(cpu::use_simd_target("NO_SUCH_SET"), cpu::SimdChoice::kUnknown);
+    EXPECT_EQ(cpu::use_simd_target(wanted), cpu::SimdChoice::kChosen);
+    EXPECT_STREQ(cpu::simd_target(), wanted);
+}
 
 TEST(CpuBackend, OutOfMemoryIsAStatus) {
     auto backend = create_cpu_backend(1);

@@ -109,6 +109,7 @@ std::vector<specula_device_info> enumerate_devices() {
 Status create_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out) {
     switch (params.kind) {
         case SPECULA_BACKEND_CPU:
+            if (Status s = cpu_simd_environment(); !s.ok()) return s;
             try {
                 // More threads than the machine has would only take turns on its cores.
                 const int hardware = int(std::max(1u, std::thread::hardware_concurrency()));

@@ -26,14 +26,16 @@ ap.add_argument("--dump-logits", required=True)
 ap.add_argument("--vocab", required=True)
 ap.add_argument("--type", required=True, choices=sorted(TOLERANCE))
 ap.add_argument("--backend", default="cpu")
+ap.add_argument("--emulator", default="", help="runs the programs of a cross build (e.g. qemu-aarch64-static)")
 args = ap.parse_args()
 
 with tempfile.TemporaryDirectory() as tmp:
     model = os.path.join(tmp, "model.gguf")
     out = os.path.join(tmp, "logits.f32")
-    subprocess.run([args.make_model, "--vocab", args.vocab, "-o", model, "--type", args.type, "--n-embd", "128",
+    run = args.emulator.split()
+    subprocess.run(run + [args.make_model, "--vocab", args.vocab, "-o", model, "--type", args.type, "--n-embd", "128",
                     "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--n-ff", "256", "--seed", "3"], check=True)
-    dump = subprocess.run([args.dump_logits, model, out, args.backend] + [str(t) for t in TOKENS])
+    dump = subprocess.run(run + [args.dump_logits, model, out, args.backend] + [str(t) for t in TOKENS])
     if dump.returncode == 77:  # no device for this backend here
         sys.exit(77)
     dump.check_returncode()

@@ -10,12 +10,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <thread>
 
 #include "backend/cpu/kernels.h"
 #include "core/fp16.h"
+#include "core/log.h"
 #include "format/quant.h"
 #include "sampling/verify.h"
 
@@ -65,7 +67,8 @@ class CpuBackend final : public Backend {
     explicit CpuBackend(int n_threads) : pool_(n_threads) {
         info_.kind = SPECULA_BACKEND_CPU;
         info_.index = 0;
-        std::snprintf(info_.name, sizeof info_.name, "cpu (%d threads)", pool_.size());
+        std::snprintf(info_.name, sizeof info_.name, "cpu (%d threads, %s)", pool_.size(),
+                      cpu::simd_target());
     }
 
     const specula_device_info& info() const override { return info_; }
@@ -329,7 +332,39 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+namespace {
+
+const cpu::SimdChoice& simd_choice() {
+    static const cpu::SimdChoice choice = [] {
+        const char* name = std::getenv("SPECULA_CPU_SIMD");
+        return name && *name ? cpu::use_simd_target(name) : cpu::SimdChoice::kChosen;
+    }();
+    return choice;
+}
+
+}  // namespace
+
+Status cpu_simd_environment() {
+    switch (simd_choice()) {
+        case cpu::SimdChoice::kChosen:
+            return Status::Ok();
+        case cpu::SimdChoice::kNotRunnableHere:
+            return {SPECULA_ERR_NO_DEVICE, std::string("SPECULA_CPU_SIMD=") +
+                                               std::getenv("SPECULA_CPU_SIMD") +
+                                               ": not an instruction set this build runs on "
+                                               "this CPU (it runs " +
+                                               cpu::runnable_simd_targets() + ")"};
+        case cpu::SimdChoice::kUnknown:
+            break;
+    }
+    return InvalidArgument(std::string("SPECULA_CPU_SIMD=") + std::getenv("SPECULA_CPU_SIMD") +
+                           ": not an instruction set of this architecture (this build runs " +
+                           cpu::runnable_simd_targets() + " here)");
+}
+
 std::unique_ptr<Backend> create_cpu_backend(int n_threads) {
+    if (simd_choice() != cpu::SimdChoice::kChosen)
+        log(SPECULA_LOG_WARN, cpu_simd_environment().message() + "; running the best one");
     if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
     return std::make_unique<CpuBackend>(n_threads);
 }

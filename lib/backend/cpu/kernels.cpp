@@ -395,6 +395,31 @@ const char* simd_target() {
     return HWY_DYNAMIC_DISPATCH(TargetName)();
 }
 
+SimdChoice use_simd_target(std::string_view name) {
+    hwy::SetSupportedTargetsForTest(0);  // what the CPU has, not an earlier choice
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+        if (name != hwy::TargetName(target)) continue;
+        hwy::SetSupportedTargetsForTest(target);
+        hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+        return SimdChoice::kChosen;
+    }
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    for (int bit = 0; bit < 63; ++bit) {
+        const std::string_view known = hwy::TargetName(int64_t(1) << bit);
+        if (name == known && known != "Unknown") return SimdChoice::kNotRunnableHere;
+    }
+    return SimdChoice::kUnknown;
+}
+
+std::string runnable_simd_targets() {
+    std::string names;
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+        if (!names.empty()) names += ' ';
+        names += hwy::TargetName(target);
+    }
+    return names;
+}
+
 const float* half_table() {
     static const std::vector<float> table = [] {
         std::vector<float> t(65536);

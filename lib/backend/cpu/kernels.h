@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "format/gguf.h"
 
@@ -45,6 +47,14 @@ void attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
 
 // Which instruction set the kernels run on ("AVX3", "AVX2", "NEON", ...).
 const char* simd_target();
+
+enum class SimdChoice { kChosen, kNotRunnableHere, kUnknown };
+// Runs the kernels on the instruction set `name` (as simd_target() spells it) from now on, in
+// the whole process: tests and benchmarks take each compiled one in turn. Otherwise the best
+// one runs; kNotRunnableHere: a target this build or this CPU lacks.
+SimdChoice use_simd_target(std::string_view name);
+// The instruction sets this build has kernels for and this CPU runs, best first.
+std::string runnable_simd_targets();
 
 // Every IEEE half as a float.
 const float* half_table();
