@@ -13,4 +13,8 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
-set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64-static -L /usr/aarch64-linux-gnu)
+# The programs run against the arm64 multiarch libraries (libc6:arm64, which libhwy-dev:arm64
+# brings) that they are linked with: "-L /usr/aarch64-linux-gnu" would pair the cross
+# toolchain's ld.so with the multiarch libc.so.6, two glibc builds whose private interfaces
+# differ (pthread_create then spins forever).
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64-static)

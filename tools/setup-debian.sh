@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building and testing specula needs on Debian 12 (as root, or through sudo).
+#   bash tools/setup-debian.sh           the native build
+#   bash tools/setup-debian.sh aarch64   also the 64-bit ARM cross build and qemu-user to run it
+#                                        (cmake/aarch64-linux-gnu.cmake; adds dpkg's arm64 arch)
 set -euo pipefail
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
 packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes
@@ -11,6 +16,13 @@ packages=(
   glslc libvulkan-dev                 # Vulkan shaders and headers (the loader is opened at run time)
   mesa-vulkan-drivers vulkan-validationlayers  # llvmpipe: a Vulkan device on the CPU; the Khronos validation layer
 )
+if [ "${1:-}" = aarch64 ]; then
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    $sudo dpkg --add-architecture arm64
+    $sudo apt-get update -qq
+  fi
+  packages+=(crossbuild-essential-arm64 qemu-user-static libhwy-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,8 +31,6 @@ if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
   exit 0
 fi
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
 echo "setup: installing ${missing[*]}"
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -5,7 +5,9 @@
 #   2. an install, and a C program built against it (find_package and pkg-config),
 #   3. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (Debug),
 #   4. the test of sessions sharing a model from several threads under ThreadSanitizer,
-#   5. the GGUF fuzzer (libFuzzer) for SPECULA_FUZZ_SECONDS (default 60) on a seed corpus.
+#   5. the GGUF fuzzer (libFuzzer) for SPECULA_FUZZ_SECONDS (default 60) on a seed corpus,
+#   6. on x86-64, a cross build for 64-bit ARM Linux whose cpu tests (NEON kernels, NumPy
+#      parity) run under qemu-user; SPECULA_SKIP_AARCH64=1 leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-debian.sh
@@ -63,3 +65,12 @@ done
 build/fuzz/tools/specula-fuzz-gguf -max_total_time="${SPECULA_FUZZ_SECONDS:-60}" -max_len=65536 \
   -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
 echo "fuzz: no crash"
+
+if [ "$(uname -m)" = x86_64 ] && [ "${SPECULA_SKIP_AARCH64:-0}" != 1 ]; then
+  echo "== aarch64: cross build (Vulkan included, CUDA off), cpu tests under qemu-user"
+  bash tools/setup-debian.sh aarch64
+  cmake -S . -B build/aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+    -DCMAKE_BUILD_TYPE=Release -DSPECULA_CUDA=OFF >/dev/null
+  cmake --build build/aarch64 -j "$jobs"
+  ctest --test-dir build/aarch64 -L cpu -j "$jobs" --timeout 900 --output-on-failure
+fi
