@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -135,6 +136,37 @@ TEST(Tokenizer, MalformedByteTokensAreRefusedAtLoad) {
         const Status s = Tokenizer::from_gguf(gguf, &tok);
         EXPECT_EQ(s.code(), SPECULA_ERR_FORMAT) << bad;
         EXPECT_NE(s.message().find(bad), std::string::npos) << s.message();
+    }
+}
+
+// A BPE vocabulary whose pre-tokenizer splits otherwise than GPT-2 is refused, naming it:
+// splitting it the GPT-2 way would give other ids without a word.
+TEST(Tokenizer, UnknownPreTokenizersAreUnsupported) {
+    const std::string bytes = read_file(test::data_path("ggml-vocab-gpt-2.gguf"));
+    const std::string key = "tokenizer.ggml.pre";
+    const size_t at = bytes.find(key);
+    ASSERT_NE(at, std::string::npos);
+    const size_t value = at + key.size() + 4;  // after the value's type (u32)
+    uint64_t length = 0;
+    std::memcpy(&length, bytes.data() + value, 8);
+    ASSERT_EQ(bytes.substr(value + 8, length), "gpt-2");
+    for (const std::string pre : {"gpt-2", "phi-2", "llama-bpe", "qwen2", "deepseek-llm", ""}) {
+        std::string patched = bytes;
+        const uint64_t n = pre.size();
+        patched.replace(value, 8 + length, std::string(reinterpret_cast<const char*>(&n), 8) + pre);
+        GgufFile gguf;
+        ASSERT_TRUE(
+            GgufFile::parse(
+                std::span(reinterpret_cast<const uint8_t*>(patched.data()), patched.size()), &gguf)
+                .ok());
+        std::unique_ptr<Tokenizer> tok;
+        const Status s = Tokenizer::from_gguf(gguf, &tok);
+        if (pre == "gpt-2" || pre == "phi-2") {
+            EXPECT_TRUE(s.ok()) << pre << ": " << s.message();
+        } else {
+            EXPECT_EQ(s.code(), SPECULA_ERR_UNSUPPORTED) << pre;
+            EXPECT_NE(s.message().find("'" + pre + "'"), std::string::npos) << s.message();
+        }
     }
 }
 

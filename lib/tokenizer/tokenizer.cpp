@@ -3,7 +3,9 @@
 #include <array>
 #include <cstdio>
 #include <queue>
+#include <string_view>
 
+#include "core/log.h"
 #include "tokenizer/unicode.h"
 
 namespace specula {
@@ -123,6 +125,35 @@ int byte_value(std::string_view text) {
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
+// tokenizer.ggml.pre values whose split is GPT-2's regex and nothing else (the names llama.cpp
+// maps to its GPT-2 split). Other BPE vocabularies split differently (Llama 3 and Qwen2 keep
+// digits apart, group letters after one symbol, ...), so their ids would silently differ: they
+// are refused until their split is implemented.
+constexpr std::array<std::string_view, 13> kGpt2SplitPreTokenizers = {
+    "gpt-2",      "phi-2",        "jina-es",     "jina-de", "gigachat", "jina-v1-en", "jina-v2-es",
+    "jina-v2-de", "jina-v2-code", "roberta-bpe", "mpt",     "olmo",     "jais"};
+
+Status check_pre_tokenizer(const GgufFile& gguf) {
+    std::string pre;
+    bool found = false;
+    SPECULA_TRY(gguf.get_string("tokenizer.ggml.pre", &pre, &found));
+    if (!found) {
+        log(SPECULA_LOG_WARN,
+            "the GGUF file names no pre-tokenizer (tokenizer.ggml.pre): GPT-2's split is used, "
+            "which may not be the one the model was trained with");
+        return Status::Ok();
+    }
+    for (std::string_view known : kGpt2SplitPreTokenizers)
+        if (pre == known) return Status::Ok();
+    std::string names;
+    for (std::string_view known : kGpt2SplitPreTokenizers)
+        names += (names.empty() ? "" : ", ") + std::string(known);
+    return Unsupported("pre-tokenizer '" + pre.substr(0, 64) +
+                       "' (tokenizer.ggml.pre): its split is not implemented, and GPT-2's would "
+                       "give other token ids (supported: " +
+                       names + ")");
+}
+
 }  // namespace
 
 Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* out) {
@@ -135,6 +166,7 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
         t->kind_ = Kind::kSentencePiece;
     } else if (model == "gpt2") {
         t->kind_ = Kind::kBytePairGpt2;
+        SPECULA_TRY(check_pre_tokenizer(gguf));  // SentencePiece has no pre-tokenizer
     } else {
         return Unsupported("tokenizer model '" + model + "' (supported: llama, gpt2)");
     }
