@@ -5,7 +5,8 @@
 #   2. an install, and a C program built against it (find_package and pkg-config),
 #   3. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (Debug),
 #   4. the test of sessions sharing a model from several threads under ThreadSanitizer,
-#   5. the GGUF fuzzer (libFuzzer) for SPECULA_FUZZ_SECONDS (default 60) on a seed corpus,
+#   5. the GGUF fuzzer (libFuzzer) for SPECULA_FUZZ_SECONDS (default 60) on a seed corpus, and
+#      the WAV decoder's for a quarter of that,
 #   6. on x86-64, a cross build for 64-bit ARM Linux whose cpu tests (NEON kernels, NumPy
 #      parity) run under qemu-user; SPECULA_SKIP_AARCH64=1 leaves it out.
 set -euo pipefail
@@ -65,6 +66,16 @@ done
 build/fuzz/tools/specula-fuzz-gguf -max_total_time="${SPECULA_FUZZ_SECONDS:-60}" -max_len=65536 \
   -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
 echo "fuzz: no crash"
+echo "== fuzzing the WAV decoder"
+cmake --build build/fuzz -j "$jobs" --target specula-fuzz-wav
+wav_corpus=build/fuzz/corpus-wav
+mkdir -p "$wav_corpus"
+if [ -f ../shared/data/audio/jfk.wav ]; then head -c 4096 ../shared/data/audio/jfk.wav >"$wav_corpus/seed-jfk.wav"; fi
+printf 'RIFF\x2c\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x02\x00\x44\xac\x00\x00\x10\xb1\x02\x00\x04\x00\x10\x00data\x08\x00\x00\x00\x01\x00\xff\xff\x00\x80\xff\x7f' \
+  >"$wav_corpus/seed-stereo16.wav"
+build/fuzz/tools/specula-fuzz-wav -max_total_time="$(( ${SPECULA_FUZZ_SECONDS:-60} / 4 ))" -max_len=8192 \
+  -print_final_stats=1 "$wav_corpus" 2>&1 | tail -n 4
+echo "fuzz (wav): no crash"
 
 if [ "$(uname -m)" = x86_64 ] && [ "${SPECULA_SKIP_AARCH64:-0}" != 1 ]; then
   echo "== aarch64: cross build (Vulkan included, CUDA off), cpu tests under qemu-user"

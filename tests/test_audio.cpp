@@ -1,0 +1,207 @@
+// WAV decoding (lib/audio): every sample format against values written here, chunk walking,
+// and malformed files as status values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "audio/wav.h"
+
+using namespace specula;
+using specula::audio::decode_wav;
+using specula::audio::Wav;
+
+namespace {
+
+void put(std::vector<uint8_t>& v, uint64_t x, int bytes) {
+    for (int i = 0; i < bytes; ++i)
+        v.push_back(uint8_t(x >> (8 * i)));
+}
+void put_tag(std::vector<uint8_t>& v, const char* tag) {
+    v.insert(v.end(), tag, tag + 4);
+}
+
+struct Spec {
+    uint16_t tag = 1;  // PCM; 3 float
+    int channels = 1, rate = 16000, bits = 16;
+    bool extensible = false, list_first = false, list_after = false;
+};
+
+// A WAV file holding `raw` (the samples' bytes, frames interleaved) after a LIST chunk of odd
+// size where asked (chunks are padded to even sizes).
+std::vector<uint8_t> make_wav(const Spec& s, const std::vector<uint8_t>& raw) {
+    std::vector<uint8_t> v;
+    put_tag(v, "RIFF");
+    put(v, 0, 4);  // patched below
+    put_tag(v, "WAVE");
+    auto list = [&] {
+        put_tag(v, "LIST");
+        put(v, 5, 4);
+        v.insert(v.end(), {'I', 'N', 'F', 'O', '!', 0});  // 5 bytes + pad
+    };
+    if (s.list_first) list();
+    put_tag(v, "fmt ");
+    put(v, s.extensible ? 40 : 16, 4);
+    put(v, s.extensible ? 0xFFFE : s.tag, 2);
+    put(v, uint64_t(s.channels), 2);
+    put(v, uint64_t(s.rate), 4);
+    put(v, uint64_t(s.rate * s.channels * s.bits / 8), 4);
+    put(v, uint64_t(s.channels * s.bits / 8), 2);
+    put(v, uint64_t(s.bits), 2);
+    if (s.extensible) {
+        put(v, 22, 2);
+        put(v, uint64_t(s.bits), 2);
+        put(v, 0, 4);
+        put(v, s.tag, 2);  // sub-format GUID: the tag, then KSDATAFORMAT's fixed 14 bytes
+        const uint8_t rest[14] = {0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x80,
+                                  0x00, 0x00, 0xAA, 0x00, 0x38, 0x9B, 0x71};
+        v.insert(v.end(), rest, rest + 14);
+    }
+    put_tag(v, "data");
+    put(v, raw.size(), 4);
+    v.insert(v.end(), raw.begin(), raw.end());
+    if (raw.size() & 1) v.push_back(0);
+    if (s.list_after) list();
+    const uint32_t riff = uint32_t(v.size() - 8);
+    std::memcpy(v.data() + 4, &riff, 4);
+    return v;
+}
+
+Wav decode_ok(const std::vector<uint8_t>& bytes) {
+    Wav w;
+    const Status s = decode_wav(bytes, &w);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return w;
+}
+
+TEST(Wav, EveryIntegerWidthDecodesToItsValueOverFullScale) {
+    const std::vector<int64_t> values = {0, 1, -1, 1000, -1000, 12345, -12345};
+    for (int bits : {16, 24, 32}) {
+        for (bool extensible : {false, true}) {
+            std::vector<uint8_t> raw;
+            for (int64_t x : values)
+                put(raw, uint64_t(x), bits / 8);
+            const std::vector<int64_t> edges = {(int64_t(1) << (bits - 1)) - 1,
+                                                -(int64_t(1) << (bits - 1))};
+            for (int64_t x : edges)
+                put(raw, uint64_t(x), bits / 8);
+            const Wav w = decode_ok(make_wav({.bits = bits, .extensible = extensible}, raw));
+            ASSERT_EQ(w.mono.size(), values.size() + 2);
+            EXPECT_EQ(w.bits, bits);
+            EXPECT_FALSE(w.is_float);
+            const double full = std::ldexp(1.0, bits - 1);
+            for (size_t i = 0; i < values.size(); ++i)
+                EXPECT_FLOAT_EQ(w.mono[i], float(double(values[i]) / full)) << bits << " " << i;
+            EXPECT_EQ(w.mono[values.size()], float(double(edges[0]) / full));  // 1.0f at 32 bits
+            EXPECT_EQ(w.mono[values.size() + 1], -1.0f);
+        }
+    }
+    // 8-bit PCM is unsigned around 128.
+    const Wav w8 = decode_ok(make_wav({.bits = 8}, {128, 0, 255, 192}));
+    EXPECT_EQ(w8.mono, (std::vector<float>{0.0f, -1.0f, 127.0f / 128.0f, 0.5f}));
+}
+
+TEST(Wav, FloatSamplesAndStereoMixdown) {
+    const std::vector<float> left = {0.5f, -0.25f, 1.0f}, right = {0.25f, 0.25f, -1.0f};
+    std::vector<uint8_t> raw;
+    for (size_t i = 0; i < left.size(); ++i)
+        for (float x : {left[i], right[i]}) {
+            uint32_t u;
+            std::memcpy(&u, &x, 4);
+            put(raw, u, 4);
+        }
+    for (bool extensible : {false, true}) {
+        const Wav w = decode_ok(make_wav(
+            {.tag = 3, .channels = 2, .rate = 44100, .bits = 32, .extensible = extensible}, raw));
+        EXPECT_TRUE(w.is_float);
+        EXPECT_EQ(w.channels, 2);
+        EXPECT_EQ(w.sample_rate, 44100);
+        EXPECT_EQ(w.mono, (std::vector<float>{0.375f, 0.0f, 0.0f}));
+    }
+}
+
+TEST(Wav, ChunksBeforeAndAfterTheDataAreSkipped) {
+    const std::vector<uint8_t> raw = {0x00, 0x40, 0x00, 0xC0, 0x01, 0x00};  // 0.5, -0.5, 1/32768
+    for (bool first : {false, true})
+        for (bool after : {false, true}) {
+            const Wav w = decode_ok(make_wav({.list_first = first, .list_after = after}, raw));
+            EXPECT_EQ(w.mono, (std::vector<float>{0.5f, -0.5f, 1.0f / 32768.0f}));
+        }
+}
+
+// Every prefix of a file decodes to a status, never a crash (ASan watches the reads): cut
+// inside the samples it is the whole frames before the cut, cut earlier it is FORMAT.
+TEST(Wav, EveryTruncationIsAStatusOrTheWholeFramesBeforeIt) {
+    std::vector<uint8_t> raw;
+    for (int i = 0; i < 50; ++i)
+        put(raw, uint64_t(i * 37), 3);  // 24-bit stereo: 6-byte frames
+    const std::vector<uint8_t> full =
+        make_wav({.channels = 2, .bits = 24, .list_first = true}, raw);
+    const size_t data_start = full.size() - raw.size();
+    for (size_t n = 0; n < full.size(); ++n) {
+        Wav w;
+        const std::vector<uint8_t> prefix(full.begin(), full.begin() + std::ptrdiff_t(n));
+        const Status s = decode_wav(prefix, &w);
+        if (n >= data_start) {
+            ASSERT_TRUE(s.ok()) << n << ": " << s.message();
+            EXPECT_EQ(w.mono.size(), (n - data_start) / 6) << n;
+        } else {
+            EXPECT_EQ(s.code(), SPECULA_ERR_FORMAT) << n;
+            EXPECT_NE(s.message().find("WAV file at byte"), std::string::npos) << s.message();
+        }
+    }
+}
+
+TEST(Wav, MalformedAndUnsupportedFilesAreStatuses) {
+    const std::vector<uint8_t> raw = {1, 0, 2, 0};
+    const std::vector<uint8_t> good = make_wav({}, raw);
+    auto code_of = [](const std::vector<uint8_t>& bytes) {
+        Wav w;
+        return decode_wav(bytes, &w).code();
+    };
+    auto patched = [&](size_t at, std::vector<uint8_t> with) {
+        std::vector<uint8_t> v = good;
+        std::copy(with.begin(), with.end(), v.begin() + std::ptrdiff_t(at));
+        return v;
+    };
+    EXPECT_EQ(code_of(good), SPECULA_OK);
+    EXPECT_EQ(code_of(patched(0, {'R', 'I', 'F', 'X'})), SPECULA_ERR_FORMAT);
+    EXPECT_EQ(code_of(patched(8, {'A', 'V', 'I', ' '})), SPECULA_ERR_FORMAT);
+    EXPECT_EQ(code_of(patched(20, {2, 0})), SPECULA_ERR_UNSUPPORTED);               // MS ADPCM
+    EXPECT_EQ(code_of(patched(34, {12, 0})), SPECULA_ERR_UNSUPPORTED);              // 12-bit PCM
+    EXPECT_EQ(code_of(patched(22, {0, 0})), SPECULA_ERR_FORMAT);                    // no channels
+    EXPECT_EQ(code_of(patched(24, {0, 0, 0, 0})), SPECULA_ERR_FORMAT);              // 0 Hz
+    EXPECT_EQ(code_of(patched(32, {3, 0})), SPECULA_ERR_FORMAT);                    // block align
+    EXPECT_EQ(code_of(patched(16, {0xFF, 0xFF, 0xFF, 0x7F})), SPECULA_ERR_FORMAT);  // fmt size
+    EXPECT_EQ(code_of(patched(12, {'d', 'a', 't', 'a'})), SPECULA_ERR_FORMAT);  // data before fmt
+    EXPECT_EQ(code_of(patched(36, {'j', 'u', 'n', 'k'})), SPECULA_ERR_FORMAT);  // no data chunk
+    // A data chunk of unknown size (streaming writers) is read to the end of the file.
+    const Wav w = decode_ok(patched(40, {0xFF, 0xFF, 0xFF, 0xFF}));
+    EXPECT_EQ(w.mono.size(), 2u);
+}
+
+// whisper.cpp's sample clip where the shared data is present: 16 kHz mono 16-bit PCM with a
+// LIST chunk before its data.
+TEST(Wav, TheJfkClip) {
+    const std::filesystem::path path = SPECULA_SHARED_DATA_DIR "/audio/jfk.wav";
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not here";
+    std::ifstream f(path, std::ios::binary);
+    const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(f), {}};
+    const Wav w = decode_ok(bytes);
+    EXPECT_EQ(w.sample_rate, 16000);
+    EXPECT_EQ(w.channels, 1);
+    EXPECT_EQ(w.bits, 16);
+    EXPECT_EQ(w.mono.size(), 176000u);  // 11 s
+    float peak = 0.0f;
+    for (float x : w.mono)
+        peak = std::max(peak, std::fabs(x));
+    EXPECT_GT(peak, 0.1f);
+    EXPECT_LE(peak, 1.0f);
+}
+
+}  // namespace
