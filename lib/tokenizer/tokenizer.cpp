@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "core/log.h"
+#include "tokenizer/regex_split.h"
 #include "tokenizer/unicode.h"
 
 namespace specula {
@@ -35,81 +36,32 @@ const ByteMapping& byte_mapping() {
     return m;
 }
 
-// One pre-token boundary of the GPT-2 pattern
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// evaluated on decoded code points (a hand-written matcher: no regex engine
-// handles \p{..} portably in C++).
-std::vector<std::string_view> gpt2_pre_split(std::string_view text) {
-    struct Char {
-        size_t offset, length;
-        uint32_t cp;
-    };
-    std::vector<Char> chars;
-    for (size_t off = 0; off < text.size();) {
-        size_t len = 0;
-        const uint32_t cp = utf8_decode(text.substr(off), &len);
-        chars.push_back({off, len, cp});
-        off += len;
-    }
-    const size_t n = chars.size();
-    auto cp_at = [&](size_t i) { return i < n ? chars[i].cp : 0xFFFFFFFFu; };
-    auto letter = [&](size_t i) { return i < n && is_unicode_letter(chars[i].cp); };
-    auto number = [&](size_t i) { return i < n && is_unicode_number(chars[i].cp); };
-    auto space = [&](size_t i) { return i < n && is_unicode_whitespace(chars[i].cp); };
-    auto other = [&](size_t i) { return i < n && !letter(i) && !number(i) && !space(i); };
+// A byte-level BPE vocabulary's pre-tokenizer: the regex its tokenizer.json splits text with
+// (the "Isolated" behaviour: matches and the text between them are words), and whether a
+// word that is itself a token skips the merges (tokenizer.json's ignore_merges).
+struct PreTokenizer {
+    std::vector<std::string_view> names;  // tokenizer.ggml.pre values
+    std::string_view pattern;
+    bool ignore_merges;
+};
 
-    std::vector<std::string_view> words;
-    size_t start = 0;
-    auto emit = [&](size_t end) {
-        const size_t b = chars[start].offset;
-        const size_t e = end < n ? chars[end].offset : text.size();
-        words.push_back(text.substr(b, e - b));
-        start = end;
+const std::vector<PreTokenizer>& pre_tokenizers() {
+    static const std::vector<PreTokenizer> all = {
+        // GPT-2's encoder.py; llama.cpp gives these names the same split.
+        {{"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v1-en", "jina-v2-es",
+          "jina-v2-de", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais"},
+         Tokenizer::kGpt2Regex,
+         false},
+        // Llama 3's tokenizer.json: digits in threes, one symbol may lead a word.
+        {{"llama-bpe", "llama3", "llama-v3"},
+         R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+         true},
+        // Qwen2/2.5/3's tokenizer.json: single digits.
+        {{"qwen2"},
+         R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+         false},
     };
-    size_t pos = 0;
-    while (pos < n) {
-        const uint32_t cp = cp_at(pos);
-        if (cp == '\'' && pos + 1 < n) {
-            const uint32_t c1 = cp_at(pos + 1);
-            if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
-                emit(pos += 2);
-                continue;
-            }
-            const uint32_t c2 = cp_at(pos + 2);
-            if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
-                emit(pos += 3);
-                continue;
-            }
-        }
-        // " ?\p{L}+", " ?\p{N}+" and " ?[^\s\p{L}\p{N}]+": an optional space, then a run of one
-        // class.
-        enum Class { kNone, kLetter, kNumber, kOther };
-        auto class_at = [&](size_t i) {
-            return letter(i) ? kLetter : number(i) ? kNumber : other(i) ? kOther : kNone;
-        };
-        const size_t probe = cp == ' ' ? pos + 1 : pos;
-        if (const Class run = class_at(probe); run != kNone) {
-            pos = probe;
-            while (class_at(pos) == run)
-                ++pos;
-            emit(pos);
-            continue;
-        }
-        size_t spaces = 0;
-        while (space(pos + spaces))
-            ++spaces;
-        if (spaces > 1 && pos + spaces < n) {
-            // \s+(?!\S): leave the last space to prefix the next word.
-            emit(pos += spaces - 1);
-            continue;
-        }
-        if (spaces > 0) {
-            emit(pos += spaces);
-            continue;
-        }
-        emit(++pos);
-    }
-    return words;
+    return all;
 }
 
 // The byte of a SentencePiece byte token "<0xHH>", or -1 when the text is not one.
@@ -125,15 +77,9 @@ int byte_value(std::string_view text) {
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
-// tokenizer.ggml.pre values whose split is GPT-2's regex and nothing else (the names llama.cpp
-// maps to its GPT-2 split). Other BPE vocabularies split differently (Llama 3 and Qwen2 keep
-// digits apart, group letters after one symbol, ...), so their ids would silently differ: they
-// are refused until their split is implemented.
-constexpr std::array<std::string_view, 13> kGpt2SplitPreTokenizers = {
-    "gpt-2",      "phi-2",        "jina-es",     "jina-de", "gigachat", "jina-v1-en", "jina-v2-es",
-    "jina-v2-de", "jina-v2-code", "roberta-bpe", "mpt",     "olmo",     "jais"};
-
-Status check_pre_tokenizer(const GgufFile& gguf) {
+// The pre-tokenizer tokenizer.ggml.pre names. A name this file does not know is refused: another
+// split would give other token ids without a word.
+Status find_pre_tokenizer(const GgufFile& gguf, const PreTokenizer** out) {
     std::string pre;
     bool found = false;
     SPECULA_TRY(gguf.get_string("tokenizer.ggml.pre", &pre, &found));
@@ -141,15 +87,21 @@ Status check_pre_tokenizer(const GgufFile& gguf) {
         log(SPECULA_LOG_WARN,
             "the GGUF file names no pre-tokenizer (tokenizer.ggml.pre): GPT-2's split is used, "
             "which may not be the one the model was trained with");
+        *out = &pre_tokenizers().front();
         return Status::Ok();
     }
-    for (std::string_view known : kGpt2SplitPreTokenizers)
-        if (pre == known) return Status::Ok();
     std::string names;
-    for (std::string_view known : kGpt2SplitPreTokenizers)
-        names += (names.empty() ? "" : ", ") + std::string(known);
+    for (const PreTokenizer& p : pre_tokenizers()) {
+        for (std::string_view name : p.names) {
+            if (pre == name) {
+                *out = &p;
+                return Status::Ok();
+            }
+            names += (names.empty() ? "" : ", ") + std::string(name);
+        }
+    }
     return Unsupported("pre-tokenizer '" + pre.substr(0, 64) +
-                       "' (tokenizer.ggml.pre): its split is not implemented, and GPT-2's would "
+                       "' (tokenizer.ggml.pre): its split is not implemented, and another would "
                        "give other token ids (supported: " +
                        names + ")");
 }
@@ -166,7 +118,10 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
         t->kind_ = Kind::kSentencePiece;
     } else if (model == "gpt2") {
         t->kind_ = Kind::kBytePairGpt2;
-        SPECULA_TRY(check_pre_tokenizer(gguf));  // SentencePiece has no pre-tokenizer
+        const PreTokenizer* pre = nullptr;  // SentencePiece has none
+        SPECULA_TRY(find_pre_tokenizer(gguf, &pre));
+        SPECULA_TRY(RegexSplitter::compile(pre->pattern, &t->pre_split_));
+        t->ignore_merges_ = pre->ignore_merges;
     } else {
         return Unsupported("tokenizer model '" + model + "' (supported: llama, gpt2)");
     }
@@ -242,6 +197,12 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
     return Status::Ok();
 }
 
+std::string_view Tokenizer::pre_tokenizer_for_regex(std::string_view regex) {
+    for (const PreTokenizer& p : pre_tokenizers())
+        if (p.pattern == regex) return p.names.front();
+    return {};
+}
+
 int32_t Tokenizer::find(std::string_view text) const {
     auto it = token_ids_.find(std::string(text));
     return it == token_ids_.end() ? -1 : it->second;
@@ -270,11 +231,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
         }
         encode_sentencepiece(escaped, &out);
     } else {
-        for (std::string_view word : gpt2_pre_split(text)) {
+        for (std::string_view word : pre_split_->split(text)) {
             std::string mapped;
             for (char c : word)
                 mapped += byte_mapping().byte_to_text[uint8_t(c)];
-            encode_bpe_word(mapped, &out);
+            if (const int32_t whole = ignore_merges_ ? find(mapped) : -1; whole >= 0)
+                out.push_back(whole);
+            else
+                encode_bpe_word(mapped, &out);
         }
     }
     return out;

@@ -1,7 +1,8 @@
 // Tokenizers read from GGUF metadata (tokenizer.ggml.*): SentencePiece-style
-// ("llama": score-driven merges with byte fallback) and GPT-2 byte-level BPE
-// ("gpt2": regex pre-split, byte-to-unicode mapping, ranked merges). Both match
-// llama.cpp's tokenization of the same vocabulary.
+// ("llama": score-driven merges with byte fallback) and byte-level BPE ("gpt2": the
+// pre-tokenizer's regex split that tokenizer.ggml.pre names — GPT-2's, Llama 3's, Qwen2's —,
+// byte-to-unicode mapping, ranked merges). Both match llama.cpp's tokenization of the same
+// vocabulary and Hugging Face's of the tokenizer.json it came from.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 #include "core/status.h"
 #include "format/gguf.h"
+#include "tokenizer/regex_split.h"
 
 namespace specula {
 
@@ -31,6 +33,11 @@ class Tokenizer {
     };
 
     static Status from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* out);
+    // The tokenizer.ggml.pre name of the pre-tokenizer that splits by `regex` (a
+    // tokenizer.json's Split pattern, or GPT-2's), "" for one not implemented.
+    static std::string_view pre_tokenizer_for_regex(std::string_view regex);
+    static constexpr std::string_view kGpt2Regex =
+        R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
     Kind kind() const { return kind_; }
     const char* kind_name() const { return kind_ == Kind::kSentencePiece ? "llama" : "gpt2"; }
@@ -61,6 +68,8 @@ class Tokenizer {
     std::vector<int32_t> types_;
     std::unordered_map<std::string, int32_t> token_ids_;
     std::unordered_map<std::string, int32_t> merge_ranks_;  // "left right" -> rank
+    std::unique_ptr<RegexSplitter> pre_split_;              // byte-level BPE only
+    bool ignore_merges_ = false;  // a word that is a token is that token (Llama 3)
     int32_t bos_ = -1, eos_ = -1, unk_ = -1;
     bool add_bos_ = false;
     bool add_space_prefix_ = false;

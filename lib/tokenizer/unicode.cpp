@@ -1,23 +1,6 @@
 #include "tokenizer/unicode.h"
 
-#include <algorithm>
-#include <iterator>
-
 namespace specula {
-
-namespace {
-struct CodepointRange {
-    uint32_t first, last;
-};
-#include "tokenizer/unicode_tables.inc"
-
-template <size_t N>
-bool in_ranges(const CodepointRange (&ranges)[N], uint32_t cp) {
-    auto it = std::upper_bound(std::begin(ranges), std::end(ranges), cp,
-                               [](uint32_t c, const CodepointRange& r) { return c < r.first; });
-    return it != std::begin(ranges) && cp <= std::prev(it)->last;
-}
-}  // namespace
 
 size_t utf8_char_length(std::string_view text) {
     size_t len = 0;
@@ -70,19 +53,6 @@ void utf8_append(std::string* out, uint32_t cp) {
         out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
         out->push_back(char(0x80 | (cp & 0x3F)));
     }
-}
-
-bool is_unicode_letter(uint32_t cp) {
-    return in_ranges(kLetterRanges, cp);
-}
-bool is_unicode_number(uint32_t cp) {
-    return in_ranges(kNumberRanges, cp);
-}
-
-bool is_unicode_whitespace(uint32_t cp) {
-    return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-           cp == 0x205F || cp == 0x3000;
 }
 
 }  // namespace specula

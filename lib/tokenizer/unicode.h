@@ -15,8 +15,4 @@ size_t utf8_char_length(std::string_view text);
 uint32_t utf8_decode(std::string_view text, size_t* length);
 void utf8_append(std::string* out, uint32_t codepoint);
 
-bool is_unicode_letter(uint32_t cp);      // \p{L}
-bool is_unicode_number(uint32_t cp);      // \p{N}
-bool is_unicode_whitespace(uint32_t cp);  // \s (the White_Space property)
-
 }  // namespace specula
