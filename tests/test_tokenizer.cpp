@@ -83,6 +83,21 @@ TEST_P(VocabTest, DecodeInvertsEncode) {
         EXPECT_EQ(tok->decode(tok->encode(c.text, false)), c.text);
 }
 
+// Long runs of one class (a regex engine's stack and backtracking limits) split as short
+// ones do: a run of n spaces before a word is n - 1 spaces and " word", digits stay digits.
+TEST(Tokenizer, LongRunsRoundTrip) {
+    std::unique_ptr<MappedFile> file;
+    auto tok = load_tokenizer(test::data_path("ggml-vocab-gpt-2.gguf"), &file);
+    ASSERT_TRUE(tok);
+    const std::string text = std::string(200000, ' ') + "word" + std::string(100000, '7') +
+                             std::string(50000, '\n') + std::string(100000, 'x') + " \xff\xfe end";
+    EXPECT_EQ(tok->decode(tok->encode(text, false)), text);
+    const std::vector<int32_t> spaced = tok->encode(std::string(1000, ' ') + "word", false);
+    const std::vector<int32_t> word = tok->encode(" word", false);
+    ASSERT_FALSE(spaced.empty());
+    EXPECT_EQ(spaced.back(), word.back());
+}
+
 // llama.cpp's vectors for its Llama and GPT-2 vocabularies, and the vectors that the
 // demo models' own trainer (tools/train/bpe.py) wrote for their vocabulary.
 INSTANTIATE_TEST_SUITE_P(

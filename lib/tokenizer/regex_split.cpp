@@ -38,8 +38,15 @@ std::vector<std::string_view> RegexSplitter::split(std::string_view text) const 
     const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t gap = 0, at = 0;
     while (at < text.size()) {
-        const int rc = pcre2_match(code_->code, subject, text.size(), at, 0, match.get(), nullptr);
-        if (rc < 0) break;  // no further match (or a resource limit: the rest is one word)
+        int rc = pcre2_match(code_->code, subject, text.size(), at, 0, match.get(), nullptr);
+        if (rc < 0 && rc != PCRE2_ERROR_NOMATCH)  // the JIT's stack: the interpreter uses the heap
+            rc = pcre2_match(code_->code, subject, text.size(), at, PCRE2_NO_JIT, match.get(),
+                             nullptr);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {  // past PCRE2's heap limit: a character the pattern was not tried on
+            at += 1;
+            continue;
+        }
         const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
         const size_t begin = ovector[0], end = ovector[1];
         if (end == begin) {  // an empty match: the patterns used here have none; step over it
