@@ -341,6 +341,34 @@ TEST_F(Api, HugeContextsAreOutOfMemoryAndLongOnesAreWarned) {
     specula_session_free(s);
 }
 
+// What a session holds is reported so an app can tell whether a pair fits: the difference
+// between two context lengths is exactly their KV caches and rotation tables.
+TEST_F(Api, SessionMemoryIsReported) {
+    uint64_t available = 0;
+    ASSERT_EQ(specula_backend_available_memory(backend, &available), SPECULA_OK);
+    EXPECT_GT(available, 0u);  // Linux's MemAvailable
+    specula_model_info info{};
+    ASSERT_EQ(specula_model_get_info(model, &info), SPECULA_OK);
+    uint64_t bytes[2][2] = {};
+    for (int i = 0; i < 2; ++i) {
+        specula_session_params sp = specula_session_default_params();
+        sp.n_ctx = 64u << i;
+        if (i == 1) sp.draft = model;  // the model drafting for itself
+        specula_session* s = nullptr;
+        ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
+        ASSERT_EQ(specula_session_memory(s, &bytes[i][0], &bytes[i][1]), SPECULA_OK);
+        EXPECT_EQ(specula_session_memory(s, nullptr, &bytes[i][1]), SPECULA_ERR_INVALID_ARGUMENT);
+        specula_session_free(s);
+    }
+    const uint64_t head_dim = uint64_t(info.n_embd / info.n_head);
+    const uint64_t kv_dim = head_dim * uint64_t(info.n_head_kv);
+    const uint64_t per_position = (2 * uint64_t(info.n_layer) * kv_dim + head_dim) * sizeof(float);
+    EXPECT_EQ(bytes[1][0] - bytes[0][0], 64 * per_position);
+    EXPECT_EQ(bytes[0][1], 0u);           // no draft
+    EXPECT_EQ(bytes[1][1], bytes[1][0]);  // the same model and context as the target
+    EXPECT_EQ(specula_backend_available_memory(nullptr, &available), SPECULA_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(Api, BadFilesFailCleanlyAndLeaveLoadedModelsWorking) {
     const auto good = read_bytes(model_path());
     specula_model* m = nullptr;

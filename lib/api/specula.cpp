@@ -267,6 +267,15 @@ specula_status specula_backend_get_info(const specula_backend* backend, specula_
     });
 }
 
+specula_status specula_backend_available_memory(const specula_backend* backend, uint64_t* bytes) {
+    return guarded([&] {
+        SPECULA_TRY(need(backend, "backend"));
+        SPECULA_TRY(need(bytes, "bytes"));
+        *bytes = backend->impl->available_memory();
+        return Status::Ok();
+    });
+}
+
 // -------------------------------------------------------------------- models
 
 specula_model_params specula_model_default_params(void) {
@@ -575,6 +584,18 @@ specula_status specula_generate(specula_session* session, const specula_generate
     });
     if (n_generated != nullptr) *n_generated = count;
     return status;
+}
+
+specula_status specula_session_memory(const specula_session* session, uint64_t* target_bytes,
+                                      uint64_t* draft_bytes) {
+    return guarded([&] {
+        SPECULA_TRY(need(session, "session"));
+        SPECULA_TRY(need(target_bytes, "target_bytes"));
+        SPECULA_TRY(need(draft_bytes, "draft_bytes"));
+        *target_bytes = session->target->memory_bytes();
+        *draft_bytes = session->draft ? session->draft->memory_bytes() : 0;
+        return Status::Ok();
+    });
 }
 
 specula_status specula_session_get_stats(const specula_session* session,

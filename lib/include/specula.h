@@ -122,6 +122,12 @@ SPECULA_API specula_status specula_backend_create(const specula_backend_params* 
 SPECULA_API void specula_backend_free(specula_backend* backend);
 SPECULA_API specula_status specula_backend_get_info(const specula_backend* backend,
                                                     specula_device_info* info);
+/* What the backend can still allocate: free device-local memory on a GPU, the system's
+ * available memory for the cpu backend; 0 when unknown. With specula_model_info.weight_bytes
+ * and specula_session_memory an app can tell whether a target/draft pair fits; a load or a
+ * session that does not fit fails with SPECULA_ERR_OUT_OF_MEMORY before allocating. */
+SPECULA_API specula_status specula_backend_available_memory(const specula_backend* backend,
+                                                            uint64_t* bytes);
 
 /* ----------------------------------------------------------------- models */
 
@@ -311,6 +317,10 @@ SPECULA_API specula_status specula_generate(specula_session* session,
                                             size_t capacity, size_t* n_generated);
 SPECULA_API specula_status specula_session_get_stats(const specula_session* session,
                                                      specula_session_stats* stats);
+/* Backend memory the session's contexts hold (KV caches and activations): the target's, and
+ * the draft's (0 without one). The weights are the models' (specula_model_info.weight_bytes). */
+SPECULA_API specula_status specula_session_memory(const specula_session* session,
+                                                  uint64_t* target_bytes, uint64_t* draft_bytes);
 
 #ifdef __cplusplus
 }

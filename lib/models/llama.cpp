@@ -198,6 +198,7 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
                                   ": positions beyond it are untrained");
     ctx->n_ctx_ = int(n_ctx);
     ctx->max_batch_ = max_batch;
+    ctx->memory_bytes_ = need;
     for (const Planned& t : plan)
         SPECULA_TRY(ctx->allocate(t.tensor, t.type, t.cols, t.rows));
     const std::vector<float> table = rope_table(int(n_ctx), c.n_rot, c.rope_base);

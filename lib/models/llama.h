@@ -80,6 +80,8 @@ class LlamaContext {
     int max_batch() const { return max_batch_; }
     int n_past() const { return n_past_; }
     uint64_t forward_calls() const { return forward_calls_; }
+    // Bytes of backend memory the context's caches and activations hold.
+    uint64_t memory_bytes() const { return memory_bytes_; }
     uint64_t positions_evaluated() const { return positions_evaluated_; }
     // Forgets positions >= n (a length counter: no data moves).
     void truncate(int n) { n_past_ = std::min(n_past_, std::max(0, n)); }
@@ -104,6 +106,7 @@ class LlamaContext {
     const LlamaModel& model_;
     int n_ctx_ = 0, max_batch_ = 0, n_past_ = 0;
     uint64_t forward_calls_ = 0, positions_evaluated_ = 0;
+    uint64_t memory_bytes_ = 0;
     std::vector<std::unique_ptr<Buffer>> buffers_;
     std::vector<Tensor> k_cache_, v_cache_;
     Tensor rope_table_, ids_, positions_, x_, norm_, q_, attn_, gate_, up_, logits_;
