@@ -133,6 +133,17 @@ TEST(Tokenizer, InvalidUtf8SurvivesRoundTrip) {
     }
 }
 
+// A tokenizer from a GGUF file's bytes (patched copies of the test vocabularies).
+Status tokenizer_from_bytes(const std::string& bytes) {
+    GgufFile gguf;
+    const Status parsed = GgufFile::parse(
+        std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), &gguf);
+    EXPECT_TRUE(parsed.ok()) << parsed.message();  // the patch keeps the file well-formed
+    if (!parsed.ok()) return parsed;
+    std::unique_ptr<Tokenizer> tok;
+    return Tokenizer::from_gguf(gguf, &tok);
+}
+
 // A byte token that is not <0xHH> is a malformed file, refused at load (detokenizing it used
 // to throw from inside the library).
 TEST(Tokenizer, MalformedByteTokensAreRefusedAtLoad) {
@@ -142,13 +153,7 @@ TEST(Tokenizer, MalformedByteTokensAreRefusedAtLoad) {
         const size_t at = patched.find("<0x01>");
         ASSERT_NE(at, std::string::npos);
         patched.replace(at, 6, bad);
-        GgufFile gguf;
-        ASSERT_TRUE(
-            GgufFile::parse(
-                std::span(reinterpret_cast<const uint8_t*>(patched.data()), patched.size()), &gguf)
-                .ok());
-        std::unique_ptr<Tokenizer> tok;
-        const Status s = Tokenizer::from_gguf(gguf, &tok);
+        const Status s = tokenizer_from_bytes(patched);
         EXPECT_EQ(s.code(), SPECULA_ERR_FORMAT) << bad;
         EXPECT_NE(s.message().find(bad), std::string::npos) << s.message();
     }
@@ -170,13 +175,7 @@ TEST(Tokenizer, UnknownPreTokenizersAreUnsupported) {
         std::string patched = bytes;
         const uint64_t n = pre.size();
         patched.replace(value, 8 + length, std::string(reinterpret_cast<const char*>(&n), 8) + pre);
-        GgufFile gguf;
-        ASSERT_TRUE(
-            GgufFile::parse(
-                std::span(reinterpret_cast<const uint8_t*>(patched.data()), patched.size()), &gguf)
-                .ok());
-        std::unique_ptr<Tokenizer> tok;
-        const Status s = Tokenizer::from_gguf(gguf, &tok);
+        const Status s = tokenizer_from_bytes(patched);
         if (pre == "gpt-2" || pre == "phi-2" || pre == "llama-bpe" || pre == "qwen2") {
             EXPECT_TRUE(s.ok()) << pre << ": " << s.message();
         } else {

@@ -49,9 +49,10 @@ Status byte_level_pre(const json& pre, std::string* name) {
         const std::string regex = seq[0]["pattern"]["Regex"];
         *name = std::string(Tokenizer::pre_tokenizer_for_regex(regex));
         if (!name->empty()) return Status::Ok();
-        return Unsupported("pre-tokenizer regex " + regex + " is not implemented");
+        return Unsupported("pre-tokenizer regex " + regex + ": specula has no split for it");
     }
-    return Unsupported("pre-tokenizer " + pre.dump().substr(0, 200) + " is not implemented");
+    return Unsupported("pre-tokenizer " + pre.dump().substr(0, 200) +
+                       ": specula has no split for it");
 }
 
 Status run(const std::string& tokenizer_path, const std::string& config_path,
@@ -101,12 +102,12 @@ Status run(const std::string& tokenizer_path, const std::string& config_path,
     std::unordered_map<std::string, int64_t> ids;
     for (size_t i = 0; i < tokens.size(); ++i)
         ids.emplace(tokens[i], int64_t(i));
-    auto id_of = [&](const json& v) -> int64_t {
-        const auto it = ids.find(token_text(v));
+    auto id_of = [&](const std::string& text) -> int64_t {
+        const auto it = ids.find(text);
         return it == ids.end() ? -1 : it->second;
     };
-    const int64_t bos = id_of(cj.value("bos_token", json())),
-                  eos = id_of(cj.value("eos_token", json()));
+    const int64_t bos = id_of(token_text(cj.value("bos_token", json()))),
+                  eos = id_of(token_text(cj.value("eos_token", json())));
     if (bos >= 0) w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(bos));
     if (eos >= 0) w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(eos));
     if (sentencepiece) {
@@ -124,7 +125,7 @@ Status run(const std::string& tokenizer_path, const std::string& config_path,
         w.set("tokenizer.ggml.scores", {GgufType::kArray, GgufType::kFloat32, GgufArray(scores)});
         w.set_bool("tokenizer.ggml.add_space_prefix", true);
         if (model.contains("unk_token")) {
-            const int64_t unk = id_of(model.at("unk_token"));
+            const int64_t unk = id_of(token_text(model.at("unk_token")));
             if (unk >= 0) w.set_u32("tokenizer.ggml.unknown_token_id", uint32_t(unk));
         }
     } else {

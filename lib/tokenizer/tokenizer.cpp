@@ -77,7 +77,7 @@ int byte_value(std::string_view text) {
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
-// The pre-tokenizer tokenizer.ggml.pre names. A name this file does not know is refused: another
+// The pre-tokenizer tokenizer.ggml.pre names. A name without a regex above is refused: another
 // split would give other token ids without a word.
 Status find_pre_tokenizer(const GgufFile& gguf, const PreTokenizer** out) {
     std::string pre;
@@ -90,18 +90,20 @@ Status find_pre_tokenizer(const GgufFile& gguf, const PreTokenizer** out) {
         *out = &pre_tokenizers().front();
         return Status::Ok();
     }
-    std::string names;
-    for (const PreTokenizer& p : pre_tokenizers()) {
-        for (std::string_view name : p.names) {
+    for (const PreTokenizer& p : pre_tokenizers())
+        for (std::string_view name : p.names)
             if (pre == name) {
                 *out = &p;
                 return Status::Ok();
             }
-            names += (names.empty() ? "" : ", ") + std::string(name);
+    std::string names;
+    for (const PreTokenizer& p : pre_tokenizers())
+        for (std::string_view name : p.names) {
+            if (!names.empty()) names += ", ";
+            names += name;
         }
-    }
     return Unsupported("pre-tokenizer '" + pre.substr(0, 64) +
-                       "' (tokenizer.ggml.pre): its split is not implemented, and another would "
+                       "' (tokenizer.ggml.pre): specula has no split for it, and another would "
                        "give other token ids (supported: " +
                        names + ")");
 }

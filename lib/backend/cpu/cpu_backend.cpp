@@ -345,21 +345,16 @@ const cpu::SimdChoice& simd_choice() {
 }  // namespace
 
 Status cpu_simd_environment() {
-    switch (simd_choice()) {
-        case cpu::SimdChoice::kChosen:
-            return Status::Ok();
-        case cpu::SimdChoice::kNotRunnableHere:
-            return {SPECULA_ERR_NO_DEVICE, std::string("SPECULA_CPU_SIMD=") +
-                                               std::getenv("SPECULA_CPU_SIMD") +
-                                               ": not an instruction set this build runs on "
-                                               "this CPU (it runs " +
-                                               cpu::runnable_simd_targets() + ")"};
-        case cpu::SimdChoice::kUnknown:
-            break;
-    }
-    return InvalidArgument(std::string("SPECULA_CPU_SIMD=") + std::getenv("SPECULA_CPU_SIMD") +
-                           ": not an instruction set of this architecture (this build runs " +
-                           cpu::runnable_simd_targets() + " here)");
+    const cpu::SimdChoice choice = simd_choice();
+    if (choice == cpu::SimdChoice::kChosen) return Status::Ok();
+    const std::string what = std::string("SPECULA_CPU_SIMD=") + std::getenv("SPECULA_CPU_SIMD") +
+                             (choice == cpu::SimdChoice::kNotRunnableHere
+                                  ? ": not an instruction set this build runs on this CPU"
+                                  : ": not an instruction set of this architecture") +
+                             " (this build runs " + cpu::runnable_simd_targets() + " here)";
+    return {choice == cpu::SimdChoice::kNotRunnableHere ? SPECULA_ERR_NO_DEVICE
+                                                        : SPECULA_ERR_INVALID_ARGUMENT,
+            what};
 }
 
 std::unique_ptr<Backend> create_cpu_backend(int n_threads) {
