@@ -105,7 +105,8 @@ class CudaBackend final : public Backend {
         return Status::Ok();
     }
 
-    Status load_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) override {
+    Status load_weights(std::span<const uint8_t> host, GgmlType /*type*/, int64_t /*cols*/,
+                        int64_t /*rows*/, std::unique_ptr<Buffer>* out) override {
         std::unique_ptr<Buffer> b;
         SPECULA_TRY(allocate(host.size(), &b));
         SPECULA_TRY(

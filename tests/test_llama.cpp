@@ -1,11 +1,15 @@
 // The Llama decoder on the cpu backend: batch invariance, KV rollback, limits.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "core/fp16.h"
+#include "format/quant.h"
 #include "models/llama.h"
 #include "test_util.h"
 
@@ -136,6 +140,100 @@ TEST(CpuBackend, RunsTheInstructionSetTheEnvironmentNames) {
     EXPECT_EQ(cpu::use_simd_target(wanted), cpu::SimdChoice::kChosen);
     EXPECT_STREQ(cpu::simd_target(), wanted);
 }
+
+// kernels.h's definition of the integer matmul, restated with plain integers and std::fma:
+// inputs quantized per block (nearest even of x * (1 / dx)), then per weight row and input
+// acc = fma(sum qw * qx, dw * dx, acc) over the blocks in order. Compared for a row count
+// that is no whole number of groups and more inputs than one tile, with the weights packed
+// beforehand and as they are used.
+class IntegerMatmul : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(IntegerMatmul, IsTheDefinedSum) {
+    const GgmlType type = GetParam();
+    create_cpu_backend(1);  // applies SPECULA_CPU_SIMD to the kernels called below
+    constexpr int64_t kRows = 40, kCols = 96, kN = 11, kBlocks = kCols / 32;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    const size_t row_bytes = Tensor{nullptr, 0, type, kCols, 1}.row_bytes();
+    std::vector<uint8_t> w(row_bytes * kRows);
+    std::vector<float> row(kCols), x(kN * kCols);
+    for (int64_t r = 0; r < kRows; ++r) {
+        for (float& v : row)
+            v = dist(rng);
+        quantize_row(type, row.data(), w.data() + size_t(r) * row_bytes, kCols);
+    }
+    for (float& v : x)
+        v = dist(rng) * 3.0f;
+    x[5] = 0.5f;  // a block whose largest |x| is exact
+
+    std::vector<int8_t> q(x.size());
+    std::vector<float> d(x.size() / 32);
+    std::vector<int32_t> sums(d.size());
+    cpu::quantize_inputs(x.data(), kN, kCols, q.data(), d.data(), sums.data());
+    for (size_t b = 0; b < d.size(); ++b) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j)
+            amax = std::max(amax, std::fabs(x[b * 32 + size_t(j)]));
+        const float dx = amax / 127.0f, inv = dx != 0.0f ? 1.0f / dx : 0.0f;
+        ASSERT_EQ(d[b], dx) << "block " << b;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) {
+            const size_t i = b * 32 + size_t(j);
+            ASSERT_EQ(q[i], int8_t(std::nearbyint(x[i] * inv))) << "input " << i;
+            sum += q[i];
+        }
+        ASSERT_EQ(sums[b], sum) << "block " << b;
+    }
+
+    // Weight (r, j) as an integer and the block's scale.
+    auto weight = [&](int64_t r, int64_t j) {
+        const uint8_t* p = w.data() + size_t(r) * row_bytes;
+        if (type == GgmlType::kQ8_0)
+            return int(reinterpret_cast<const BlockQ8_0*>(p)[j / 32].quants[j % 32]);
+        const auto& blk = reinterpret_cast<const BlockQ4_0*>(p)[j / 32];
+        const uint8_t byte = blk.quants[j % 16];
+        return int(j % 32 < 16 ? byte & 15 : byte >> 4) - 8;
+    };
+    auto scale = [&](int64_t r, int64_t b) {
+        const uint8_t* p = w.data() + size_t(r) * row_bytes;
+        return half_to_float(type == GgmlType::kQ8_0
+                                 ? reinterpret_cast<const BlockQ8_0*>(p)[b].scale
+                                 : reinterpret_cast<const BlockQ4_0*>(p)[b].scale);
+    };
+    std::vector<float> expected(kN * kRows);
+    double max_ref = 0.0;
+    for (int64_t c = 0; c < kN; ++c) {
+        for (int64_t r = 0; r < kRows; ++r) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < kBlocks; ++b) {
+                int32_t isum = 0;
+                for (int64_t j = b * 32; j < b * 32 + 32; ++j)
+                    isum += weight(r, j) * q[size_t(c * kCols + j)];
+                acc = std::fma(float(isum), scale(r, b) * d[size_t(c * kBlocks + b)], acc);
+            }
+            expected[size_t(c * kRows + r)] = acc;
+            max_ref = std::max(max_ref, double(std::fabs(acc)));
+        }
+    }
+
+    std::vector<uint8_t> packed(cpu::packed_bytes(type, kRows, kCols));
+    cpu::pack_rows(type, w.data(), row_bytes, kRows, kCols, 0, (kRows + 15) / 16, packed.data());
+    const cpu::QuantizedInputs qx{q.data(), d.data(), sums.data(), kCols};
+    for (const uint8_t* p : {static_cast<const uint8_t*>(packed.data()), (const uint8_t*)nullptr}) {
+        std::vector<float> out(expected.size(), -1.0f);
+        cpu::MatmulArgs a{type, w.data(), row_bytes, kCols, x.data(), kN, out.data(), kRows, false};
+        a.qx = &qx;
+        a.packed = p;
+        cpu::matmul_rows(a, 0, 32);
+        cpu::matmul_rows(a, 32, kRows);
+        for (size_t i = 0; i < out.size(); ++i)  // FMA where the instruction set has it
+            ASSERT_NEAR(out[i], expected[i], 1e-6 * max_ref)
+                << "input " << i / kRows << " row " << i % kRows << (p ? " packed" : " unpacked");
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, IntegerMatmul, ::testing::Values(GgmlType::kQ8_0, GgmlType::kQ4_0),
+                         [](const auto& info) { return std::string(ggml_type_name(info.param)); });
 
 TEST(CpuBackend, OutOfMemoryIsAStatus) {
     auto backend = create_cpu_backend(1);

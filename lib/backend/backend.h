@@ -74,9 +74,11 @@ class Backend {
 
     // Device memory for activations and caches, zero-filled.
     virtual Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) = 0;
-    // Weights from host memory that outlives the buffer (a model's mapping):
-    // the cpu backend reads them in place, a GPU backend copies them.
-    virtual Status load_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) = 0;
+    // A weight matrix (rows x cols of `type`) from host memory that outlives the buffer (a
+    // model's mapping): a GPU backend copies it; the cpu backend reads it in place, and keeps a
+    // copy repacked for its integer kernels where it has them.
+    virtual Status load_weights(std::span<const uint8_t> host, GgmlType type, int64_t cols,
+                                int64_t rows, std::unique_ptr<Buffer>* out) = 0;
 
     // Host <-> device copies; both happen in order with recorded ops.
     virtual void upload(const Tensor& dst, const void* src) = 0;

@@ -101,7 +101,7 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
                                (norm ? " (norm weights must be F32)"
                                      : " (supported: " + runnable_weight_type_names() + ")"));
         std::unique_ptr<Buffer> buffer;
-        SPECULA_TRY(backend.load_weights(info->data, &buffer));
+        SPECULA_TRY(backend.load_weights(info->data, info->type, cols, rows, &buffer));
         *t = Tensor{buffer.get(), 0, info->type, cols, rows};
         m->buffers_.push_back(std::move(buffer));
         if (progress && !progress(float(++n_loaded) / float(n_expected)))

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """An independent NumPy reference of the Llama forward pass, reading the GGUF
 file itself (its own reader: no code shared with the C++ runtime). Computes in
-float64 from the dequantized weights."""
+float64 from the dequantized weights. With quantized_inputs, the inputs of Q8_0 and
+Q4_0 matmuls are first quantized per block of 32 as specula's cpu backend does
+(dx = max|x| / 127, qx = x * (1 / dx) rounded to nearest even, in float32)."""
 import struct
 
 import numpy as np
@@ -75,6 +77,29 @@ class Gguf:
         return x.reshape(rows, dims[0])
 
 
+# x / dx this close to a half may round either way under float32 evaluation orders (FMA or not),
+# which no reference can predict. quantize_inputs counts such elements in `ambiguous` and rounds
+# the one numbered ambiguous["flip"] the other way.
+AMBIGUOUS = 2e-4
+
+
+def quantize_inputs(x, ambiguous):
+    """x (n, cols) as the float64 values of its 8-bit blocks: dx * qx."""
+    blocks = x.astype(np.float32).reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = blocks * inv
+    q = np.rint(v).astype(np.float64)
+    near = np.flatnonzero(np.abs(np.abs(v.astype(np.float64) - np.floor(v)) - 0.5) < AMBIGUOUS)
+    flip = ambiguous["flip"] - ambiguous["count"]
+    if 0 <= flip < len(near):
+        i = np.unravel_index(near[flip], v.shape)
+        q[i] = np.floor(v[i]) + (1.0 if q[i] == np.floor(v[i]) else 0.0)
+    ambiguous["count"] += len(near)
+    return (d.astype(np.float64) * q).reshape(x.shape)
+
+
 def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
@@ -90,9 +115,17 @@ def rope(x, positions, n_head, head_dim, n_rot, base):
     return x.reshape(len(positions), n_head * head_dim)
 
 
-def forward(path, tokens):
-    """Logits (len(tokens), n_vocab) for the tokens at positions 0..n-1."""
+def forward(path, tokens, quantized_inputs=False, flip=-1):
+    """Logits (len(tokens), n_vocab) for the tokens at positions 0..n-1, and how many inputs
+    of quantized matmuls were ambiguous (AMBIGUOUS); flip: the one rounded the other way."""
+    ambiguous = {"count": 0, "flip": flip}
     g = Gguf(path)
+
+    def mm(x, name):  # x @ W.T
+        if quantized_inputs and g.tensors[name][1] in (2, 8):
+            x = quantize_inputs(x, ambiguous)
+        return x @ g.tensor(name).T
+
     m = g.meta
     n_embd, n_layer = m["llama.embedding_length"], m["llama.block_count"]
     n_head = m["llama.attention.head_count"]
@@ -108,9 +141,9 @@ def forward(path, tokens):
     for l in range(n_layer):
         p = f"blk.{l}."
         h = rms_norm(x, g.tensor(p + "attn_norm.weight")[0], eps)
-        q = rope(h @ g.tensor(p + "attn_q.weight").T, pos, n_head, head_dim, n_rot, base)
-        k = rope(h @ g.tensor(p + "attn_k.weight").T, pos, n_head_kv, head_dim, n_rot, base)
-        v = h @ g.tensor(p + "attn_v.weight").T
+        q = rope(mm(h, p + "attn_q.weight"), pos, n_head, head_dim, n_rot, base)
+        k = rope(mm(h, p + "attn_k.weight"), pos, n_head_kv, head_dim, n_rot, base)
+        v = mm(h, p + "attn_v.weight")
         out = np.zeros((n, n_embd))
         for hd in range(n_head):
             kv = hd // (n_head // n_head_kv)
@@ -120,11 +153,11 @@ def forward(path, tokens):
             s = qh @ kh.T / np.sqrt(head_dim) + mask
             s = np.exp(s - s.max(axis=1, keepdims=True))
             out[:, hd * head_dim:(hd + 1) * head_dim] = (s / s.sum(axis=1, keepdims=True)) @ vh
-        x = x + out @ g.tensor(p + "attn_output.weight").T
+        x = x + mm(out, p + "attn_output.weight")
         h = rms_norm(x, g.tensor(p + "ffn_norm.weight")[0], eps)
-        gate = h @ g.tensor(p + "ffn_gate.weight").T
-        up = h @ g.tensor(p + "ffn_up.weight").T
-        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ g.tensor(p + "ffn_down.weight").T
+        gate = mm(h, p + "ffn_gate.weight")
+        up = mm(h, p + "ffn_up.weight")
+        x = x + mm(gate / (1.0 + np.exp(-gate)) * up, p + "ffn_down.weight")
     h = rms_norm(x, g.tensor("output_norm.weight")[0], eps)
     head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
-    return h @ g.tensor(head).T
+    return mm(h, head), ambiguous["count"]

@@ -13,7 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "backend/cpu/kernels.h"
 #include "core/fp16.h"
@@ -44,9 +46,17 @@ class CpuBuffer final : public Buffer {
     bool allocated() const { return data_ != nullptr || size_ == 0; }
     uint8_t* data() const { return data_; }
     bool read_only() const { return read_only_; }
+    // The weights repacked for the integer kernels (cpu::pack_rows), or nullptr.
+    const uint8_t* packed() const { return packed_.get(); }
+    bool set_packed(size_t bytes) {
+        packed_.reset(new (std::nothrow) uint8_t[bytes]);
+        return packed_ != nullptr;
+    }
+    uint8_t* packed_data() { return packed_.get(); }
 
   private:
     std::unique_ptr<uint64_t[]> owned_;  // uint64_t: 8-byte alignment for every element type
+    std::unique_ptr<uint8_t[]> packed_;
     uint8_t* data_ = nullptr;
     size_t size_ = 0;
     bool read_only_ = false;
@@ -64,7 +74,7 @@ const float* row_f32(const Tensor& t, int64_t r) {
 
 class CpuBackend final : public Backend {
   public:
-    explicit CpuBackend(int n_threads) : pool_(n_threads) {
+    CpuBackend(int n_threads, CpuInputs inputs) : pool_(n_threads), inputs_(inputs) {
         info_.kind = SPECULA_BACKEND_CPU;
         info_.index = 0;
         std::snprintf(info_.name, sizeof info_.name, "cpu (%d threads, %s)", pool_.size(),
@@ -104,8 +114,23 @@ class CpuBackend final : public Backend {
         return Status::Ok();
     }
 
-    Status load_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) override {
-        *out = std::make_unique<CpuBuffer>(host);
+    Status load_weights(std::span<const uint8_t> host, GgmlType type, int64_t cols, int64_t rows,
+                        std::unique_ptr<Buffer>* out) override {
+        auto buffer = std::make_unique<CpuBuffer>(host);
+        if (inputs_ == CpuInputs::kQuantized && cpu::has_integer_kernel(type)) {
+            const size_t bytes = cpu::packed_bytes(type, rows, cols);
+            if (!buffer->set_packed(bytes))
+                return OutOfMemory("cannot allocate " + std::to_string(bytes) +
+                                   " bytes for repacked weights");
+            const size_t row_bytes = Tensor{nullptr, 0, type, cols, rows}.row_bytes();
+            const int64_t groups = (rows + cpu::kGroupRows - 1) / cpu::kGroupRows;
+            const size_t group_bytes = bytes / size_t(groups);
+            pool_.parallel_for(size_t(groups), [&](size_t begin, size_t end) {
+                cpu::pack_rows(type, host.data(), row_bytes, rows, cols, int64_t(begin),
+                               int64_t(end), buffer->packed_data() + begin * group_bytes);
+            });
+        }
+        *out = std::move(buffer);
         return Status::Ok();
     }
 
@@ -162,7 +187,7 @@ class CpuBackend final : public Backend {
     void matmul(const Tensor& w, const MatmulInput& input, const Tensor& out,
                 Accumulate accumulate) override {
         const Tensor x = apply_norm(input);
-        const cpu::MatmulArgs args = matmul_args(w, x, out, accumulate);
+        const cpu::MatmulArgs args = matmul_args(w, x, out, accumulate, quantized(x, w.type));
         parallel_for_rows(w, x, 1,
                           [&](int64_t begin, int64_t end) { cpu::matmul_rows(args, begin, end); });
     }
@@ -183,7 +208,7 @@ class CpuBackend final : public Backend {
                      const Rope& rope) override {
         static_assert(cpu::kRowTile % 2 == 0);
         const Tensor x = apply_norm(input);
-        const cpu::MatmulArgs args = matmul_args(w, x, out, Accumulate::kNo);
+        const cpu::MatmulArgs args = matmul_args(w, x, out, Accumulate::kNo, quantized(x, w.type));
         parallel_for_rows(w, x, 1, [&](int64_t begin, int64_t end) {
             cpu::matmul_rows(args, begin, end);
             for (int64_t i = 0; i < x.rows; ++i)
@@ -229,8 +254,10 @@ class CpuBackend final : public Backend {
     void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,
                       const Tensor& out, const Tensor& up) override {
         const Tensor x = apply_norm(input);
-        const cpu::MatmulArgs gate_args = matmul_args(w_gate, x, out, Accumulate::kNo);
-        const cpu::MatmulArgs up_args = matmul_args(w_up, x, up, Accumulate::kNo);
+        const cpu::QuantizedInputs* qx = quantized(x, w_gate.type);
+        if (qx == nullptr) qx = quantized(x, w_up.type);
+        const cpu::MatmulArgs gate_args = matmul_args(w_gate, x, out, Accumulate::kNo, qx);
+        const cpu::MatmulArgs up_args = matmul_args(w_up, x, up, Accumulate::kNo, qx);
         parallel_for_rows(w_gate, x, 2, [&](int64_t begin, int64_t end) {
             cpu::matmul_rows(gate_args, begin, end);
             cpu::matmul_rows(up_args, begin, end);
@@ -289,11 +316,31 @@ class CpuBackend final : public Backend {
         }
     }
 
+    // The arguments of a matmul; qx: x quantized (quantized()), for weights with integer kernels.
     static cpu::MatmulArgs matmul_args(const Tensor& w, const Tensor& x, const Tensor& out,
-                                       Accumulate accumulate) {
-        return {w.type,   bytes_of(w), w.row_bytes(),
-                w.cols,   f32(x),      x.rows,
-                f32(out), out.cols,    accumulate == Accumulate::kYes};
+                                       Accumulate accumulate, const cpu::QuantizedInputs* qx) {
+        cpu::MatmulArgs a{w.type,   bytes_of(w), w.row_bytes(),
+                          w.cols,   f32(x),      x.rows,
+                          f32(out), out.cols,    accumulate == Accumulate::kYes};
+        if (qx != nullptr && cpu::has_integer_kernel(w.type)) {
+            a.qx = qx;
+            // Packed at load time when the tensor is a whole loaded matrix; else as it is used.
+            if (w.offset == 0) a.packed = static_cast<CpuBuffer*>(w.buffer)->packed();
+        }
+        return a;
+    }
+
+    // x quantized per block for the integer kernels where weights of `type` have them (and the
+    // backend uses them), else nullptr. Valid until the next call.
+    const cpu::QuantizedInputs* quantized(const Tensor& x, GgmlType type) {
+        if (inputs_ != CpuInputs::kQuantized || !cpu::has_integer_kernel(type)) return nullptr;
+        const size_t n = size_t(x.rows * x.cols);
+        q_.resize(n);
+        d_.resize(n / 32);
+        sums_.resize(n / 32);
+        cpu::quantize_inputs(f32(x), x.rows, x.cols, q_.data(), d_.data(), sums_.data());
+        qx_ = {q_.data(), d_.data(), sums_.data(), x.cols};
+        return &qx_;
     }
 
     // fn(begin, end) over the rows of w in whole tiles, for `matrices` matrices of w's shape.
@@ -325,6 +372,11 @@ class CpuBackend final : public Backend {
 
     specula_device_info info_{};
     ThreadPool pool_;
+    CpuInputs inputs_;
+    std::vector<int8_t> q_;  // quantized(): the inputs of the current matmul
+    std::vector<float> d_;
+    std::vector<int32_t> sums_;
+    cpu::QuantizedInputs qx_;
     Status pending_;
     uint64_t host_waits_ = 0;
     std::array<std::chrono::steady_clock::time_point, kTimeSlots> marks_{};
@@ -357,11 +409,16 @@ Status cpu_simd_environment() {
             what};
 }
 
-std::unique_ptr<Backend> create_cpu_backend(int n_threads) {
+CpuInputs cpu_inputs_from_environment() {
+    const char* v = std::getenv("SPECULA_CPU_FLOAT_INPUTS");
+    return v && *v && std::string_view(v) != "0" ? CpuInputs::kFloat : CpuInputs::kQuantized;
+}
+
+std::unique_ptr<Backend> create_cpu_backend(int n_threads, CpuInputs inputs) {
     if (simd_choice() != cpu::SimdChoice::kChosen)
         log(SPECULA_LOG_WARN, cpu_simd_environment().message() + "; running the best one");
     if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-    return std::make_unique<CpuBackend>(n_threads);
+    return std::make_unique<CpuBackend>(n_threads, inputs);
 }
 
 }  // namespace specula

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -265,6 +267,270 @@ constexpr std::array<void (*)(const MatmulArgs&, int64_t, int64_t), sizeof...(Cs
 template <GgmlType T>
 constexpr auto kRowByRow = RowByRowTable<T>(std::make_integer_sequence<int, kRowCols>());
 
+// ---- Q8_0 / Q4_0 weights times 8-bit inputs (kernels.h) ----
+
+// A packed group-block: the kGroupRows rows' scales (f16), then kChunks chunks of kGroupRows
+// rows x 4 bytes. Q8_0: chunk k holds columns 4k..4k+3 as unsigned bytes, the weight + 128;
+// Q4_0: chunk k holds the rows' bytes 4k..4k+3 as they are, columns 4k + i in the low
+// nibbles and 16 + 4k + i in the high ones (values q - 8). kOffset: the unsigned value minus
+// the weight.
+template <GgmlType T>
+struct Packed {
+    static constexpr int kChunks = packed_chunks(T);
+    static constexpr int32_t kOffset = T == GgmlType::kQ8_0 ? 128 : 8;
+    static constexpr size_t kBytes = packed_block_bytes(T);
+};
+
+template <GgmlType T>
+void PackRowsOf(const uint8_t* src, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0,
+                int64_t g1, uint8_t* dst) {
+    using P = Packed<T>;
+    using Block = std::conditional_t<T == GgmlType::kQ8_0, BlockQ8_0, BlockQ4_0>;
+    const int64_t nb = cols / 32;
+    for (int64_t g = g0; g < g1; ++g) {
+        for (int64_t b = 0; b < nb; ++b) {
+            uint8_t* out = dst + size_t((g - g0) * nb + b) * P::kBytes;
+            std::fill_n(out, P::kBytes, uint8_t(0));  // rows past the end: scale 0
+            for (int r = 0; r < int(kGroupRows); ++r) {
+                const int64_t row = g * kGroupRows + r;
+                if (row >= rows) break;
+                const auto& blk = reinterpret_cast<const Block*>(src + size_t(row) * row_bytes)[b];
+                std::memcpy(out + 2 * r, &blk.scale, 2);
+                uint8_t* chunks = out + kGroupRows * 2 + 4 * r;
+                for (int k = 0; k < P::kChunks; ++k)
+                    for (int i = 0; i < 4; ++i)
+                        chunks[k * kGroupRows * 4 + i] = T == GgmlType::kQ8_0
+                                                             ? uint8_t(blk.quants[4 * k + i] ^ 0x80)
+                                                             : uint8_t(blk.quants[4 * k + i]);
+            }
+        }
+    }
+}
+
+void PackRows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows, int64_t cols,
+              int64_t g0, int64_t g1, uint8_t* dst) {
+    if (type == GgmlType::kQ8_0)
+        PackRowsOf<GgmlType::kQ8_0>(src, row_bytes, rows, cols, g0, g1, dst);
+    if (type == GgmlType::kQ4_0)
+        PackRowsOf<GgmlType::kQ4_0>(src, row_bytes, rows, cols, g0, g1, dst);
+}
+
+using DI = hn::Rebind<int32_t, DF>;
+using VI = hn::Vec<DI>;
+
+void QuantizeInputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum) {
+    const DF df;
+    const DI di;
+    const hn::Rebind<int8_t, DF> d8;
+    for (int64_t blk = 0; blk < n * cols / 32; ++blk) {
+        const float* xb = x + blk * 32;
+        VF m = hn::Zero(df);
+        for (int k = 0; k < 32 / kLanes; ++k)
+            m = hn::Max(m, hn::Abs(hn::LoadU(df, xb + k * kLanes)));
+        const float dx = hn::GetLane(hn::MaxOfLanes(df, m)) / 127.0f;
+        const VF inv = hn::Set(df, dx != 0.0f ? 1.0f / dx : 0.0f);
+        VI s = hn::Zero(di);
+        for (int k = 0; k < 32 / kLanes; ++k) {
+            const VF v = hn::Mul(hn::LoadU(df, xb + k * kLanes), inv);
+#if HWY_TARGET == HWY_SCALAR
+            // Highway's scalar NearestInt rounds x + 0.5 first (0.49999997 becomes 1).
+            const VI qi = hn::Set(di, int32_t(std::nearbyint(hn::GetLane(v))));
+#else
+            const VI qi = hn::NearestInt(v);
+#endif
+            hn::StoreU(hn::DemoteTo(d8, qi), d8, q + blk * 32 + k * kLanes);
+            s = hn::Add(s, qi);
+        }
+        d[blk] = dx;
+        sum[blk] = hn::GetLane(hn::SumOfLanes(di, s));
+    }
+}
+
+HWY_INLINE int32_t Load4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+#undef SPECULA_INT_KERNEL
+#if HWY_TARGET != HWY_SCALAR
+using DU8 = hn::Repartition<uint8_t, DI>;  // a lane's 4 bytes
+using VU8 = hn::Vec<DU8>;
+#if HWY_TARGET == HWY_AVX3_DL
+// Compiled with AVX512-VNNI (which the AVX3_DL target requires of the CPU): a 4-byte dot
+// product per lane in one instruction.
+#define SPECULA_INT_KERNEL __attribute__((target("avx512vnni")))
+struct IntSums {
+    VI s;
+    using Input = VI;  // 4 signed bytes in each lane
+    static HWY_INLINE Input input(int32_t x4) { return hn::Set(DI(), x4); }
+    HWY_INLINE void zero() { s = hn::Zero(DI()); }
+    // Each lane += its 4 unsigned bytes of w times the 4 signed bytes of x.
+    HWY_INLINE SPECULA_INT_KERNEL void add(VU8 w, Input x) {
+        s.raw = _mm512_dpbusd_epi32(s.raw, w.raw, x.raw);
+    }
+    HWY_INLINE VI get() const { return s; }
+};
+#else
+#define SPECULA_INT_KERNEL
+// Highway 1.0.3 has no 8-bit dot product: bytes are widened to 16 bits and multiplied and
+// summed in pairs; a lane of lo (hi) holds one of the two pairs of a row of the vector's lower
+// (upper) half until get() adds them. The same integers as one 4-byte product.
+struct IntSums {
+    using D16 = hn::Repartition<int16_t, DI>;
+    VI lo, hi;
+    using Input = hn::Vec<D16>;  // x0 x1 x2 x3 x0 x1 ... as 16-bit integers
+    static HWY_INLINE Input input(int32_t x4) {
+        const hn::Repartition<int8_t, DI> d8;
+        return hn::PromoteTo(D16(), hn::LowerHalf(hn::BitCast(d8, hn::Set(DI(), x4))));
+    }
+    HWY_INLINE void zero() { lo = hi = hn::Zero(DI()); }
+    static HWY_INLINE VI pairs(hn::Vec<D16> a, Input b) {
+        const DI di;
+        VI odd = hn::Zero(di);
+        const VI even = hn::ReorderWidenMulAccumulate(di, a, b, hn::Zero(di), odd);
+        return hn::RearrangeToOddPlusEven(even, odd);
+    }
+    HWY_INLINE void add(VU8 w, Input x) {
+        const D16 d16;
+        const hn::Half<DU8> dh;
+        lo = hn::Add(lo, pairs(hn::PromoteTo(d16, hn::LowerHalf(dh, w)), x));
+        hi = hn::Add(hi, pairs(hn::PromoteTo(d16, hn::UpperHalf(dh, w)), x));
+    }
+    HWY_INLINE VI get() const {
+        const DI di;
+        return hn::Add(hn::ConcatEven(di, hi, lo), hn::ConcatOdd(di, hi, lo));
+    }
+};
+#endif
+#else
+#define SPECULA_INT_KERNEL
+#endif
+
+// Inputs computed together by one group tile (accumulators: C float vectors and C integer
+// sums per row vector).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_ARCH_ARM
+constexpr int kIntCols = 8;
+#else
+constexpr int kIntCols = 4;
+#endif
+constexpr int kRowVecs = int(kGroupRows / kLanes);
+
+// The rows of one packed group (the first `rows` of them stored) for inputs c0 .. c0 + C - 1.
+template <GgmlType T, int C>
+SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x, int64_t c0,
+                                  int rows, float* out, int64_t out_stride, bool accumulate) {
+    using P = Packed<T>;
+    const DF df;
+    const DI di;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const int64_t nb = x.cols / 32;
+    for (int h = 0; h < kRowVecs && h * kLanes < rows; ++h) {
+        VF acc[C];
+        for (int c = 0; c < C; ++c)
+            acc[c] = hn::Zero(df);
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* blk = group + size_t(b) * P::kBytes;
+            const uint8_t* chunks = blk + kGroupRows * 2 + h * kLanes * 4;
+            const int8_t* xq = x.q + c0 * x.cols + b * 32;  // input c0 + c at xq + c * x.cols
+            VI isum[C];
+#if HWY_TARGET == HWY_SCALAR
+            for (int c = 0; c < C; ++c) {
+                int32_t s = 0;
+                for (int k = 0; k < P::kChunks; ++k) {
+                    for (int i = 0; i < 4; ++i) {
+                        const int w = chunks[k * kGroupRows * 4 + i];
+                        const int8_t* xc = xq + c * x.cols;
+                        if constexpr (T == GgmlType::kQ8_0) {
+                            s += w * xc[4 * k + i];
+                        } else {
+                            s += (w & 15) * xc[4 * k + i] + (w >> 4) * xc[16 + 4 * k + i];
+                        }
+                    }
+                }
+                isum[c] = hn::Set(di, s);
+            }
+#else
+            const DU8 du8;
+            IntSums sums[C];
+            for (int c = 0; c < C; ++c)
+                sums[c].zero();
+            for (int k = 0; k < P::kChunks; ++k) {
+                const VU8 bytes = hn::LoadU(du8, chunks + k * kGroupRows * 4);
+                if constexpr (T == GgmlType::kQ8_0) {
+                    for (int c = 0; c < C; ++c)
+                        sums[c].add(bytes, IntSums::input(Load4(xq + c * x.cols + 4 * k)));
+                } else {
+                    const VU8 low = hn::And(bytes, hn::Set(du8, 15));
+                    const VU8 high = hn::ShiftRight<4>(bytes);
+                    for (int c = 0; c < C; ++c) {
+                        sums[c].add(low, IntSums::input(Load4(xq + c * x.cols + 4 * k)));
+                        sums[c].add(high, IntSums::input(Load4(xq + c * x.cols + 16 + 4 * k)));
+                    }
+                }
+            }
+            for (int c = 0; c < C; ++c)
+                isum[c] = sums[c].get();
+#endif
+            const VF dw = hn::PromoteTo(
+                df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(blk) + h * kLanes));
+            for (int c = 0; c < C; ++c) {
+                const int64_t i = (c0 + c) * nb + b;
+                const VI exact = hn::Sub(isum[c], hn::Set(di, P::kOffset * x.sum[i]));
+                acc[c] =
+                    hn::MulAdd(hn::ConvertTo(df, exact), hn::Mul(dw, hn::Set(df, x.d[i])), acc[c]);
+            }
+        }
+        const int valid = std::min<int>(int(kLanes), rows - h * int(kLanes));
+        for (int c = 0; c < C; ++c) {
+            float* o = out + c * out_stride + h * kLanes;
+            if (valid == kLanes) {
+                hn::StoreU(accumulate ? hn::Add(hn::LoadU(df, o), acc[c]) : acc[c], df, o);
+            } else {
+                HWY_ALIGN float lanes[kLanes];
+                hn::Store(acc[c], df, lanes);
+                for (int i = 0; i < valid; ++i)
+                    o[i] = accumulate ? o[i] + lanes[i] : lanes[i];
+            }
+        }
+    }
+}
+
+template <GgmlType T>
+using GroupTileFn = void (*)(const uint8_t*, const QuantizedInputs&, int64_t, int, float*, int64_t,
+                             bool);
+template <GgmlType T, int... Cs>
+constexpr std::array<GroupTileFn<T>, sizeof...(Cs)> GroupTileTable(
+    std::integer_sequence<int, Cs...>) {
+    return {&GroupTile<T, Cs + 1>...};
+}
+// kGroupTiles<T>[c - 1]: a group of type T for c inputs.
+template <GgmlType T>
+constexpr auto kGroupTiles = GroupTileTable<T>(std::make_integer_sequence<int, kIntCols>());
+
+// Groups of rows in [row_begin, row_end) (row_begin a multiple of kGroupRows), each for all
+// inputs, kIntCols at a time: a group's weights are read from L1 for all of them.
+template <GgmlType T>
+void IntegerMatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
+    const size_t group_bytes = size_t(a.cols / 32) * Packed<T>::kBytes;
+    thread_local std::vector<uint8_t> scratch;
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += kGroupRows) {
+        const int64_t g = r0 / kGroupRows;
+        const uint8_t* group = a.packed + size_t(g) * group_bytes;
+        if (a.packed == nullptr) {
+            scratch.resize(group_bytes);
+            PackRowsOf<T>(a.w, a.row_bytes, row_end, a.cols, g, g + 1, scratch.data());
+            group = scratch.data();
+        }
+        const int rows = int(std::min(kGroupRows, row_end - r0));
+        for (int64_t c0 = 0; c0 < a.n; c0 += kIntCols) {
+            const int n = int(std::min<int64_t>(kIntCols, a.n - c0));
+            kGroupTiles<T>[size_t(n - 1)](group, *a.qx, c0, rows, a.out + c0 * a.out_stride + r0,
+                                          a.out_stride, a.accumulate);
+        }
+    }
+}
+
 // Up to kRowCols inputs (a decode step, a verification batch) read each weight once: a row
 // at a time is decoded as it is multiplied (one stream through memory: four rows at once
 // measured 25-45% slower at n = 1, decoding into floats first 25%). Wider inputs (prompts)
@@ -272,6 +538,9 @@ constexpr auto kRowByRow = RowByRowTable<T>(std::make_integer_sequence<int, kRow
 // (the same values) and register tiles of rows x inputs read those.
 template <GgmlType T>
 void MatmulRowsOf(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
+    if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0) {
+        if (a.qx != nullptr) return IntegerMatmulRows<T>(a, row_begin, row_end);
+    }
     if (a.n <= kRowCols) {
         kRowByRow<T>[size_t(a.n - 1)](a, row_begin, row_end);
         return;
@@ -376,6 +645,23 @@ HWY_EXPORT(DecodeRow);
 HWY_EXPORT(DotF32);
 HWY_EXPORT(Attend);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(PackRows);
+HWY_EXPORT(QuantizeInputs);
+
+bool has_integer_kernel(GgmlType type) {
+    return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
+}
+size_t packed_bytes(GgmlType type, int64_t rows, int64_t cols) {
+    const size_t groups = size_t((rows + kGroupRows - 1) / kGroupRows);
+    return groups * size_t(cols / 32) * packed_block_bytes(type);
+}
+void pack_rows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows, int64_t cols,
+               int64_t group_begin, int64_t group_end, uint8_t* dst) {
+    HWY_DYNAMIC_DISPATCH(PackRows)(type, src, row_bytes, rows, cols, group_begin, group_end, dst);
+}
+void quantize_inputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum) {
+    HWY_DYNAMIC_DISPATCH(QuantizeInputs)(x, n, cols, q, d, sum);
+}
 
 void matmul_rows(const MatmulArgs& args, int64_t row_begin, int64_t row_end) {
     HWY_DYNAMIC_DISPATCH(MatmulRows)(args, row_begin, row_end);

@@ -7,6 +7,16 @@
 // elements past the last whole vector are added one by one. Tiles of rows and inputs share
 // loads, never arithmetic, so a product does not depend on how many rows or inputs are
 // computed with it: the backend stays batch invariant.
+//
+// Q8_0 and Q4_0 weights are multiplied with 8-bit inputs instead (as llama.cpp's cpu backend
+// does), by integer dot products: each input row is quantized per block of 32 like Q8_0 (dx =
+// max |x| / 127, qx = x / dx rounded to nearest even, computed as x * (1 / dx)), and the
+// product of weight row r and an input is, over the blocks b in order,
+//     acc = fma(float(sum_j qw[j] * qx[j]), dw_b * dx_b, acc)
+// The integer sums are exact, so every instruction set and tile computes the same ones, and
+// the float chain has one order: batch invariance holds again. The weights are repacked once
+// (pack_rows) into groups of kGroupRows rows whose 4-byte column chunks are interleaved, so
+// that a vector holds one chunk of each row of a group and no sum crosses lanes.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +28,16 @@
 
 namespace specula::cpu {
 
+// n rows of cols inputs quantized per block of 32: q (n * cols), the blocks' scales dx and
+// the sums of their qx (n * cols / 32 each).
+struct QuantizedInputs {
+    const int8_t* q = nullptr;
+    const float* d = nullptr;
+    const int32_t* sum = nullptr;
+    int64_t cols = 0;
+};
+void quantize_inputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum);
+
 struct MatmulArgs {
     GgmlType type = GgmlType::kF32;  // F32, F16, Q8_0 or Q4_0
     const uint8_t* w = nullptr;      // rows of `cols` weights, row_bytes apart
@@ -28,10 +48,32 @@ struct MatmulArgs {
     float* out = nullptr;  // out[i * out_stride + r]
     int64_t out_stride = 0;
     bool accumulate = false;  // out += product (one addition) instead of out = product
+    // Q8_0 / Q4_0 weights with 8-bit inputs: x quantized by quantize_inputs(), and the
+    // weights packed by pack_rows() (nullptr: each group is packed as it is used).
+    const QuantizedInputs* qx = nullptr;
+    const uint8_t* packed = nullptr;
 };
 
-// Rows decoded and multiplied together; a thread's share of a matmul is best a multiple.
-constexpr int64_t kRowTile = 4;
+// Rows of a packed quantized matrix per group; the threads split matrices in whole groups.
+constexpr int64_t kGroupRows = 16;
+// Chunks of kGroupRows x 4 bytes per block in a packed group (kernels.cpp has the layout).
+constexpr int packed_chunks(GgmlType type) {
+    return type == GgmlType::kQ8_0 ? 8 : 4;
+}
+constexpr size_t packed_block_bytes(GgmlType type) {
+    return size_t(kGroupRows) * 2 + size_t(packed_chunks(type)) * size_t(kGroupRows) * 4;
+}
+// Whether `type` is multiplied with 8-bit inputs (Q8_0, Q4_0).
+bool has_integer_kernel(GgmlType type);
+// Bytes of a packed matrix of `type` (rows padded to whole groups, cols a multiple of 32).
+size_t packed_bytes(GgmlType type, int64_t rows, int64_t cols);
+// Packs groups [group_begin, group_end) of the rows (row_bytes apart), one after the other,
+// into dst (the packed matrix at group group_begin).
+void pack_rows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows, int64_t cols,
+               int64_t group_begin, int64_t group_end, uint8_t* dst);
+
+// Rows decoded and multiplied together; a thread's share of a matmul is a multiple.
+constexpr int64_t kRowTile = kGroupRows;
 // Rows [row_begin, row_end) of the product, for all n inputs.
 void matmul_rows(const MatmulArgs& args, int64_t row_begin, int64_t row_end);
 

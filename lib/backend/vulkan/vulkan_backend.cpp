@@ -519,7 +519,8 @@ class VulkanBackend final : public Backend {
         return Status::Ok();
     }
 
-    Status load_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) override {
+    Status load_weights(std::span<const uint8_t> host, GgmlType /*type*/, int64_t /*cols*/,
+                        int64_t /*rows*/, std::unique_ptr<Buffer>* out) override {
         SPECULA_TRY(usable());
         if (host.size() > device_->limits.maxStorageBufferRange)
             return Unsupported("a weight tensor of " + std::to_string(host.size()) +
