@@ -359,7 +359,8 @@ using VU8 = hn::Vec<DU8>;
 #if HWY_TARGET == HWY_AVX3_DL
 // Compiled with AVX512-VNNI (which the AVX3_DL target requires of the CPU): a 4-byte dot
 // product per lane in one instruction.
-#define SPECULA_INT_KERNEL __attribute__((target("avx512vnni")))
+// The whole target string: Clang's attribute replaces the target's, GCC's adds to it.
+#define SPECULA_INT_KERNEL __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
 struct IntSums {
     VI s;
     using Input = VI;  // 4 signed bytes in each lane
