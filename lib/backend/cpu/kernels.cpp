@@ -381,6 +381,8 @@ struct IntSums {
     using D16 = hn::Repartition<int16_t, DI>;
     VI lo, hi;
     using Input = hn::Vec<D16>;  // x0 x1 x2 x3 x0 x1 ... as 16-bit integers
+    // Written out: GCC compiles an implicit constructor without the target's options (NEON).
+    HWY_INLINE IntSums() : lo(hn::Zero(DI())), hi(hn::Zero(DI())) {}
     static HWY_INLINE Input input(int32_t x4) {
         const hn::Repartition<int8_t, DI> d8;
         return hn::PromoteTo(D16(), hn::LowerHalf(hn::BitCast(d8, hn::Set(DI(), x4))));
