@@ -53,6 +53,13 @@ inline std::unique_ptr<Backend> try_backend_with(specula_backend_kind kind, cons
     return b;
 }
 
+// Has every cpu backend made from now on multiply Q8_0 and Q4_0 weights with float inputs, as
+// the GPU backends do: for the tests that compare a GPU backend with the cpu (the 8-bit inputs
+// are tested against NumPy and in test_llama). Returns true.
+inline bool compare_gpus_with_float_inputs_on_the_cpu() {
+    return setenv("SPECULA_CPU_FLOAT_INPUTS", "1", 1) == 0;
+}
+
 #define SPECULA_BACKEND_OR_SKIP(var, kind)                                                    \
     std::string var##_why;                                                                    \
     std::unique_ptr<::specula::Backend> var = ::specula::test::try_backend(kind, &var##_why); \

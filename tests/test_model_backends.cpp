@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
@@ -17,9 +16,7 @@ using namespace specula;
 
 namespace {
 
-// The GPU backends multiply Q8_0 and Q4_0 weights with float inputs: so does every cpu backend
-// they are compared with here (the 8-bit inputs are tested against NumPy and test_llama).
-const bool kCpuFloatInputs = setenv("SPECULA_CPU_FLOAT_INPUTS", "1", 1) == 0;
+const bool kCpuFloatInputs = test::compare_gpus_with_float_inputs_on_the_cpu();
 
 std::string model_file(GgmlType type) {
     return test::make_model(std::string("backends-") + ggml_type_name(type),

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -15,10 +14,6 @@
 using namespace specula;
 
 namespace {
-
-// The GPU backends multiply Q8_0 and Q4_0 weights with float inputs: so does every cpu backend
-// they are compared with here (the 8-bit inputs are tested against NumPy and test_llama).
-const bool kCpuFloatInputs = setenv("SPECULA_CPU_FLOAT_INPUTS", "1", 1) == 0;
 
 struct Case {
     int V, gamma, batch;

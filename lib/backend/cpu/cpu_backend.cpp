@@ -48,11 +48,11 @@ class CpuBuffer final : public Buffer {
     bool read_only() const { return read_only_; }
     // The weights repacked for the integer kernels (cpu::pack_rows), or nullptr.
     const uint8_t* packed() const { return packed_.get(); }
-    bool set_packed(size_t bytes) {
+    // Room for them (uninitialised), or nullptr when the memory cannot be had.
+    uint8_t* allocate_packed(size_t bytes) {
         packed_.reset(new (std::nothrow) uint8_t[bytes]);
-        return packed_ != nullptr;
+        return packed_.get();
     }
-    uint8_t* packed_data() { return packed_.get(); }
 
   private:
     std::unique_ptr<uint64_t[]> owned_;  // uint64_t: 8-byte alignment for every element type
@@ -119,15 +119,15 @@ class CpuBackend final : public Backend {
         auto buffer = std::make_unique<CpuBuffer>(host);
         if (inputs_ == CpuInputs::kQuantized && cpu::has_integer_kernel(type)) {
             const size_t bytes = cpu::packed_bytes(type, rows, cols);
-            if (!buffer->set_packed(bytes))
+            uint8_t* packed = buffer->allocate_packed(bytes);
+            if (packed == nullptr)
                 return OutOfMemory("cannot allocate " + std::to_string(bytes) +
                                    " bytes for repacked weights");
             const size_t row_bytes = Tensor{nullptr, 0, type, cols, rows}.row_bytes();
-            const int64_t groups = (rows + cpu::kGroupRows - 1) / cpu::kGroupRows;
-            const size_t group_bytes = bytes / size_t(groups);
-            pool_.parallel_for(size_t(groups), [&](size_t begin, size_t end) {
+            const size_t group_bytes = cpu::packed_bytes(type, cpu::kGroupRows, cols);
+            pool_.parallel_for(bytes / group_bytes, [&](size_t begin, size_t end) {
                 cpu::pack_rows(type, host.data(), row_bytes, rows, cols, int64_t(begin),
-                               int64_t(end), buffer->packed_data() + begin * group_bytes);
+                               int64_t(end), packed + begin * group_bytes);
             });
         }
         *out = std::move(buffer);

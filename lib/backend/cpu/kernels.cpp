@@ -364,8 +364,8 @@ using VU8 = hn::Vec<DU8>;
 struct IntSums {
     VI s;
     using Input = VI;  // 4 signed bytes in each lane
+    HWY_INLINE IntSums() : s(hn::Zero(DI())) {}
     static HWY_INLINE Input input(int32_t x4) { return hn::Set(DI(), x4); }
-    HWY_INLINE void zero() { s = hn::Zero(DI()); }
     // Each lane += its 4 unsigned bytes of w times the 4 signed bytes of x.
     HWY_INLINE SPECULA_INT_KERNEL void add(VU8 w, Input x) {
         s.raw = _mm512_dpbusd_epi32(s.raw, w.raw, x.raw);
@@ -381,13 +381,12 @@ struct IntSums {
     using D16 = hn::Repartition<int16_t, DI>;
     VI lo, hi;
     using Input = hn::Vec<D16>;  // x0 x1 x2 x3 x0 x1 ... as 16-bit integers
-    // Written out: GCC compiles an implicit constructor without the target's options (NEON).
+    // Written out (GCC compiles an implicit constructor without the target's options on NEON).
     HWY_INLINE IntSums() : lo(hn::Zero(DI())), hi(hn::Zero(DI())) {}
     static HWY_INLINE Input input(int32_t x4) {
         const hn::Repartition<int8_t, DI> d8;
         return hn::PromoteTo(D16(), hn::LowerHalf(hn::BitCast(d8, hn::Set(DI(), x4))));
     }
-    HWY_INLINE void zero() { lo = hi = hn::Zero(DI()); }
     static HWY_INLINE VI pairs(hn::Vec<D16> a, Input b) {
         const DI di;
         VI odd = hn::Zero(di);
@@ -455,9 +454,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
             }
 #else
             const DU8 du8;
-            IntSums sums[C];
-            for (int c = 0; c < C; ++c)
-                sums[c].zero();
+            IntSums sums[C];  // zero
             for (int k = 0; k < P::kChunks; ++k) {
                 const VU8 bytes = hn::LoadU(du8, chunks + k * kGroupRows * 4);
                 if constexpr (T == GgmlType::kQ8_0) {
@@ -519,8 +516,10 @@ void IntegerMatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end) 
     thread_local std::vector<uint8_t> scratch;
     for (int64_t r0 = row_begin; r0 < row_end; r0 += kGroupRows) {
         const int64_t g = r0 / kGroupRows;
-        const uint8_t* group = a.packed + size_t(g) * group_bytes;
-        if (a.packed == nullptr) {
+        const uint8_t* group = nullptr;
+        if (a.packed != nullptr) {
+            group = a.packed + size_t(g) * group_bytes;
+        } else {
             scratch.resize(group_bytes);
             PackRowsOf<T>(a.w, a.row_bytes, row_end, a.cols, g, g + 1, scratch.data());
             group = scratch.data();
