@@ -1,8 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <numeric>
+#include <random>
 
+#include "core/detmath.h"
 #include "sampling/sampling.h"
 
 using namespace specula;
@@ -16,6 +20,58 @@ TEST(Sampling, GreedyTakesTheLowestIdAmongTies) {
     SamplingParams p;
     p.temperature = 0.0f;
     EXPECT_EQ(sample_token(kLogits, p, 0), 1);
+}
+
+// argmax and row_norm find their results by shortcuts (maxima by order key, candidates from
+// block maxima, the race over the kept ids only); the definitions, restated plainly, must
+// agree on rows full of ties, signed zeros, infinities and NaN, at vocabulary sizes that
+// are no multiple of any block.
+TEST(Sampling, ShortcutsMatchTheDefinitions) {
+    std::mt19937 rng(11);
+    auto definition_argmax = [](std::span<const float> z) {
+        int32_t best = 0;
+        for (size_t i = 1; i < z.size(); ++i)
+            if (z[i] > z[size_t(best)]) best = int32_t(i);
+        return best;
+    };
+    for (int trial = 0; trial < 400; ++trial) {
+        const size_t n = 1 + size_t(rng() % 700);
+        std::vector<float> z(n);
+        for (float& v : z)
+            v = float(int(rng() % 9) - 4) * 0.75f;  // few values: many ties
+        const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN};
+        for (int k = 0; k < 3; ++k)
+            if (rng() % 4 == 0) z[rng() % n] = specials[rng() % 6];
+        if (trial % 5 == 1) z[0] = specials[rng() % 6];  // NaN first: argmax is 0
+        if (trial % 7 == 0) std::fill(z.begin(), z.end(), trial % 2 ? 0.0f : -0.0f);
+        if (trial % 7 == 0) z[rng() % n] = trial % 2 ? -0.0f : 0.0f;
+        ASSERT_EQ(argmax(z), definition_argmax(z)) << "trial " << trial;
+
+        if (std::any_of(z.begin(), z.end(), [](float v) { return std::isnan(v) || std::isinf(v); }))
+            continue;  // row_norm requires finite rows
+        SamplingParams p;
+        p.temperature = 0.5f + float(rng() % 4) * 0.25f;
+        p.top_k = 1 + int(rng() % std::min<size_t>(n, 80));
+        const float inv_t = p.inv_temperature();
+        const RowNorm norm = row_norm(z, p);
+        float max = -INFINITY;
+        for (float v : z)
+            if (v * inv_t > max) max = v * inv_t;
+        ASSERT_EQ(det::to_bits(norm.max), det::to_bits(max)) << "trial " << trial;
+        std::vector<uint32_t> order(n);
+        std::iota(order.begin(), order.end(), 0u);
+        auto key = [&](uint32_t x) { return det::order_key(z[x] * inv_t); };
+        std::stable_sort(order.begin(), order.end(),
+                         [&](uint32_t a, uint32_t b) { return key(a) > key(b); });
+        if (size_t(p.top_k) >= n) continue;  // not cut
+        std::vector<uint32_t> kept(order.begin(), order.begin() + p.top_k);
+        std::sort(kept.begin(), kept.end());
+        EXPECT_EQ(norm.ids, kept) << "trial " << trial;
+        EXPECT_EQ(norm.cut_id, order[size_t(p.top_k) - 1]);
+        EXPECT_EQ(norm.cut_key, key(norm.cut_id));
+        for (uint32_t x = 0; x < n; ++x)
+            EXPECT_EQ(norm.kept(key(x), x), std::binary_search(kept.begin(), kept.end(), x));
+    }
 }
 
 TEST(Sampling, ProcessedDistributionIsTheScaledSoftmax) {

@@ -222,6 +222,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
     }
     SPECULA_TRY(catch_up(target_, 1, &unused));
 
+    const int draft_gap = gamma > 0 ? L - draft_->n_past() : 0;  // tokens of the first call
     be.mark_time(0);
     for (int c = 0; c < gamma; ++c) {
         Tensor ids = target_.input_ids(c, 1);  // draft c - 1
@@ -264,12 +265,17 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
     stats_.draft_seconds += draft_s;
     stats_.target_seconds += target_s;
     stats_.verify_seconds += be.seconds_between(2, 3);
-    if (gamma > 0)
+    // The analytic policy's costs: the draft calls per draft, from steps whose first call
+    // closed the usual gap of one or two tokens (after plain steps it evaluates all the tokens
+    // the draft missed, up to a batch: not what a step of drafts costs), and a target call
+    // with its verify pass, which sampling makes several rows long.
+    if (gamma > 0 && draft_gap <= 2)
         draft_call_seconds_ = draft_call_seconds_ > 0
                                   ? 0.9 * draft_call_seconds_ + 0.1 * draft_s / gamma
                                   : draft_s / gamma;
+    const double step_s = be.seconds_between(1, 3);
     double& t = target_seconds_[size_t(gamma + 1)];
-    t = t > 0 ? 0.9 * t + 0.1 * target_s : target_s;
+    t = t > 0 ? 0.9 * t + 0.1 * step_s : step_s;
     return Status::Ok();
 }
 

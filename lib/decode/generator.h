@@ -87,8 +87,9 @@ class Generator {
     std::vector<int32_t> committed_;
     uint32_t step_ = 0;
     int heuristic_gamma_;
-    // Running means for the analytic policy: a draft forward, and a target forward of n
-    // positions (index n; 0 = not measured yet).
+    // Running means for the analytic policy: the draft calls of a step (forwards and draws)
+    // per draft, and a target forward of n positions with its verify pass (index n; 0 = not
+    // measured yet).
     double draft_call_seconds_ = 0;
     std::array<double, kMaxGamma + 2> target_seconds_{};
     int plain_steps_ = 0;  // steps in a row without drafts

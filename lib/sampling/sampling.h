@@ -49,6 +49,8 @@ struct RowNorm {
     uint32_t cut_key = 0;  // kept: order_key(s) > cut_key, or == cut_key and id <= cut_id
     uint32_t cut_id = UINT32_MAX;
     float inv_sum = 0.0f;
+    // The kept tokens in increasing order where top-k or top-p cut the row (empty: all kept).
+    std::vector<uint32_t> ids;
 
     bool kept(uint32_t key, uint32_t x) const {
         return key > cut_key || (key == cut_key && x <= cut_id);

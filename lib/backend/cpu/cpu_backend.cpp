@@ -27,10 +27,6 @@ namespace specula {
 
 namespace {
 
-float silu_times(float g, float u) {
-    return g / (1.0f + std::exp(-g)) * u;
-}
-
 class CpuBuffer final : public Buffer {
   public:
     // Zero-filled; check allocated() (a nothrow allocation: an exception, or a sanitizer
@@ -244,9 +240,7 @@ class CpuBackend final : public Backend {
     }
 
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
-        const int64_t n = gate.cols * gate.rows;
-        for (int64_t i = 0; i < n; ++i)
-            f32(out)[i] = silu_times(f32(gate)[i], f32(up)[i]);
+        cpu::silu_times(f32(gate), f32(up), f32(out), gate.cols * gate.rows);
     }
 
     // matmul(w_gate), matmul(w_up) and silu_mul in one loop over rows: the same floats, one
@@ -262,10 +256,8 @@ class CpuBackend final : public Backend {
             cpu::matmul_rows(gate_args, begin, end);
             cpu::matmul_rows(up_args, begin, end);
             for (int64_t i = 0; i < x.rows; ++i) {
-                float* g = f32(out) + i * out.cols;
-                const float* u = f32(up) + i * up.cols;
-                for (int64_t r = begin; r < end; ++r)
-                    g[r] = silu_times(g[r], u[r]);
+                float* g = f32(out) + i * out.cols + begin;
+                cpu::silu_times(g, f32(up) + i * up.cols + begin, g, end - begin);
             }
         });
     }

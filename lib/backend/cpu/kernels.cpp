@@ -20,6 +20,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "format/quant.h"
+#include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace specula::cpu {
@@ -590,6 +591,29 @@ float DotF32(const float* a, const float* b, int64_t n) {
     return out;
 }
 
+// out[i] = f(vectors of a[i], b[i]) for i < n. Elements past the last whole vector go through
+// one padded vector, so every element is computed by the same instructions wherever it lies:
+// a row's values do not depend on how a batch or a thread's share cut it.
+template <class F>
+void MapPairs(const float* a, const float* b, float* out, int64_t n, const F& f) {
+    const DF d;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        hn::StoreU(f(d, hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, out + i);
+    if (i == n) return;
+    HWY_ALIGN float pa[kLanes] = {}, pb[kLanes] = {}, po[kLanes];
+    std::copy(a + i, a + n, pa);
+    std::copy(b + i, b + n, pb);
+    hn::Store(f(d, hn::Load(d, pa), hn::Load(d, pb)), d, po);
+    std::copy(po, po + (n - i), out + i);
+}
+
+void SiluTimes(const float* gate, const float* up, float* out, int64_t n) {
+    MapPairs(gate, up, out, n, [](DF d, VF g, VF u) {
+        return hn::Mul(hn::Div(g, hn::Add(hn::Set(d, 1.0f), hn::Exp(d, hn::Neg(g)))), u);
+    });
+}
+
 void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
             int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out) {
     const DF d;
@@ -609,9 +633,11 @@ void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
         float max = -INFINITY;
         for (int t = 0; t < n_keys; ++t)
             max = std::max(max, s[t] *= scale);
+        MapPairs(s, s, s, n_keys,
+                 [max](DF dd, VF x, VF) { return hn::Exp(dd, hn::Sub(x, hn::Set(dd, max))); });
         float sum = 0.0f;
         for (int t = 0; t < n_keys; ++t)
-            sum += (s[t] = std::exp(s[t] - max));
+            sum += s[t];
         float* o = out + c * head_dim;
         int64_t j = 0;
         for (; j + kLanes <= head_dim; j += kLanes) {
@@ -646,6 +672,7 @@ HWY_EXPORT(MatmulRows);
 HWY_EXPORT(DecodeRow);
 HWY_EXPORT(DotF32);
 HWY_EXPORT(Attend);
+HWY_EXPORT(SiluTimes);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(PackRows);
 HWY_EXPORT(QuantizeInputs);
@@ -678,6 +705,9 @@ void attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
             int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out) {
     HWY_DYNAMIC_DISPATCH(Attend)
     (q, n_queries, k, k_stride, v, v_stride, n_keys, head_dim, scale, scores, out);
+}
+void silu_times(const float* gate, const float* up, float* out, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(SiluTimes)(gate, up, out, n);
 }
 const char* simd_target() {
     return HWY_DYNAMIC_DISPATCH(TargetName)();

@@ -87,6 +87,9 @@ float dot_f32(const float* a, const float* b, int64_t n);
 void attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
             int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out);
 
+// out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i] (out may be gate).
+void silu_times(const float* gate, const float* up, float* out, int64_t n);
+
 // Which instruction set the kernels run on ("AVX3", "AVX2", "NEON", ...).
 const char* simd_target();
 
