@@ -1,5 +1,5 @@
-// WAV decoding (lib/audio): every sample format against values written here, chunk walking,
-// and malformed files as status values.
+// Speech input (lib/audio): WAV decoding of every sample format against values written here,
+// chunk walking and malformed files as status values; resampling against tones.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "audio/resample.h"
 #include "audio/wav.h"
 
 using namespace specula;
@@ -202,6 +203,55 @@ TEST(Wav, TheJfkClip) {
         peak = std::max(peak, std::fabs(x));
     EXPECT_GT(peak, 0.1f);
     EXPECT_LE(peak, 1.0f);
+}
+
+std::vector<float> tone(double hz, int rate, double seconds, double amplitude = 0.5) {
+    std::vector<float> v(size_t(seconds * rate));
+    for (size_t i = 0; i < v.size(); ++i)
+        v[i] = float(amplitude * std::sin(2.0 * M_PI * hz * double(i) / rate));
+    return v;
+}
+
+// The largest difference from a reference over the middle of a signal (a sinc filter's edges
+// see the silence around the signal).
+double middle_error(const std::vector<float>& got, const std::vector<float>& want) {
+    double worst = 0;
+    const size_t n = std::min(got.size(), want.size());
+    for (size_t i = n / 10; i < n - n / 10; ++i)
+        worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
+    return worst;
+}
+
+TEST(Resample, ToneKeepsItsShapeAtTheNewRate) {
+    for (int from : {44100, 48000, 22050, 8000, 11025}) {
+        std::vector<float> out;
+        ASSERT_TRUE(audio::resample(tone(440.0, from, 1.0), from, 16000, &out).ok());
+        EXPECT_NEAR(double(out.size()), 16000.0, 1.0) << from << " Hz";
+        EXPECT_LT(middle_error(out, tone(440.0, 16000, 1.0)), 2e-3) << from << " Hz";
+    }
+}
+
+TEST(Resample, FrequenciesAboveTheNewNyquistAreRemovedNotFolded) {
+    // 12 kHz at 48 kHz is above 16 kHz's Nyquist frequency (8 kHz): without the anti-aliasing
+    // filter it would fold to a 4 kHz tone of the same amplitude.
+    std::vector<float> out;
+    ASSERT_TRUE(audio::resample(tone(12000.0, 48000, 1.0), 48000, 16000, &out).ok());
+    const std::vector<float> silence(out.size(), 0.0f);
+    EXPECT_LT(middle_error(out, silence), 1e-3);
+}
+
+TEST(Resample, SameRateCopiesAndBadRatesAreStatuses) {
+    const std::vector<float> in = tone(300.0, 16000, 0.1);
+    std::vector<float> out;
+    ASSERT_TRUE(audio::resample(in, 16000, 16000, &out).ok());
+    EXPECT_EQ(out, in);
+    ASSERT_TRUE(audio::resample({}, 44100, 16000, &out).ok());
+    EXPECT_TRUE(out.empty());
+    for (auto [from, to] :
+         {std::pair{0, 16000}, {-8000, 16000}, {16000, 0}, {16000 * 300, 16000}}) {
+        const Status s = audio::resample(in, from, to, &out);
+        EXPECT_EQ(s.code(), SPECULA_ERR_INVALID_ARGUMENT) << from << " -> " << to;
+    }
 }
 
 }  // namespace

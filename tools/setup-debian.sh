@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
   libhwy-dev                          # Google Highway: portable SIMD for the cpu backend
   libpcre2-dev                        # PCRE2: the tokenizers' pre-split regexes
+  libsamplerate0-dev                  # libsamplerate: speech input resampled to 16 kHz
   python3 python3-numpy               # the NumPy reference
   glslc libvulkan-dev                 # Vulkan shaders and headers (the loader is opened at run time)
   mesa-vulkan-drivers vulkan-validationlayers  # llvmpipe: a Vulkan device on the CPU; the Khronos validation layer
@@ -22,7 +23,7 @@ if [ "${1:-}" = aarch64 ]; then
     $sudo dpkg --add-architecture arm64
     $sudo apt-get update -qq
   fi
-  packages+=(crossbuild-essential-arm64 qemu-user-static libhwy-dev:arm64 libpcre2-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64)
+  packages+=(crossbuild-essential-arm64 qemu-user-static libhwy-dev:arm64 libpcre2-dev:arm64 libsamplerate0-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64)
 fi
 missing=()
 for p in "${packages[@]}"; do
