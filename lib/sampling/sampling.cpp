@@ -5,7 +5,6 @@
 #include <cmath>
 #include <functional>
 #include <memory>
-#include <numeric>
 
 #include "core/detmath.h"
 
