@@ -47,7 +47,8 @@ void ThreadPool::stop() {
     workers_.clear();
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn,
+                              size_t chunks_per_thread) {
     if (workers_.empty() || n < 2) {
         if (n > 0) fn(0, n);
         return;
@@ -55,8 +56,8 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
     std::lock_guard call(call_mutex_);
     task_ = &fn;
     task_size_ = n;
-    // A few chunks per thread: small enough to even out, large enough to keep rows together.
-    chunk_ = std::max<size_t>(1, n / (4 * size_t(size())));
+    const size_t chunks = std::max<size_t>(1, chunks_per_thread) * size_t(size());
+    chunk_ = (n + chunks - 1) / chunks;
     next_.store(0, std::memory_order_relaxed);
     pending_.store(int(workers_.size()), std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);

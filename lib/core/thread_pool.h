@@ -26,11 +26,14 @@ class ThreadPool {
     ThreadPool& operator=(const ThreadPool&) = delete;
 
     int size() const { return int(workers_.size()) + 1; }
-    // Calls fn on contiguous chunks that cover [0, n), on every thread, and waits for all:
-    // a thread takes the next chunk when it is done with one, so a thread that starts late
-    // or runs slow takes fewer. Loops called from several threads at once run one after the
-    // other.
-    void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>& fn);
+    // Calls fn on contiguous chunks that cover [0, n), about chunks_per_thread of them per
+    // thread, on every thread, and waits for all: a thread takes the next chunk when it is done
+    // with one, so a thread that starts late or runs slow takes fewer. Items of equal cost
+    // want one chunk per thread (each chunk taken is a cache line passed between cores);
+    // items of unequal cost a few. Loops called from several threads at once run one after
+    // the other.
+    void parallel_for(size_t n, const std::function<void(size_t begin, size_t end)>& fn,
+                      size_t chunks_per_thread = 1);
 
   private:
     void worker_loop();
