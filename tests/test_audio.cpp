@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "audio/mel.h"
 #include "audio/resample.h"
 #include "audio/wav.h"
 
@@ -252,6 +253,65 @@ TEST(Resample, SameRateCopiesAndBadRatesAreStatuses) {
         const Status s = audio::resample(in, from, to, &out);
         EXPECT_EQ(s.code(), SPECULA_ERR_INVALID_ARGUMENT) << from << " -> " << to;
     }
+}
+
+// Filters that pass one frequency bin each: band m of the log-mel is bin m's power.
+audio::MelFilters one_bin_per_band() {
+    audio::MelFilters f;
+    f.n_mel = audio::kWhisperFftBins;
+    f.weights.assign(size_t(f.n_mel) * audio::kWhisperFftBins, 0.0f);
+    for (int m = 0; m < f.n_mel; ++m)
+        f.weights[size_t(m) * audio::kWhisperFftBins + size_t(m)] = 1.0f;
+    return f;
+}
+
+TEST(LogMel, AToneOnABinHasItsPowerThereAndSilenceTheFloor) {
+    // 2000 Hz is bin 50 of a 400-point transform at 16 kHz. A Hann-windowed sinusoid of
+    // amplitude A on a bin has |X| = A * sum(window) / 2 = 100 A there.
+    // A phase of 0.7 rad puts power in both the real and the imaginary part.
+    const double amplitude = 0.5;
+    std::vector<float> x(16000);
+    for (size_t i = 0; i < x.size(); ++i)
+        x[i] = float(amplitude * std::sin(2.0 * M_PI * 2000.0 * double(i) / 16000 + 0.7));
+    audio::LogMel mel;
+    ASSERT_TRUE(audio::log_mel(x, one_bin_per_band(), &mel).ok());
+    ASSERT_EQ(mel.n_mel, audio::kWhisperFftBins);
+    ASSERT_EQ(mel.n_frames, (16000 + audio::kWhisperChunkSamples) / audio::kWhisperHop);
+    const auto at = [&](int band, int frame) {
+        return mel.data[size_t(band) * size_t(mel.n_frames) + size_t(frame)];
+    };
+    const double top = std::log10(100.0 * amplitude * 100.0 * amplitude);
+    for (int frame : {10, 50, 90}) {
+        int loudest = 0;
+        for (int m = 1; m < mel.n_mel; ++m)
+            if (at(m, frame) > at(loudest, frame)) loudest = m;
+        EXPECT_EQ(loudest, 50) << "frame " << frame;
+        EXPECT_NEAR(at(50, frame), (top + 4.0) / 4.0, 1e-4) << "frame " << frame;
+        EXPECT_LT(at(150, frame), at(50, frame) - 1.0);  // far bins: the window's side lobes
+    }
+    // Frames of the appended silence sit at the clamp, (max - 8 + 4) / 4.
+    for (int m : {0, 50, 200})
+        EXPECT_NEAR(at(m, mel.n_frames - 1), (top - 8.0 + 4.0) / 4.0, 1e-4);
+}
+
+TEST(LogMel, BadFiltersAndSamplesAreStatuses) {
+    std::vector<float> x = tone(440.0, 16000, 0.1);
+    audio::LogMel mel;
+    audio::MelFilters filters = one_bin_per_band();
+    filters.weights.pop_back();
+    EXPECT_EQ(audio::log_mel(x, filters, &mel).code(), SPECULA_ERR_INVALID_ARGUMENT);
+    filters = one_bin_per_band();
+    filters.n_mel = 0;
+    EXPECT_EQ(audio::log_mel(x, filters, &mel).code(), SPECULA_ERR_INVALID_ARGUMENT);
+    x[17] = std::nanf("");
+    EXPECT_EQ(audio::log_mel(x, one_bin_per_band(), &mel).code(), SPECULA_ERR_INVALID_ARGUMENT);
+    x[17] = INFINITY;
+    EXPECT_EQ(audio::log_mel(x, one_bin_per_band(), &mel).code(), SPECULA_ERR_INVALID_ARGUMENT);
+    // No audio at all is 30 s of silence: every value at the floor's clamp.
+    ASSERT_TRUE(audio::log_mel({}, one_bin_per_band(), &mel).ok());
+    EXPECT_EQ(mel.n_frames, audio::kWhisperChunkFrames);
+    for (float v : mel.data)
+        ASSERT_EQ(v, mel.data[0]);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ packages=(
   libhwy-dev                          # Google Highway: portable SIMD for the cpu backend
   libpcre2-dev                        # PCRE2: the tokenizers' pre-split regexes
   libsamplerate0-dev                  # libsamplerate: speech input resampled to 16 kHz
+  libkissfft-dev                      # KissFFT: the log-mel spectrogram of speech input
   python3 python3-numpy               # the NumPy reference
   glslc libvulkan-dev                 # Vulkan shaders and headers (the loader is opened at run time)
   mesa-vulkan-drivers vulkan-validationlayers  # llvmpipe: a Vulkan device on the CPU; the Khronos validation layer
@@ -23,7 +24,7 @@ if [ "${1:-}" = aarch64 ]; then
     $sudo dpkg --add-architecture arm64
     $sudo apt-get update -qq
   fi
-  packages+=(crossbuild-essential-arm64 qemu-user-static libhwy-dev:arm64 libpcre2-dev:arm64 libsamplerate0-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64)
+  packages+=(crossbuild-essential-arm64 qemu-user-static libhwy-dev:arm64 libpcre2-dev:arm64 libsamplerate0-dev:arm64 libkissfft-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,96 @@
+#include "audio/mel.h"
+
+#include <kiss_fftr.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <new>
+#include <numbers>
+#include <string>
+
+namespace specula::audio {
+
+namespace {
+
+struct FftrFree {
+    void operator()(kiss_fftr_state* plan) const { kiss_fftr_free(plan); }
+};
+using FftrPlan = std::unique_ptr<kiss_fftr_state, FftrFree>;
+
+// The signal as the transform sees it: sample i of the audio followed by the appended silence,
+// for i in [-kWhisperFftSize / 2, n + kWhisperChunkSamples + kWhisperFftSize / 2), reflected at
+// 0 (x[-i] = x[i], as torch.stft's centre padding does, after audio.py appends the silence).
+float padded_sample(std::span<const float> x, long i) {
+    if (i < 0) i = -i;
+    return size_t(i) < x.size() ? x[size_t(i)] : 0.0f;
+}
+
+}  // namespace
+
+Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel* out) {
+    if (filters.n_mel <= 0 ||
+        filters.weights.size() != size_t(filters.n_mel) * size_t(kWhisperFftBins))
+        return InvalidArgument("mel filters: " + std::to_string(filters.weights.size()) +
+                               " weights for " + std::to_string(filters.n_mel) + " bands of " +
+                               std::to_string(kWhisperFftBins) + " frequency bins");
+    for (size_t i = 0; i < samples.size(); ++i)
+        if (!std::isfinite(samples[i]))
+            return InvalidArgument("audio sample " + std::to_string(i) + " is not a finite number");
+    const long n_total = long(samples.size()) + kWhisperChunkSamples;
+    if (n_total / kWhisperHop > long(1 << 30) / filters.n_mel)
+        return InvalidArgument("audio of " + std::to_string(samples.size()) +
+                               " samples is too long for one spectrogram");
+    FftrPlan plan(kiss_fftr_alloc(kWhisperFftSize, 0, nullptr, nullptr));
+    if (!plan) return OutOfMemory("cannot allocate an FFT plan");
+    try {
+        // A periodic Hann window (torch.hann_window's default).
+        float window[kWhisperFftSize];
+        for (int j = 0; j < kWhisperFftSize; ++j)
+            window[j] = float(0.5 * (1.0 - std::cos(2.0 * std::numbers::pi * j / kWhisperFftSize)));
+        out->n_mel = filters.n_mel;
+        // Frames centred on samples 0, hop, ..., all of the padded signal but the last
+        // (audio.py drops it).
+        out->n_frames = int(n_total / kWhisperHop);
+        out->data.assign(size_t(out->n_mel) * size_t(out->n_frames), 0.0f);
+        // Frames past the audio see only silence: their spectrum is zero.
+        const long audio_frames = std::min<long>(
+            out->n_frames,
+            (long(samples.size()) + kWhisperFftSize / 2 + kWhisperHop - 1) / kWhisperHop);
+        float frame[kWhisperFftSize];
+        kiss_fft_cpx spectrum[kWhisperFftBins];
+        double power[kWhisperFftBins];
+        const float floor = -10.0f;  // log10(1e-10)
+        for (long t = 0; t < out->n_frames; ++t) {
+            if (t >= audio_frames) {
+                for (int m = 0; m < out->n_mel; ++m)
+                    out->data[size_t(m) * size_t(out->n_frames) + size_t(t)] = floor;
+                continue;
+            }
+            const long first = t * kWhisperHop - kWhisperFftSize / 2;
+            for (int j = 0; j < kWhisperFftSize; ++j)
+                frame[j] = window[j] * padded_sample(samples, first + j);
+            kiss_fftr(plan.get(), frame, spectrum);
+            for (int k = 0; k < kWhisperFftBins; ++k)
+                power[k] =
+                    double(spectrum[k].r) * spectrum[k].r + double(spectrum[k].i) * spectrum[k].i;
+            for (int m = 0; m < out->n_mel; ++m) {
+                const float* w = filters.weights.data() + size_t(m) * kWhisperFftBins;
+                double sum = 0.0;
+                for (int k = 0; k < kWhisperFftBins; ++k)
+                    sum += double(w[k]) * power[k];
+                out->data[size_t(m) * size_t(out->n_frames) + size_t(t)] =
+                    float(std::log10(std::max(sum, 1e-10)));
+            }
+        }
+        const float top = *std::max_element(out->data.begin(), out->data.end());
+        for (float& v : out->data)
+            v = (std::max(v, top - 8.0f) + 4.0f) / 4.0f;
+    } catch (const std::bad_alloc&) {
+        return OutOfMemory("cannot allocate a spectrogram of " +
+                           std::to_string(n_total / kWhisperHop) + " frames");
+    }
+    return Status::Ok();
+}
+
+}  // namespace specula::audio
