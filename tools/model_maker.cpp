@@ -1,6 +1,8 @@
 #include "model_maker.h"
 
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <vector>
 
 #include "format/quant.h"
@@ -140,6 +142,134 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     if (!s.tied_output)
         SPECULA_TRY(w.add_tensor("output.weight", t, {e, V}, random_matrix(g, t, e, V, se * 4.0f)));
     return w.write(path);
+}
+
+Status whisper_shape(const std::string& name, bool english, WhisperHparams* out) {
+    struct Shape {
+        const char* name;
+        int32_t width, heads, layers;
+    };
+    for (const Shape& sh : {Shape{"tiny", 384, 6, 4}, Shape{"base", 512, 8, 6},
+                            Shape{"small", 768, 12, 12}, Shape{"medium", 1024, 16, 24}}) {
+        if (name != sh.name) continue;
+        *out = WhisperHparams{english ? 51864 : 51865,
+                              1500,
+                              sh.width,
+                              sh.heads,
+                              sh.layers,
+                              448,
+                              sh.width,
+                              sh.heads,
+                              sh.layers,
+                              80,
+                              0};
+        return Status::Ok();
+    }
+    return InvalidArgument("unknown Whisper shape '" + name + "' (tiny, base, small, medium)");
+}
+
+Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path) {
+    WhisperHparams h = s.hparams;
+    int32_t ftype = -1;
+    for (int32_t f : {0, 1, 2, 7}) {
+        GgmlType t = GgmlType::kF32;
+        if (whisper_ftype_weight_type(f, &t) && t == s.weight_type) ftype = f;
+    }
+    if (ftype < 0)
+        return InvalidArgument(std::string("cannot write Whisper weights of type ") +
+                               ggml_type_name(s.weight_type) + " (F32, F16, Q8_0, Q4_0)");
+    h.ftype = ftype;
+    std::vector<float> filters;
+    std::vector<std::string> vocab;
+    if (!s.header_path.empty()) {
+        std::unique_ptr<MappedFile> file;
+        SPECULA_TRY(MappedFile::open(s.header_path, &file));
+        WhisperGgmlFile header;
+        SPECULA_TRY(WhisperGgmlFile::parse(file->bytes(), &header));
+        if (header.hparams().n_vocab != h.n_vocab || header.hparams().n_mels != h.n_mels)
+            return InvalidArgument(s.header_path + " has " +
+                                   std::to_string(header.hparams().n_vocab) + " tokens and " +
+                                   std::to_string(header.hparams().n_mels) +
+                                   " mel bands, the shape " + std::to_string(h.n_vocab) + " and " +
+                                   std::to_string(h.n_mels));
+        filters = header.mel_filters();
+        vocab = header.vocab();
+    } else {
+        // Band m covers bins m .. m + 2 (a stand-in: tests of the loader, not of hearing).
+        filters.assign(size_t(h.n_mels) * 201, 0.0f);
+        for (int m = 0; m < h.n_mels; ++m)
+            for (int k = m; k < std::min(m + 3, 201); ++k)
+                filters[size_t(m) * 201 + size_t(k)] = k == m + 1 ? 0.02f : 0.01f;
+        for (int i = 0; i < std::min(h.n_vocab, 50257); ++i)
+            vocab.push_back(std::to_string(i));
+    }
+
+    std::ofstream out(path, std::ios::binary);
+    if (!out) return IoError("cannot create " + path);
+    const auto put = [&](const void* p, size_t n) {
+        out.write(static_cast<const char*>(p), std::streamsize(n));
+    };
+    const auto put_i32 = [&](int32_t v) { put(&v, 4); };
+    put_i32(int32_t(kWhisperGgmlMagic));
+    const bool quantized = s.weight_type == GgmlType::kQ8_0 || s.weight_type == GgmlType::kQ4_0;
+    for (int32_t v : {h.n_vocab, h.n_audio_ctx, h.n_audio_state, h.n_audio_head, h.n_audio_layer,
+                      h.n_text_ctx, h.n_text_state, h.n_text_head, h.n_text_layer, h.n_mels,
+                      h.ftype + (quantized ? 2000 : 0)})
+        put_i32(v);
+    put_i32(h.n_mels);
+    put_i32(201);
+    put(filters.data(), filters.size() * sizeof(float));
+    put_i32(int32_t(vocab.size()));
+    for (const std::string& t : vocab) {
+        put_i32(int32_t(t.size()));
+        put(t.data(), t.size());
+    }
+
+    Gaussian g(s.seed);
+    const GgmlType conv_type = s.weight_type == GgmlType::kF32 ? GgmlType::kF32 : GgmlType::kF16;
+    for (const WhisperTensorSpec& spec : whisper_tensor_specs(h)) {
+        using K = WhisperTensorSpec::Kind;
+        const GgmlType type = spec.kind == K::kMatrix        ? s.weight_type
+                              : spec.kind == K::kConvolution ? conv_type
+                                                             : GgmlType::kF32;
+        const int64_t cols = spec.shape[0];
+        int64_t rows = 1;
+        for (size_t d = 1; d < spec.shape.size(); ++d)
+            rows *= spec.shape[d];
+        std::vector<uint8_t> data;
+        const bool norm_weight =
+            spec.name.ends_with("ln.weight") || spec.name.ends_with("ln_post.weight");
+        if (spec.name == "encoder.positional_embedding") {
+            // Whisper's sinusoids: position p, channel c < width/2: sin(p * 10000^(-c / (width/2 -
+            // 1))), then the cosines.
+            std::vector<float> pe(size_t(cols * rows));
+            const int64_t half = cols / 2;
+            for (int64_t p = 0; p < rows; ++p)
+                for (int64_t c = 0; c < half; ++c) {
+                    const double inv = std::exp(-std::log(10000.0) * double(c) / double(half - 1));
+                    pe[size_t(p * cols + c)] = float(std::sin(double(p) * inv));
+                    pe[size_t(p * cols + half + c)] = float(std::cos(double(p) * inv));
+                }
+            data.resize(pe.size() * sizeof(float));
+            std::memcpy(data.data(), pe.data(), data.size());
+        } else if (spec.kind == K::kF32Only) {
+            data = random_matrix(g, type, cols, rows, norm_weight ? 0.1f : 0.02f,
+                                 norm_weight ? 1.0f : 0.0f);
+        } else {
+            // Fan-in: the columns (times the kernel width for convolutions).
+            const int64_t fan_in = spec.kind == K::kConvolution ? cols * spec.shape[1] : cols;
+            data = random_matrix(g, type, cols, rows, 1.0f / std::sqrt(float(fan_in)));
+        }
+        put_i32(int32_t(spec.shape.size()));
+        put_i32(int32_t(spec.name.size()));
+        put_i32(int32_t(type));
+        for (int64_t d : spec.shape)
+            put_i32(int32_t(d));
+        put(spec.name.data(), spec.name.size());
+        put(data.data(), data.size());
+    }
+    out.close();
+    return out ? Status::Ok() : IoError("cannot write " + path);
 }
 
 }  // namespace specula

@@ -1,6 +1,6 @@
-// Writes Llama-architecture GGUF files with random weights of chosen shapes
-// and a real tokenizer copied from another GGUF: the models tests and
-// benchmarks run on when no trained weights are at hand.
+// Writes Llama-architecture GGUF files and whisper.cpp model files with random weights of
+// chosen shapes and a real tokenizer (and mel filters) copied from another file: the models
+// tests and benchmarks run on when no trained weights are at hand.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "format/gguf.h"
+#include "format/whisper_ggml.h"
 
 namespace specula {
 
@@ -27,6 +28,23 @@ struct RandomLlamaSpec {
 };
 
 Status write_random_llama(const RandomLlamaSpec& spec, const std::string& path);
+
+struct RandomWhisperSpec {
+    // A whisper.cpp model file (whisper.cpp's for-tests-ggml-*.bin: header, filters and
+    // vocabulary only) whose mel filters and vocabulary are copied; its n_vocab and n_mels must
+    // be the shape's. Empty: stand-in filters and tokens named by their ids (loader tests).
+    std::string header_path;
+    WhisperHparams hparams;                 // the shape (whisper_shape()); ftype from weight_type
+    GgmlType weight_type = GgmlType::kF16;  // the matrices' (F32, F16, Q8_0, Q4_0)
+    uint64_t seed = 1;
+};
+// Whisper's released shapes: tiny, base, small, medium (multilingual: 51865 tokens; english:
+// the .en models' 51864).
+Status whisper_shape(const std::string& name, bool english, WhisperHparams* out);
+// Writes the file as whisper.cpp's converter and quantizer do (quantized types: ftype + 2000,
+// the quantization version; convolutions F16 unless the weights are F32; the encoder's
+// positions the sinusoids Whisper computes).
+Status write_random_whisper(const RandomWhisperSpec& spec, const std::string& path);
 Status parse_weight_type(const std::string& name, GgmlType* out);
 
 }  // namespace specula

@@ -6,7 +6,7 @@
 #   3. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (Debug),
 #   4. the test of sessions sharing a model from several threads under ThreadSanitizer,
 #   5. the GGUF fuzzer (libFuzzer) for SPECULA_FUZZ_SECONDS (default 60) on a seed corpus, and
-#      the WAV decoder's for a quarter of that,
+#      the WAV decoder's and the whisper.cpp model file reader's for a quarter of that each,
 #   6. on x86-64, a cross build for 64-bit ARM Linux whose cpu tests (NEON kernels, NumPy
 #      parity) run under qemu-user; SPECULA_SKIP_AARCH64=1 leaves it out.
 set -euo pipefail
@@ -86,6 +86,17 @@ printf 'RIFF\x2c\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x02\x00\x44\xac\x00
 build/fuzz/tools/specula-fuzz-wav -max_total_time="$(( ${SPECULA_FUZZ_SECONDS:-60} / 4 ))" -max_len=8192 \
   -print_final_stats=1 "$wav_corpus" 2>&1 | tail -n 4
 echo "fuzz (wav): no crash"
+echo "== fuzzing the whisper.cpp model file reader"
+cmake --build build/fuzz -j "$jobs" --target specula-fuzz-whisper specula-make-whisper
+whisper_corpus=build/fuzz/corpus-whisper
+mkdir -p "$whisper_corpus"
+for type in f16 q4_0; do
+  build/fuzz/tools/specula-make-whisper --n-vocab 40 --n-audio-ctx 4 --n-text-ctx 4 --width 32 --heads 1 \
+    --layers 1 --n-mels 2 --type "$type" -o "$whisper_corpus/seed-$type.bin"
+done
+build/fuzz/tools/specula-fuzz-whisper -max_total_time="$(( ${SPECULA_FUZZ_SECONDS:-60} / 4 ))" -max_len=65536 \
+  -print_final_stats=1 "$whisper_corpus" 2>&1 | tail -n 4
+echo "fuzz (whisper): no crash"
 
 if [ "$(uname -m)" = x86_64 ] && [ "${SPECULA_SKIP_AARCH64:-0}" != 1 ]; then
   echo "== aarch64: cross build (Vulkan included, CUDA off), cpu tests under qemu-user"
