@@ -1,5 +1,6 @@
 #include "format/whisper_ggml.h"
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <new>
