@@ -217,6 +217,22 @@ class CudaBackend final : public Backend {
         cuda::silu_mul(stream_, dev(gate), dev(up), gate.cols * gate.rows, dev(out));
         check(cudaGetLastError(), "silu_mul");
     }
+    void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                    const Tensor& out) override {
+        select();
+        cuda::layer_norm(stream_, dev(x), dev(weight), dev(bias), eps, x.cols, x.rows, dev(out));
+        check(cudaGetLastError(), "layer_norm");
+    }
+    void gelu(const Tensor& x, const Tensor& out) override {
+        select();
+        cuda::gelu(stream_, dev(x), x.cols * x.rows, dev(out));
+        check(cudaGetLastError(), "gelu");
+    }
+    void add_bias(const Tensor& x, const Tensor& bias) override {
+        select();
+        cuda::add_bias(stream_, dev(x), dev(bias), x.cols, x.rows);
+        check(cudaGetLastError(), "add_bias");
+    }
     void verify(const VerifyArgs& a) override {
         cuda::DecodeLaunch d;
         d.target = dev(a.target);

@@ -24,6 +24,10 @@ void copy_f32(cudaStream_t s, const float* src, int64_t n, float* dst);
 void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
                int n_head, int n_head_kv, int head_dim, float scale, int pos0);
 void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out);
+void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, float eps,
+                int64_t cols, int64_t rows, float* out);
+void gelu(cudaStream_t s, const float* x, int64_t n, float* out);
+void add_bias(cudaStream_t s, float* x, const float* bias, int64_t cols, int64_t rows);
 
 // The verify passes of shaders/decode.comp. Pointers are null when unused;
 // scratch holds decode_scratch_words() 32-bit words.

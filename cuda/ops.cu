@@ -283,6 +283,32 @@ __global__ void silu_mul_kernel(const float* g, const float* u, int64_t n, float
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
+
+__global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float eps,
+                                  int64_t cols, float* out) {
+    __shared__ float shared[32];
+    const float* xr = x + int64_t(blockIdx.x) * cols;
+    float s = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        s += xr[c];
+    const float mean = block_sum(s, shared) / float(cols);
+    s = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        s = fmaf(xr[c] - mean, xr[c] - mean, s);
+    const float scale = 1.0f / sqrtf(block_sum(s, shared) / float(cols) + eps);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        out[int64_t(blockIdx.x) * cols + c] = (xr[c] - mean) * scale * w[c] + b[c];
+}
+
+__global__ void gelu_kernel(const float* x, int64_t n, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
+__global__ void add_bias_kernel(float* x, const float* bias, int64_t cols, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += bias[i % cols];
+}
 unsigned blocks(int64_t n, int per) {
     return unsigned((n + per - 1) / per);
 }
@@ -345,6 +371,19 @@ void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t
               float* out) {
     // A wide block: each thread reads few elements, so the two passes are short.
     rms_norm_kernel<<<unsigned(rows), 1024, 0, s>>>(x, w, eps, cols, out);
+}
+
+void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, float eps,
+                int64_t cols, int64_t rows, float* out) {
+    layer_norm_kernel<<<unsigned(rows), 1024, 0, s>>>(x, w, b, eps, cols, out);
+}
+
+void gelu(cudaStream_t s, const float* x, int64_t n, float* out) {
+    gelu_kernel<<<blocks(n, 256), 256, 0, s>>>(x, n, out);
+}
+
+void add_bias(cudaStream_t s, float* x, const float* bias, int64_t cols, int64_t rows) {
+    add_bias_kernel<<<blocks(cols * rows, 256), 256, 0, s>>>(x, bias, cols, cols * rows);
 }
 
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,

@@ -322,6 +322,69 @@ TEST_P(BackendOps, NormRopeAndElementwise) {
     expect_close(p, x);
 }
 
+TEST_P(BackendOps, LayerNormGeluAndBias) {
+    // Rows of Whisper's widths, offset from zero (a layer norm must subtract the mean).
+    for (int64_t cols : {384, 512, 100}) {
+        std::vector<float> xs(size_t(cols) * 5);
+        std::mt19937 rng{uint32_t(cols)};
+        std::normal_distribution<float> dist(3.0f, 2.0f);
+        for (float& v : xs)
+            v = dist(rng);
+        auto x = p.tensor(GgmlType::kF32, cols, 5, as_bytes(xs));
+        auto w = p.tensor(GgmlType::kF32, cols, 1, random_bytes(GgmlType::kF32, cols, 1, 7));
+        auto b = p.tensor(GgmlType::kF32, cols, 1, random_bytes(GgmlType::kF32, cols, 1, 8));
+        auto out = p.tensor(GgmlType::kF32, cols, 5, {});
+        p.on_each([&](Backend& be, auto side) {
+            be.layer_norm(side(x), side(w), side(b), 1e-5f, side(out));
+        });
+        expect_close(p, out);
+        p.on_each([&](Backend& be, auto side) { be.gelu(side(x), side(out)); });
+        expect_close(p, out);
+        p.on_each([&](Backend& be, auto side) { be.add_bias(side(x), side(b)); });
+        expect_close(p, x);
+    }
+}
+
+TEST(CpuOps, LayerNormGeluAndBiasByTheirDefinitions) {
+    auto cpu = create_cpu_backend(2);
+    const std::vector<float> xs = {1.0f, 2.0f, 3.0f, 6.0f, -1.5f, 0.0f, 0.5f, 3.0f};
+    const std::vector<float> w = {1.0f, 2.0f, 0.5f, 1.0f}, b = {0.0f, 1.0f, -1.0f, 0.25f};
+    std::vector<std::unique_ptr<Buffer>> keep;
+    const auto make = [&](int64_t cols, int64_t rows, const std::vector<float>* v) {
+        std::unique_ptr<Buffer> buf;
+        EXPECT_TRUE(cpu->allocate(size_t(cols * rows) * 4, &buf).ok());
+        Tensor t{buf.get(), 0, GgmlType::kF32, cols, rows};
+        if (v) cpu->upload(t, v->data());
+        keep.push_back(std::move(buf));
+        return t;
+    };
+    const Tensor x = make(4, 2, &xs), tw = make(4, 1, &w), tb = make(4, 1, &b),
+                 out = make(4, 2, nullptr);
+    cpu->layer_norm(x, tw, tb, 0.0f, out);
+    const std::vector<float> got = read_floats(*cpu, out);
+    for (int r = 0; r < 2; ++r) {
+        double mean = 0, var = 0;
+        for (int i = 0; i < 4; ++i)
+            mean += xs[size_t(r * 4 + i)] / 4.0;
+        for (int i = 0; i < 4; ++i)
+            var += (xs[size_t(r * 4 + i)] - mean) * (xs[size_t(r * 4 + i)] - mean) / 4.0;
+        for (int i = 0; i < 4; ++i)
+            EXPECT_NEAR(
+                got[size_t(r * 4 + i)],
+                (xs[size_t(r * 4 + i)] - mean) / std::sqrt(var) * w[size_t(i)] + b[size_t(i)],
+                1e-5);
+    }
+    cpu->gelu(x, out);
+    const std::vector<float> g = read_floats(*cpu, out);
+    EXPECT_NEAR(g[0], 0.8413447, 1e-6);   // 1 * Phi(1)
+    EXPECT_NEAR(g[4], -0.1002101, 1e-6);  // -1.5 * Phi(-1.5)
+    EXPECT_EQ(g[5], 0.0f);
+    cpu->add_bias(x, tb);
+    const std::vector<float> added = read_floats(*cpu, x);
+    for (size_t i = 0; i < xs.size(); ++i)
+        EXPECT_EQ(added[i], xs[i] + b[i % 4]);
+}
+
 TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {
     for (int head_dim : {32, 64, 128}) {
         const int n_head = 8, n_head_kv = 2, ctx = 300, pos0 = 150, n = 9;

@@ -158,6 +158,16 @@ class Backend {
                            int pos0) = 0;
     // out = silu(gate) * up, element-wise.
     virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+    // The ops of pre-LN transformers with biases (Whisper's encoder and decoder):
+    // out[i] = (x[i] - mean(x[i])) / sqrt(var(x[i]) + eps) * weight + bias, the variance the
+    // population's (torch.nn.LayerNorm).
+    virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                            const Tensor& out) = 0;
+    // out = x / 2 * (1 + erf(x / sqrt 2)), element-wise: torch.nn.GELU's exact form, which
+    // Whisper was trained with (whisper.cpp uses the tanh approximation).
+    virtual void gelu(const Tensor& x, const Tensor& out) = 0;
+    // x[i] += bias for every row i, in place (bias: x.cols floats).
+    virtual void add_bias(const Tensor& x, const Tensor& bias) = 0;
     // See VerifyArgs. The vocabulary size is target.cols (at most det::kMaxVocab).
     virtual void verify(const VerifyArgs& args) = 0;
 

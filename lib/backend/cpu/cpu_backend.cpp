@@ -244,6 +244,46 @@ class CpuBackend final : public Backend {
         cpu::silu_times(f32(gate), f32(up), f32(out), gate.cols * gate.rows);
     }
 
+    void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                    const Tensor& out) override {
+        const float *w = f32(weight), *b = f32(bias);
+        parallel_for(size_t(x.rows), size_t(x.cols) * 3, [&](size_t begin, size_t end) {
+            for (auto r = int64_t(begin); r < int64_t(end); ++r) {
+                const float* xr = row_f32(x, r);
+                float sum = 0.0f;
+                for (int64_t i = 0; i < x.cols; ++i)
+                    sum += xr[i];
+                const float mean = sum / float(x.cols);
+                float squares = 0.0f;
+                for (int64_t i = 0; i < x.cols; ++i)
+                    squares += (xr[i] - mean) * (xr[i] - mean);
+                const float scale = 1.0f / std::sqrt(squares / float(x.cols) + eps);
+                float* o = f32(out) + r * out.cols;
+                for (int64_t i = 0; i < x.cols; ++i)
+                    o[i] = (xr[i] - mean) * scale * w[i] + b[i];
+            }
+        });
+    }
+
+    void gelu(const Tensor& x, const Tensor& out) override {
+        const float* in = f32(x);
+        float* o = f32(out);
+        const int64_t n = x.cols * x.rows;
+        parallel_for(size_t(n), 8, [&](size_t begin, size_t end) {
+            for (size_t i = begin; i < end; ++i)
+                o[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * float(M_SQRT1_2)));
+        });
+    }
+
+    void add_bias(const Tensor& x, const Tensor& bias) override {
+        const float* b = f32(bias);
+        for (int64_t r = 0; r < x.rows; ++r) {
+            float* xr = f32(x) + r * x.cols;
+            for (int64_t i = 0; i < x.cols; ++i)
+                xr[i] += b[i];
+        }
+    }
+
     // matmul(w_gate), matmul(w_up) and silu_mul in one loop over rows: the same floats, one
     // wake-up of the workers, and the element-wise part spread over them.
     void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,

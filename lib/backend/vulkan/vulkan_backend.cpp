@@ -783,6 +783,22 @@ class VulkanBackend final : public Backend {
         elementwise(1, gate, up, out);
     }
 
+    void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                    const Tensor& out) override {
+        PushConstants pc;
+        pc.u[0] = uint32_t(x.cols);
+        pc.u[1] = uint32_t(x.rows);
+        pc.f[0] = eps;
+        dispatch("layer_norm", {&x, &weight, &bias, &out}, kWrites3, pc, uint32_t(x.rows),
+                 {256, 1, 1});
+    }
+
+    void gelu(const Tensor& x, const Tensor& out) override { elementwise(3, x, x, out); }
+
+    void add_bias(const Tensor& x, const Tensor& bias) override {
+        elementwise(4, x, bias, x, uint32_t(x.cols));
+    }
+
     void verify(const VerifyArgs& a) override {
         const auto V = uint32_t(a.target.cols);
         if (V > det::kMaxVocab)
@@ -1167,11 +1183,14 @@ class VulkanBackend final : public Backend {
                          v.second * 1e6 / double(v.first));
     }
 
-    void elementwise(uint32_t op, const Tensor& a, const Tensor& b, const Tensor& out) {
+    // Ops of elementwise.comp; b_cols: b's row length where b is broadcast over a's rows.
+    void elementwise(uint32_t op, const Tensor& a, const Tensor& b, const Tensor& out,
+                     uint32_t b_cols = 0) {
         PushConstants pc;
         const uint64_t n = uint64_t(a.cols) * uint64_t(a.rows);
         pc.u[0] = uint32_t(n);
         pc.u[1] = op;
+        pc.u[2] = b_cols;
         dispatch("elementwise", {&a, &b, &out}, kWrites2, pc, uint32_t((n + 255) / 256),
                  {256, 1, 1});
     }
