@@ -233,6 +233,11 @@ class CudaBackend final : public Backend {
         cuda::add_bias(stream_, dev(x), dev(bias), x.cols, x.rows);
         check(cudaGetLastError(), "add_bias");
     }
+    void im2col3(const Tensor& x, int stride, const Tensor& out) override {
+        select();
+        cuda::im2col3(stream_, dev(x), x.cols, x.rows, stride, out.cols, out.rows, dev(out));
+        check(cudaGetLastError(), "im2col3");
+    }
     void verify(const VerifyArgs& a) override {
         cuda::DecodeLaunch d;
         d.target = dev(a.target);

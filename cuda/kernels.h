@@ -28,6 +28,8 @@ void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, 
                 int64_t cols, int64_t rows, float* out);
 void gelu(cudaStream_t s, const float* x, int64_t n, float* out);
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t cols, int64_t rows);
+void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
+             int64_t out_rows, float* out);
 
 // The verify passes of shaders/decode.comp. Pointers are null when unused;
 // scratch holds decode_scratch_words() 32-bit words.

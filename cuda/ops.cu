@@ -305,6 +305,19 @@ __global__ void gelu_kernel(const float* x, int64_t n, float* out) {
     if (i < n) out[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
 }
 
+__global__ void im2col3_kernel(const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
+                               int64_t n, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int64_t t = i / out_cols, j = i % out_cols;
+    float v = 0.0f;
+    if (j < 3 * C) {
+        const int64_t src = stride * t + j % 3 - 1;
+        if (src >= 0 && src < T) v = x[src * C + j / 3];
+    }
+    out[i] = v;
+}
+
 __global__ void add_bias_kernel(float* x, const float* bias, int64_t cols, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) x[i] += bias[i % cols];
@@ -380,6 +393,12 @@ void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, 
 
 void gelu(cudaStream_t s, const float* x, int64_t n, float* out) {
     gelu_kernel<<<blocks(n, 256), 256, 0, s>>>(x, n, out);
+}
+
+void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
+             int64_t out_rows, float* out) {
+    im2col3_kernel<<<blocks(out_cols * out_rows, 256), 256, 0, s>>>(x, C, T, stride, out_cols,
+                                                                    out_cols * out_rows, out);
 }
 
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t cols, int64_t rows) {

@@ -345,6 +345,62 @@ TEST_P(BackendOps, LayerNormGeluAndBias) {
     }
 }
 
+TEST_P(BackendOps, Im2col3IsTheSameCopy) {
+    // Whisper's two convolutions: 80 mel bands at stride 1, then the width at stride 2.
+    for (auto [channels, frames, stride, cols] :
+         {std::array<int64_t, 4>{80, 30, 1, 256}, {64, 31, 2, 192}, {64, 30, 2, 192}}) {
+        auto x = p.tensor(GgmlType::kF32, channels, frames,
+                          random_bytes(GgmlType::kF32, channels, frames, 9));
+        const int64_t rows = (frames - 1) / stride + 1;
+        auto out = p.tensor(GgmlType::kF32, cols, rows, {});
+        p.on_each([&](Backend& be, auto side) { be.im2col3(side(x), int(stride), side(out)); });
+        expect_close(p, out, 0.0);
+    }
+}
+
+TEST(CpuOps, ConvolutionIsIm2col3ThenMatmul) {
+    // conv1d(x, w, stride, padding 1) by its definition against matmul(w, im2col3(x)).
+    auto cpu = create_cpu_backend(2);
+    const int64_t C = 5, T = 9, O = 4;
+    std::vector<float> xs(size_t(C * T)), ws(size_t(O * C * 3));
+    std::mt19937 rng{3};
+    std::normal_distribution<float> dist;
+    for (float& v : xs)
+        v = dist(rng);
+    for (float& v : ws)
+        v = dist(rng);
+    std::vector<std::unique_ptr<Buffer>> keep;
+    const auto make = [&](int64_t cols, int64_t rows, const std::vector<float>* v) {
+        std::unique_ptr<Buffer> buf;
+        EXPECT_TRUE(cpu->allocate(size_t(cols * rows) * 4, &buf).ok());
+        Tensor t{buf.get(), 0, GgmlType::kF32, cols, rows};
+        if (v) cpu->upload(t, v->data());
+        keep.push_back(std::move(buf));
+        return t;
+    };
+    for (int stride : {1, 2}) {
+        const int64_t rows = (T - 1) / stride + 1;
+        const Tensor x = make(C, T, &xs), w = make(3 * C, O, &ws),
+                     cols = make(3 * C, rows, nullptr), out = make(O, rows, nullptr);
+        cpu->im2col3(x, stride, cols);
+        cpu->matmul(w, cols, out, Backend::Accumulate::kNo);
+        const std::vector<float> got = read_floats(*cpu, out);
+        for (int64_t t = 0; t < rows; ++t)
+            for (int64_t o = 0; o < O; ++o) {
+                double want = 0;
+                for (int64_t c = 0; c < C; ++c)
+                    for (int64_t k = 0; k < 3; ++k) {
+                        const int64_t src = stride * t + k - 1;
+                        if (src >= 0 && src < T)
+                            want +=
+                                double(ws[size_t((o * C + c) * 3 + k)]) * xs[size_t(src * C + c)];
+                    }
+                EXPECT_NEAR(got[size_t(t * O + o)], want, 1e-5)
+                    << "stride " << stride << " t " << t;
+            }
+    }
+}
+
 TEST(CpuOps, LayerNormGeluAndBiasByTheirDefinitions) {
     auto cpu = create_cpu_backend(2);
     const std::vector<float> xs = {1.0f, 2.0f, 3.0f, 6.0f, -1.5f, 0.0f, 0.5f, 3.0f};

@@ -168,6 +168,12 @@ class Backend {
     virtual void gelu(const Tensor& x, const Tensor& out) = 0;
     // x[i] += bias for every row i, in place (bias: x.cols floats).
     virtual void add_bias(const Tensor& x, const Tensor& bias) = 0;
+    // The inputs of a convolution of kernel 3 and padding 1 over the rows of x (T rows of C
+    // channels) as rows, so that the convolution is a matmul with its weights: out row t holds
+    // x[stride * t + k - 1][c] at column 3c + k (0 outside x), the layout of PyTorch's and
+    // whisper.cpp's conv1d weights (out_channels x C x 3); columns from 3C to out.cols are 0
+    // (a matmul may want whole blocks). out: (T - 1) / stride + 1 rows.
+    virtual void im2col3(const Tensor& x, int stride, const Tensor& out) = 0;
     // See VerifyArgs. The vocabulary size is target.cols (at most det::kMaxVocab).
     virtual void verify(const VerifyArgs& args) = 0;
 

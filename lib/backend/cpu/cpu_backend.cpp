@@ -284,6 +284,23 @@ class CpuBackend final : public Backend {
         }
     }
 
+    void im2col3(const Tensor& x, int stride, const Tensor& out) override {
+        const int64_t C = x.cols;
+        parallel_for(size_t(out.rows), size_t(out.cols), [&](size_t begin, size_t end) {
+            for (auto t = int64_t(begin); t < int64_t(end); ++t) {
+                float* o = f32(out) + t * out.cols;
+                std::fill(o, o + out.cols, 0.0f);
+                for (int64_t k = 0; k < 3; ++k) {
+                    const int64_t src = stride * t + k - 1;
+                    if (src < 0 || src >= x.rows) continue;
+                    const float* xr = row_f32(x, src);
+                    for (int64_t c = 0; c < C; ++c)
+                        o[3 * c + k] = xr[c];
+                }
+            }
+        });
+    }
+
     // matmul(w_gate), matmul(w_up) and silu_mul in one loop over rows: the same floats, one
     // wake-up of the workers, and the element-wise part spread over them.
     void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,

@@ -795,6 +795,17 @@ class VulkanBackend final : public Backend {
 
     void gelu(const Tensor& x, const Tensor& out) override { elementwise(3, x, x, out); }
 
+    void im2col3(const Tensor& x, int stride, const Tensor& out) override {
+        PushConstants pc;
+        const uint64_t n = uint64_t(out.cols) * uint64_t(out.rows);
+        pc.u[0] = uint32_t(n);
+        pc.u[1] = uint32_t(out.cols);
+        pc.u[2] = uint32_t(x.cols);
+        pc.u[3] = uint32_t(x.rows);
+        pc.u[4] = uint32_t(stride);
+        dispatch("im2col3", {&x, &out}, kWrites1, pc, uint32_t((n + 255) / 256), {256, 1, 1});
+    }
+
     void add_bias(const Tensor& x, const Tensor& bias) override {
         elementwise(4, x, bias, x, uint32_t(x.cols));
     }
@@ -1093,8 +1104,8 @@ class VulkanBackend final : public Backend {
 
     using Bound = std::array<const Tensor*, kBindings>;
     // Which bindings a shader writes (see order_after_dependencies).
-    static constexpr uint32_t kWrites0 = 1u << 0, kWrites2 = 1u << 2, kWrites3 = 1u << 3,
-                              kWritesAll = (1u << kBindings) - 1;
+    static constexpr uint32_t kWrites0 = 1u << 0, kWrites1 = 1u << 1, kWrites2 = 1u << 2,
+                              kWrites3 = 1u << 3, kWritesAll = (1u << kBindings) - 1;
     void dispatch_typed(const char* op, GgmlType type, Bound t, uint32_t writes,
                         const PushConstants& pc, uint32_t groups, Spec spec) {
         const char* suffix = weight_suffix(type);
