@@ -203,13 +203,13 @@ class CudaBackend final : public Backend {
         cuda::copy_f32(stream_, dev(src), src.cols * src.rows, dev(dst));
         check(cudaGetLastError(), "copy");
     }
-    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
-                   int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
-        if (head_dim > 256 || k_cache.type != GgmlType::kF32)
-            return fail(Unsupported("CUDA attention needs F32 caches and heads up to 256"));
+    void attention(const Attention& a) override {
+        if (a.head_dim > 256 || a.k.type != GgmlType::kF32 || a.v.type != GgmlType::kF32)
+            return fail(
+                Unsupported("CUDA attention needs F32 keys and values and heads up to 256"));
         select();
-        cuda::attention(stream_, dev(q), dev(k_cache), dev(v_cache), dev(out), int(q.rows), n_head,
-                        n_head_kv, head_dim, scale, pos0);
+        cuda::attention(stream_, dev(a.q), dev(a.k), dev(a.v), dev(a.out), int(a.q.rows), a.n_head,
+                        a.n_head_kv, a.head_dim, a.scale, a.pos0, a.n_keys);
         check(cudaGetLastError(), "attention");
     }
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {

@@ -225,11 +225,12 @@ __global__ void rope_kernel(float* x, int64_t cols, int64_t rows, const int32_t*
 constexpr int kAttnThreads = 128;
 
 __global__ void attention_kernel(const float* q, const float* k, const float* v, float* out,
-                                 int n_head, int n_head_kv, int hd, float scale, int pos0) {
+                                 int n_head, int n_head_kv, int hd, float scale, int pos0,
+                                 int fixed_keys) {
     __shared__ float q_s[2 * kAttnThreads], p_s[kAttnThreads], shared[32];
     const int row = blockIdx.x / n_head, head = blockIdx.x % n_head;
     const int kv_head = head / (n_head / n_head_kv), kv_cols = n_head_kv * hd;
-    const int n_keys = pos0 + row + 1, tid = threadIdx.x;
+    const int n_keys = fixed_keys > 0 ? fixed_keys : pos0 + row + 1, tid = threadIdx.x;
     const bool k_vectors = hd % 4 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0;
     const float* qh = q + (int64_t(row) * n_head + head) * hd;
     for (int d = tid; d < hd; d += kAttnThreads)
@@ -439,9 +440,9 @@ void copy_f32(cudaStream_t s, const float* src, int64_t n, float* dst) {
 }
 
 void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
-               int n_head, int n_head_kv, int head_dim, float scale, int pos0) {
+               int n_head, int n_head_kv, int head_dim, float scale, int pos0, int fixed_keys) {
     attention_kernel<<<unsigned(rows * n_head), kAttnThreads, 0, s>>>(
-        q, k, v, out, n_head, n_head_kv, head_dim, scale, pos0);
+        q, k, v, out, n_head, n_head_kv, head_dim, scale, pos0, fixed_keys);
 }
 
 void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out) {

@@ -1,11 +1,13 @@
 #version 450
-// Causal grouped-query attention for one (query row, head) per workgroup.
+// Grouped-query attention for one (query row, head) per workgroup: causal (row i sees keys
+// 0 .. pos0 + i) or over a fixed number of keys (u5 > 0).
 // Keys are processed in tiles of WG with an online softmax (running max and
 // sum, rescaled per tile) in a fixed order, so the result does not depend on
 // how many rows were submitted together.
 //   binding 0: q (n x n_head*head_dim), 1: k cache, 2: v cache (rows of n_head_kv*head_dim),
 //   3: out (like q)
-//   u0 = n_head, u1 = n_head_kv, u2 = head_dim (<= 2 * WG), u3 = pos0, u4 = rows; f0 = scale
+//   u0 = n_head, u1 = n_head_kv, u2 = head_dim (<= 2 * WG), u3 = pos0, u4 = rows,
+//   u5 = keys every row sees (0: causal); f0 = scale
 #include "common.glsl"
 
 layout(constant_id = 0) const uint WG = 128u;
@@ -36,7 +38,7 @@ void main() {
     const uint row = job / n_head, head = job % n_head;
     const uint kv_head = head / (n_head / pc.u1);
     const uint kv_cols = pc.u1 * hd;
-    const uint n_keys = pc.u3 + row + 1u;
+    const uint n_keys = pc.u5 > 0u ? pc.u5 : pc.u3 + row + 1u;
     const uint tid = gl_LocalInvocationID.x;
     const bool k_vectors = (pc.off1 & 15u) == 0u && (hd & 3u) == 0u;
     const uint q_at = pc.off0 / 4u + row * n_head * hd + head * hd;

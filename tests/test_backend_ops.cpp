@@ -453,11 +453,81 @@ TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {
                           random_bytes(GgmlType::kF32, n_head_kv * head_dim, ctx, 9));
         auto out = p.tensor(GgmlType::kF32, n_head * head_dim, n, {});
         const float scale = 1.0f / std::sqrt(float(head_dim));
-        p.cpu->attention(q.first, k.first, v.first, out.first, n_head, n_head_kv, head_dim, scale,
-                         pos0);
-        p.gpu->attention(q.second, k.second, v.second, out.second, n_head, n_head_kv, head_dim,
-                         scale, pos0);
+        p.on_each([&](Backend& be, auto side) {
+            be.attention(
+                {side(q), side(k), side(v), side(out), n_head, n_head_kv, head_dim, scale, pos0});
+        });
         expect_close(p, out);
+    }
+}
+
+TEST_P(BackendOps, AttentionOverAFixedSetOfKeys) {
+    // Whisper's: the encoder's over all 1500 positions (here 1500 keys, heads of 64), and the
+    // cross-attention of a few decoder rows over the encoder's output.
+    for (auto [n, keys] : {std::pair{5, 1500}, {3, 37}}) {
+        const int n_head = 6, head_dim = 64, width = n_head * head_dim;
+        auto q = p.tensor(GgmlType::kF32, width, n, random_bytes(GgmlType::kF32, width, n, 10));
+        auto k =
+            p.tensor(GgmlType::kF32, width, keys, random_bytes(GgmlType::kF32, width, keys, 11));
+        auto v =
+            p.tensor(GgmlType::kF32, width, keys, random_bytes(GgmlType::kF32, width, keys, 12));
+        auto out = p.tensor(GgmlType::kF32, width, n, {});
+        const float scale = 1.0f / std::sqrt(float(head_dim));
+        p.on_each([&](Backend& be, auto side) {
+            be.attention({.q = side(q),
+                          .k = side(k),
+                          .v = side(v),
+                          .out = side(out),
+                          .n_head = n_head,
+                          .n_head_kv = n_head,
+                          .head_dim = head_dim,
+                          .scale = scale,
+                          .n_keys = keys});
+        });
+        expect_close(p, out);
+    }
+}
+
+TEST(CpuOps, AttentionOverFixedKeysByItsDefinition) {
+    // Two rows, one head of 4, three keys: every row sees all three (no causal mask).
+    auto cpu = create_cpu_backend(1);
+    const std::vector<float> qs = {1, 0, 0, 0, 0, 1, 0, 0};
+    const std::vector<float> ks = {1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0};
+    const std::vector<float> vs = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    std::vector<std::unique_ptr<Buffer>> keep;
+    const auto make = [&](int64_t rows, const std::vector<float>* v) {
+        std::unique_ptr<Buffer> buf;
+        EXPECT_TRUE(cpu->allocate(size_t(4 * rows) * 4, &buf).ok());
+        Tensor t{buf.get(), 0, GgmlType::kF32, 4, rows};
+        if (v) cpu->upload(t, v->data());
+        keep.push_back(std::move(buf));
+        return t;
+    };
+    const Tensor q = make(2, &qs), k = make(3, &ks), v = make(3, &vs), out = make(2, nullptr);
+    cpu->attention({.q = q,
+                    .k = k,
+                    .v = v,
+                    .out = out,
+                    .n_head = 1,
+                    .n_head_kv = 1,
+                    .head_dim = 4,
+                    .scale = 1.0f,
+                    .n_keys = 3});
+    const std::vector<float> got = read_floats(*cpu, out);
+    for (int r = 0; r < 2; ++r) {
+        double w[3], sum = 0;
+        for (int t = 0; t < 3; ++t) {
+            double dot = 0;
+            for (int d = 0; d < 4; ++d)
+                dot += qs[size_t(r * 4 + d)] * ks[size_t(t * 4 + d)];
+            sum += w[t] = std::exp(dot);
+        }
+        for (int d = 0; d < 4; ++d) {
+            double want = 0;
+            for (int t = 0; t < 3; ++t)
+                want += w[t] / sum * vs[size_t(t * 4 + d)];
+            EXPECT_NEAR(got[size_t(r * 4 + d)], want, 1e-5) << "row " << r << " dim " << d;
+        }
     }
 }
 

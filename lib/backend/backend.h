@@ -150,12 +150,22 @@ class Backend {
                              const Rope& rope);
     // dst = src (F32), same shape.
     virtual void copy(const Tensor& src, const Tensor& dst) = 0;
-    // Causal grouped-query attention. q: n rows of n_head*head_dim; k_cache, v_cache: context
-    // rows of n_head_kv*head_dim (F32) where rows [0, pos0 + n) are valid; query row i
-    // sits at position pos0 + i and sees keys 0..pos0+i. out: n rows like q.
-    virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                           const Tensor& out, int n_head, int n_head_kv, int head_dim, float scale,
-                           int pos0) = 0;
+    // Grouped-query attention: out[i] = softmax(scale * q[i] . k[t]) . v over the keys t row i
+    // sees, per head (query head h uses key/value head h / (n_head / n_head_kv)).
+    struct Attention {
+        Tensor q;     // n rows of n_head * head_dim
+        Tensor k, v;  // rows of n_head_kv * head_dim (F32): a cache, or keys computed apart
+        Tensor out;   // like q
+        int n_head = 0, n_head_kv = 0, head_dim = 0;
+        float scale = 0.0f;
+        // n_keys == 0: causal; query row i sits at position pos0 + i and sees keys 0 .. pos0 + i
+        // (a decoder's self-attention over its cache). n_keys > 0: every row sees keys
+        // 0 .. n_keys - 1 (an encoder's attention, a decoder's cross-attention).
+        int pos0 = 0;
+        int n_keys = 0;
+        int keys_seen(int64_t row) const { return n_keys > 0 ? n_keys : pos0 + int(row) + 1; }
+    };
+    virtual void attention(const Attention& a) = 0;
     // out = silu(gate) * up, element-wise.
     virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
     // The ops of pre-LN transformers with biases (Whisper's encoder and decoder):

@@ -269,8 +269,15 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
         be.matmul_rope(L.wq, attn_in, q, rotation);
         be.matmul_rope(L.wk, attn_in, k, rotation);
         be.matmul(L.wv, attn_in, v, Backend::Accumulate::kNo);
-        be.attention(q, k_cache_[size_t(l)], v_cache_[size_t(l)], attn, c.n_head, c.n_head_kv,
-                     c.head_dim, scale, n_past_);
+        be.attention({.q = q,
+                      .k = k_cache_[size_t(l)],
+                      .v = v_cache_[size_t(l)],
+                      .out = attn,
+                      .n_head = c.n_head,
+                      .n_head_kv = c.n_head_kv,
+                      .head_dim = c.head_dim,
+                      .scale = scale,
+                      .pos0 = n_past_});
         be.matmul(L.wo, attn, x, Backend::Accumulate::kYes);  // the residual add
         be.matmul_gated(L.w_gate, L.w_up, be.normed(x, L.ffn_norm, c.rms_eps, h), gate, up);
         be.matmul(L.w_down, gate, x, Backend::Accumulate::kYes);

@@ -216,28 +216,27 @@ class CpuBackend final : public Backend {
         std::memcpy(bytes_of(dst), bytes_of(src), size_t(src.cols * src.rows) * sizeof(float));
     }
 
-    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
-                   int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
+    void attention(const Attention& a) override {
         // A job is a query row and a key/value head, with the query heads that share it.
-        const int group = n_head / n_head_kv;
+        const int group = a.n_head / a.n_head_kv;
         parallel_for(
-            size_t(q.rows) * size_t(n_head_kv),
-            size_t(head_dim) * size_t(pos0 + q.rows) * 2 * size_t(group),
+            size_t(a.q.rows) * size_t(a.n_head_kv),
+            size_t(a.head_dim) * size_t(a.keys_seen(a.q.rows - 1)) * 2 * size_t(group),
             [&](size_t begin, size_t end) {
                 thread_local std::vector<float> scores;
                 for (size_t job = begin; job < end; ++job) {
-                    const int64_t i = int64_t(job) / n_head_kv;
-                    const int kv_head = int(job % size_t(n_head_kv));
-                    const int n_keys = pos0 + int(i) + 1;
+                    const int64_t i = int64_t(job) / a.n_head_kv;
+                    const int kv_head = int(job % size_t(a.n_head_kv));
+                    const int n_keys = a.keys_seen(i);
                     scores.resize(size_t(group) * size_t(n_keys));
-                    const int64_t head = int64_t(kv_head) * head_dim;
+                    const int64_t head = int64_t(kv_head) * a.head_dim;
                     const int64_t first = head * group;
-                    cpu::attend(row_f32(q, i) + first, group, f32(k_cache) + head, k_cache.cols,
-                                f32(v_cache) + head, v_cache.cols, n_keys, head_dim, scale,
-                                scores.data(), f32(out) + i * out.cols + first);
+                    cpu::attend(row_f32(a.q, i) + first, group, f32(a.k) + head, a.k.cols,
+                                f32(a.v) + head, a.v.cols, n_keys, a.head_dim, a.scale,
+                                scores.data(), f32(a.out) + i * a.out.cols + first);
                 }
             },
-            /*uneven=*/true);
+            /*uneven=*/a.n_keys == 0);
     }
 
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {

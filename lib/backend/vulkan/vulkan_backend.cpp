@@ -761,22 +761,22 @@ class VulkanBackend final : public Backend {
         elementwise(2, src, src, dst);
     }
 
-    void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
-                   int n_head, int n_head_kv, int head_dim, float scale, int pos0) override {
+    void attention(const Attention& a) override {
         constexpr uint32_t kWg = 128;
-        if (head_dim > int(2 * kWg))
+        if (a.head_dim > int(2 * kWg))
             return fail(Unsupported("the Vulkan attention shader supports head sizes up to 256"));
-        if (k_cache.type != GgmlType::kF32)
+        if (a.k.type != GgmlType::kF32 || a.v.type != GgmlType::kF32)
             return fail(Unsupported("the Vulkan backend keeps KV caches in F32"));
         PushConstants pc;
-        pc.u[0] = uint32_t(n_head);
-        pc.u[1] = uint32_t(n_head_kv);
-        pc.u[2] = uint32_t(head_dim);
-        pc.u[3] = uint32_t(pos0);
-        pc.u[4] = uint32_t(q.rows);
-        pc.f[0] = scale;
-        dispatch("attention", {&q, &k_cache, &v_cache, &out}, kWrites3, pc,
-                 uint32_t(q.rows * n_head), {kWg, 1, 1});
+        pc.u[0] = uint32_t(a.n_head);
+        pc.u[1] = uint32_t(a.n_head_kv);
+        pc.u[2] = uint32_t(a.head_dim);
+        pc.u[3] = uint32_t(a.pos0);
+        pc.u[4] = uint32_t(a.q.rows);
+        pc.u[5] = uint32_t(a.n_keys);
+        pc.f[0] = a.scale;
+        dispatch("attention", {&a.q, &a.k, &a.v, &a.out}, kWrites3, pc,
+                 uint32_t(a.q.rows * a.n_head), {kWg, 1, 1});
     }
 
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
