@@ -30,7 +30,10 @@ WhisperHparams small_shape() {
 }
 
 std::vector<uint8_t> written(GgmlType type, WhisperHparams h = small_shape()) {
-    const std::string path = testing::TempDir() + "whisper-" + ggml_type_name(type) + ".bin";
+    // Named after the test too: ctest runs tests in parallel processes.
+    const std::string path = testing::TempDir() + "whisper-" +
+                             testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
+                             ggml_type_name(type) + ".bin";
     RandomWhisperSpec spec;
     spec.hparams = h;
     spec.weight_type = type;
