@@ -86,7 +86,9 @@ void Generator::reset() {
     heuristic_gamma_ = config_.gamma;
     draft_call_seconds_ = 0;
     target_seconds_ = {};
+    target_samples_ = {};
     plain_steps_ = 0;
+    drafting_steps_ = 0;
     probe_every_ = kProbeEvery;
     stats_ = GeneratorStats{};
 }
@@ -131,7 +133,10 @@ int Generator::next_gamma() const {
             const double alpha =
                 std::min((double(stats_.accepted) + 1.0) / (double(stats_.evaluated) + 2.0), 0.999);
             // While plain decoding wins, a step with drafts now and then keeps α and the
-            // costs measured (they change with the text and the context length).
+            // costs measured (they change with the text and the context length); while
+            // drafting wins, a plain step now and then keeps the cost it is weighed against
+            // measured (the first plain step, right after the prompt, runs cold).
+            if (drafting_steps_ + 1 >= kProbeEvery) return 0;
             const int gamma_min = plain_steps_ + 1 >= probe_every_ ? 1 : 0;
             return best_gamma(alpha, draft_call_seconds_, target_seconds_, gamma_min,
                               config_.gamma_max);
@@ -184,6 +189,7 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
         probe_every_ = plain_steps_ + 1 >= probe_every_ ? std::min(2 * probe_every_, kMaxProbeEvery)
                                                         : kProbeEvery;
     plain_steps_ = gamma == 0 ? plain_steps_ + 1 : 0;
+    drafting_steps_ = gamma > 0 ? drafting_steps_ + 1 : 0;
     adapt_gamma(n_accepted, gamma);
     return Status::Ok();
 }
@@ -275,7 +281,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
                                   : draft_s / gamma;
     const double step_s = be.seconds_between(1, 3);
     double& t = target_seconds_[size_t(gamma + 1)];
-    t = t > 0 ? 0.9 * t + 0.1 * step_s : step_s;
+    t = target_samples_[size_t(gamma + 1)]++ < 2 ? step_s : 0.9 * t + 0.1 * step_s;
     return Status::Ok();
 }
 

@@ -92,7 +92,11 @@ class Generator {
     // measured yet).
     double draft_call_seconds_ = 0;
     std::array<double, kMaxGamma + 2> target_seconds_{};
-    int plain_steps_ = 0;  // steps in a row without drafts
+    // How often each width was measured: the first measurement (cold caches, first-use
+    // allocations) stands only until the second replaces it.
+    std::array<int, kMaxGamma + 2> target_samples_{};
+    int plain_steps_ = 0;     // steps in a row without drafts
+    int drafting_steps_ = 0;  // steps in a row with drafts
     static constexpr int kProbeEvery = 16, kMaxProbeEvery = 256;
     int probe_every_ = kProbeEvery;  // a step with drafts after this many plain ones
     GeneratorStats stats_;
