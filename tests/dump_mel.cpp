@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -13,13 +12,11 @@
 namespace {
 
 bool read_floats(const char* path, std::vector<float>* out) {
-    std::ifstream f(path, std::ios::binary);
-    const std::vector<char> bytes{std::istreambuf_iterator<char>(f), {}};
-    if (!f.good() && !f.eof()) return false;
-    out->resize(bytes.size() / sizeof(float));
-    std::copy(bytes.begin(), bytes.begin() + long(out->size() * sizeof(float)),
-              reinterpret_cast<char*>(out->data()));
-    return true;
+    std::ifstream f(path, std::ios::binary | std::ios::ate);
+    if (!f) return false;
+    out->resize(size_t(f.tellg()) / sizeof(float));
+    f.seekg(0);
+    return bool(f.read(reinterpret_cast<char*>(out->data()), std::streamsize(out->size() * 4)));
 }
 
 }  // namespace

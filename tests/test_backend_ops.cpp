@@ -345,6 +345,24 @@ TEST_P(BackendOps, LayerNormGeluAndBias) {
     }
 }
 
+// F32 tensors on one backend, each in a buffer of its own that lives as long as this.
+class CpuTensors {
+  public:
+    explicit CpuTensors(Backend& be) : be_(be) {}
+    Tensor operator()(int64_t cols, int64_t rows, const std::vector<float>* values) {
+        std::unique_ptr<Buffer> buf;
+        EXPECT_TRUE(be_.allocate(size_t(cols * rows) * 4, &buf).ok());
+        Tensor t{buf.get(), 0, GgmlType::kF32, cols, rows};
+        if (values) be_.upload(t, values->data());
+        keep_.push_back(std::move(buf));
+        return t;
+    }
+
+  private:
+    Backend& be_;
+    std::vector<std::unique_ptr<Buffer>> keep_;
+};
+
 TEST_P(BackendOps, Im2col3IsTheSameCopy) {
     // Whisper's two convolutions: 80 mel bands at stride 1, then the width at stride 2.
     for (auto [channels, frames, stride, cols] :
@@ -369,15 +387,7 @@ TEST(CpuOps, ConvolutionIsIm2col3ThenMatmul) {
         v = dist(rng);
     for (float& v : ws)
         v = dist(rng);
-    std::vector<std::unique_ptr<Buffer>> keep;
-    const auto make = [&](int64_t cols, int64_t rows, const std::vector<float>* v) {
-        std::unique_ptr<Buffer> buf;
-        EXPECT_TRUE(cpu->allocate(size_t(cols * rows) * 4, &buf).ok());
-        Tensor t{buf.get(), 0, GgmlType::kF32, cols, rows};
-        if (v) cpu->upload(t, v->data());
-        keep.push_back(std::move(buf));
-        return t;
-    };
+    CpuTensors make(*cpu);
     for (int stride : {1, 2}) {
         const int64_t rows = (T - 1) / stride + 1;
         const Tensor x = make(C, T, &xs), w = make(3 * C, O, &ws),
@@ -405,15 +415,7 @@ TEST(CpuOps, LayerNormGeluAndBiasByTheirDefinitions) {
     auto cpu = create_cpu_backend(2);
     const std::vector<float> xs = {1.0f, 2.0f, 3.0f, 6.0f, -1.5f, 0.0f, 0.5f, 3.0f};
     const std::vector<float> w = {1.0f, 2.0f, 0.5f, 1.0f}, b = {0.0f, 1.0f, -1.0f, 0.25f};
-    std::vector<std::unique_ptr<Buffer>> keep;
-    const auto make = [&](int64_t cols, int64_t rows, const std::vector<float>* v) {
-        std::unique_ptr<Buffer> buf;
-        EXPECT_TRUE(cpu->allocate(size_t(cols * rows) * 4, &buf).ok());
-        Tensor t{buf.get(), 0, GgmlType::kF32, cols, rows};
-        if (v) cpu->upload(t, v->data());
-        keep.push_back(std::move(buf));
-        return t;
-    };
+    CpuTensors make(*cpu);
     const Tensor x = make(4, 2, &xs), tw = make(4, 1, &w), tb = make(4, 1, &b),
                  out = make(4, 2, nullptr);
     cpu->layer_norm(x, tw, tb, 0.0f, out);
@@ -494,16 +496,9 @@ TEST(CpuOps, AttentionOverFixedKeysByItsDefinition) {
     const std::vector<float> qs = {1, 0, 0, 0, 0, 1, 0, 0};
     const std::vector<float> ks = {1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0};
     const std::vector<float> vs = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
-    std::vector<std::unique_ptr<Buffer>> keep;
-    const auto make = [&](int64_t rows, const std::vector<float>* v) {
-        std::unique_ptr<Buffer> buf;
-        EXPECT_TRUE(cpu->allocate(size_t(4 * rows) * 4, &buf).ok());
-        Tensor t{buf.get(), 0, GgmlType::kF32, 4, rows};
-        if (v) cpu->upload(t, v->data());
-        keep.push_back(std::move(buf));
-        return t;
-    };
-    const Tensor q = make(2, &qs), k = make(3, &ks), v = make(3, &vs), out = make(2, nullptr);
+    CpuTensors make(*cpu);
+    const Tensor q = make(4, 2, &qs), k = make(4, 3, &ks), v = make(4, 3, &vs),
+                 out = make(4, 2, nullptr);
     cpu->attention({.q = q,
                     .k = k,
                     .v = v,

@@ -2,26 +2,28 @@
 // vocabulary), files written by the random-weight writer, and corrupted copies of them.
 #include <gtest/gtest.h>
 
-#include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "format/whisper_ggml.h"
-#include "model_maker.h"
+#include "test_util.h"
 
 using namespace specula;
 
 namespace {
 
 const std::string kShared = SPECULA_SHARED_DATA_DIR;
+using test::read_file_bytes;
 
-std::vector<uint8_t> read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), {}};
+using Bytes = std::vector<char>;
+
+// A file's bytes as the reader takes them.
+std::span<const uint8_t> u8(const Bytes& b) {
+    return {reinterpret_cast<const uint8_t*>(b.data()), b.size()};
 }
 
 // A model small enough to write per test: every tensor of the real layout, 64 wide.
@@ -29,16 +31,16 @@ WhisperHparams small_shape() {
     return WhisperHparams{300, 16, 64, 2, 1, 8, 64, 2, 1, 80, 0};
 }
 
-std::vector<uint8_t> written(GgmlType type, WhisperHparams h = small_shape()) {
+Bytes written(GgmlType type, WhisperHparams h = small_shape()) {
     // Named after the test too: ctest runs tests in parallel processes.
-    const std::string path = testing::TempDir() + "whisper-" +
+    const std::string path = (test::temp_dir() / "whisper-").string() +
                              testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
                              ggml_type_name(type) + ".bin";
     RandomWhisperSpec spec;
     spec.hparams = h;
     spec.weight_type = type;
     EXPECT_TRUE(write_random_whisper(spec, path).ok());
-    return read_file(path);
+    return read_file_bytes(path);
 }
 
 TEST(WhisperFile, WhisperCppTestFilesHaveTheirHeaderFiltersAndVocabulary) {
@@ -52,9 +54,9 @@ TEST(WhisperFile, WhisperCppTestFilesHaveTheirHeaderFiltersAndVocabulary) {
                               Expected{"base.en", 51864, 512, 8, 6, "<|endoftext|>"}}) {
         const std::string path = kShared + "/whisper/for-tests-ggml-" + e.name + ".bin";
         if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not here";
-        const std::vector<uint8_t> bytes = read_file(path);
+        const Bytes bytes = read_file_bytes(path);
         WhisperGgmlFile f;
-        const Status s = WhisperGgmlFile::parse(bytes, &f);
+        const Status s = WhisperGgmlFile::parse(u8(bytes), &f);
         ASSERT_TRUE(s.ok()) << e.name << ": " << s.message();
         const WhisperHparams& h = f.hparams();
         EXPECT_EQ(h.n_vocab, e.n_vocab);
@@ -78,9 +80,9 @@ TEST(WhisperFile, WhisperCppTestFilesHaveTheirHeaderFiltersAndVocabulary) {
 
 TEST(WhisperFile, WrittenModelsHaveEveryTensorInItsShapeAndType) {
     for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
-        const std::vector<uint8_t> bytes = written(type);
+        const Bytes bytes = written(type);
         WhisperGgmlFile f;
-        const Status s = WhisperGgmlFile::parse(bytes, &f);
+        const Status s = WhisperGgmlFile::parse(u8(bytes), &f);
         ASSERT_TRUE(s.ok()) << s.message();
         EXPECT_EQ(f.weight_type(), type);
         const bool quantized = type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
@@ -100,7 +102,7 @@ TEST(WhisperFile, WrittenModelsHaveEveryTensorInItsShapeAndType) {
         const GgufTensorInfo* bias = f.find_tensor("decoder.blocks.0.cross_attn.value.bias");
         ASSERT_NE(bias, nullptr);
         EXPECT_EQ(bias->type, GgmlType::kF32);
-        EXPECT_EQ(bias->data.data(), bytes.data() + bias->offset);
+        EXPECT_EQ(bias->data.data(), u8(bytes).data() + bias->offset);
         EXPECT_EQ(bias->data.size(), 64u * 4u);
         // The encoder's positions are Whisper's sinusoids: position 0 is sin 0 = 0, cos 0 = 1.
         const GgufTensorInfo* pe = f.find_tensor("encoder.positional_embedding");
@@ -118,14 +120,14 @@ size_t records_start(const WhisperHparams& h, size_t n_tokens_bytes) {
 }
 
 TEST(WhisperFile, EveryTruncationIsAFormatErrorOrTheHeaderAlone) {
-    const std::vector<uint8_t> bytes = written(GgmlType::kQ4_0);
+    const Bytes bytes = written(GgmlType::kQ4_0);
     size_t tokens_bytes = 0;
     for (int i = 0; i < 300; ++i)
         tokens_bytes += 4 + std::to_string(i).size();
     const size_t header_end = records_start(small_shape(), tokens_bytes);
     for (size_t cut = 0; cut < bytes.size(); cut += (cut < header_end + 4096 ? 1 : 997)) {
         WhisperGgmlFile f;
-        const Status s = WhisperGgmlFile::parse({bytes.data(), cut}, &f);
+        const Status s = WhisperGgmlFile::parse(u8(bytes).first(cut), &f);
         if (cut == header_end) {
             EXPECT_TRUE(s.ok() && !f.has_weights()) << s.message();
         } else {
@@ -134,25 +136,25 @@ TEST(WhisperFile, EveryTruncationIsAFormatErrorOrTheHeaderAlone) {
     }
 }
 
-void expect_error(std::vector<uint8_t> bytes, specula_status code, const std::string& words,
+void expect_error(const Bytes& bytes, specula_status code, const std::string& words,
                   const std::string& what) {
     WhisperGgmlFile f;
-    const Status s = WhisperGgmlFile::parse(bytes, &f);
+    const Status s = WhisperGgmlFile::parse(u8(bytes), &f);
     EXPECT_EQ(s.code(), code) << what << ": " << s.message();
     EXPECT_NE(s.message().find(words), std::string::npos) << what << ": " << s.message();
 }
 
-void put_i32(std::vector<uint8_t>& b, size_t at, int32_t v) {
+void put_i32(Bytes& b, size_t at, int32_t v) {
     std::memcpy(b.data() + at, &v, 4);
 }
 
-size_t find(const std::vector<uint8_t>& b, const std::string& text) {
+size_t find(const Bytes& b, const std::string& text) {
     const auto it = std::search(b.begin(), b.end(), text.begin(), text.end());
     return size_t(it - b.begin());
 }
 
 TEST(WhisperFile, MalformedFilesNameTheOffsetAndTheReason) {
-    const std::vector<uint8_t> good = written(GgmlType::kF16);
+    const Bytes good = written(GgmlType::kF16);
     auto b = good;
     put_i32(b, 0, 0x46554747);  // "GGUF"
     expect_error(b, SPECULA_ERR_FORMAT, "magic", "a GGUF magic");
@@ -216,12 +218,12 @@ TEST(WhisperFile, TheWriterCopiesTheRealFiltersAndVocabulary) {
     ASSERT_TRUE(whisper_shape("tiny", true, &spec.hparams).ok());
     spec.hparams.n_audio_ctx = 64;  // files with shorter audio contexts exist; keeps this small
     spec.weight_type = GgmlType::kQ8_0;
-    const std::string path = testing::TempDir() + "tiny-en-random.bin";
+    const std::string path = (test::temp_dir() / "tiny-en-random.bin").string();
     ASSERT_TRUE(write_random_whisper(spec, path).ok());
-    const std::vector<uint8_t> ours = read_file(path), theirs = read_file(header);
+    const Bytes ours = read_file_bytes(path), theirs = read_file_bytes(header);
     WhisperGgmlFile a, b;
-    ASSERT_TRUE(WhisperGgmlFile::parse(ours, &a).ok());
-    ASSERT_TRUE(WhisperGgmlFile::parse(theirs, &b).ok());
+    ASSERT_TRUE(WhisperGgmlFile::parse(u8(ours), &a).ok());
+    ASSERT_TRUE(WhisperGgmlFile::parse(u8(theirs), &b).ok());
     EXPECT_EQ(a.mel_filters(), b.mel_filters());
     EXPECT_EQ(a.vocab(), b.vocab());
     EXPECT_EQ(a.hparams().n_audio_ctx, 64);

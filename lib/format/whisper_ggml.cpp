@@ -49,27 +49,22 @@ Status at(size_t pos, const std::string& what) {
 }
 
 Status check_hparams(const WhisperHparams& h) {
-    const std::pair<const char*, int32_t> positive[] = {{"n_vocab", h.n_vocab},
-                                                        {"n_audio_ctx", h.n_audio_ctx},
-                                                        {"n_audio_state", h.n_audio_state},
-                                                        {"n_audio_head", h.n_audio_head},
-                                                        {"n_audio_layer", h.n_audio_layer},
-                                                        {"n_text_ctx", h.n_text_ctx},
-                                                        {"n_text_state", h.n_text_state},
-                                                        {"n_text_head", h.n_text_head},
-                                                        {"n_text_layer", h.n_text_layer},
-                                                        {"n_mels", h.n_mels}};
     // Bounds far above every released model (large: 1280 wide, 32 layers, 51866 tokens), so
     // that a corrupt field cannot ask for absurd sizes.
-    const std::map<std::string_view, int32_t> most = {
-        {"n_vocab", 1 << 20},      {"n_audio_ctx", 1 << 16}, {"n_audio_state", 1 << 14},
-        {"n_audio_head", 1024},    {"n_audio_layer", 1024},  {"n_text_ctx", 1 << 16},
-        {"n_text_state", 1 << 14}, {"n_text_head", 1024},    {"n_text_layer", 1024},
-        {"n_mels", 1024}};
-    for (auto [name, v] : positive)
-        if (v <= 0 || v > most.at(name))
-            return at(4, std::string("hyperparameter ") + name + " = " + std::to_string(v) +
-                             " is outside 1 .. " + std::to_string(most.at(name)));
+    struct Field {
+        const char* name;
+        int32_t value, most;
+    };
+    for (const Field& f :
+         {Field{"n_vocab", h.n_vocab, 1 << 20}, Field{"n_audio_ctx", h.n_audio_ctx, 1 << 16},
+          Field{"n_audio_state", h.n_audio_state, 1 << 14},
+          Field{"n_audio_head", h.n_audio_head, 1024},
+          Field{"n_audio_layer", h.n_audio_layer, 1024}, Field{"n_text_ctx", h.n_text_ctx, 1 << 16},
+          Field{"n_text_state", h.n_text_state, 1 << 14}, Field{"n_text_head", h.n_text_head, 1024},
+          Field{"n_text_layer", h.n_text_layer, 1024}, Field{"n_mels", h.n_mels, 1024}})
+        if (f.value <= 0 || f.value > f.most)
+            return at(4, std::string("hyperparameter ") + f.name + " = " + std::to_string(f.value) +
+                             " is outside 1 .. " + std::to_string(f.most));
     if (h.n_audio_state % h.n_audio_head != 0 || h.n_text_state % h.n_text_head != 0)
         return at(4, "the model width is not a multiple of the attention heads");
     if (h.n_text_state != h.n_audio_state)
