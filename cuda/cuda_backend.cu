@@ -230,7 +230,9 @@ class CudaBackend final : public Backend {
     }
     void add_bias(const Tensor& x, const Tensor& bias) override {
         select();
-        cuda::add_bias(stream_, dev(x), dev(bias), x.cols, x.rows);
+        // bias[i % period]: one row repeats, a whole tensor is read once.
+        cuda::add_bias(stream_, dev(x), dev(bias), bias.rows > 1 ? x.cols * x.rows : x.cols,
+                       x.cols * x.rows);
         check(cudaGetLastError(), "add_bias");
     }
     void im2col3(const Tensor& x, int stride, const Tensor& out) override {

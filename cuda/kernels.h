@@ -28,7 +28,8 @@ void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, flo
 void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, float eps,
                 int64_t cols, int64_t rows, float* out);
 void gelu(cudaStream_t s, const float* x, int64_t n, float* out);
-void add_bias(cudaStream_t s, float* x, const float* bias, int64_t cols, int64_t rows);
+// x[i] += bias[i % period] for i < n.
+void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n);
 void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
              int64_t out_rows, float* out);
 

@@ -319,9 +319,9 @@ __global__ void im2col3_kernel(const float* x, int64_t C, int64_t T, int stride,
     out[i] = v;
 }
 
-__global__ void add_bias_kernel(float* x, const float* bias, int64_t cols, int64_t n) {
+__global__ void add_bias_kernel(float* x, const float* bias, int64_t period, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += bias[i % cols];
+    if (i < n) x[i] += bias[i % period];
 }
 unsigned blocks(int64_t n, int per) {
     return unsigned((n + per - 1) / per);
@@ -402,8 +402,8 @@ void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, i
                                                                     out_cols * out_rows, out);
 }
 
-void add_bias(cudaStream_t s, float* x, const float* bias, int64_t cols, int64_t rows) {
-    add_bias_kernel<<<blocks(cols * rows, 256), 256, 0, s>>>(x, bias, cols, cols * rows);
+void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n) {
+    add_bias_kernel<<<blocks(n, 256), 256, 0, s>>>(x, bias, period, n);
 }
 
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,

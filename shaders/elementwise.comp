@@ -1,7 +1,7 @@
 #version 450
 // Element-wise ops over u0 floats, chosen by u1:
 //   1: out = silu(a) * b      2: out = a (copy)      3: out = gelu(a)
-//   4: out = a + b[i % u2] (b one row of u2 floats, broadcast over a's rows)
+//   4: out = a + b[i % u2] (b one row of u2 floats broadcast over a's rows, or all of a's shape)
 //   binding 0: a, 1: b, 2: out
 #include "common.glsl"
 

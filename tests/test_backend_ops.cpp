@@ -342,6 +342,10 @@ TEST_P(BackendOps, LayerNormGeluAndBias) {
         expect_close(p, out);
         p.on_each([&](Backend& be, auto side) { be.add_bias(side(x), side(b)); });
         expect_close(p, x);
+        // A bias of x's shape: added element by element (positional embeddings).
+        auto whole = p.tensor(GgmlType::kF32, cols, 5, random_bytes(GgmlType::kF32, cols, 5, 9));
+        p.on_each([&](Backend& be, auto side) { be.add_bias(side(x), side(whole)); });
+        expect_close(p, x);
     }
 }
 
@@ -441,6 +445,10 @@ TEST(CpuOps, LayerNormGeluAndBiasByTheirDefinitions) {
     const std::vector<float> added = read_floats(*cpu, x);
     for (size_t i = 0; i < xs.size(); ++i)
         EXPECT_EQ(added[i], xs[i] + b[i % 4]);
+    cpu->add_bias(x, out);  // element by element: out still holds gelu(xs)
+    const std::vector<float> twice = read_floats(*cpu, x);
+    for (size_t i = 0; i < xs.size(); ++i)
+        EXPECT_EQ(twice[i], added[i] + g[i]);
 }
 
 TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {

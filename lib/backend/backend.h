@@ -176,7 +176,8 @@ class Backend {
     // out = x / 2 * (1 + erf(x / sqrt 2)), element-wise: torch.nn.GELU's exact form, which
     // Whisper was trained with (whisper.cpp uses the tanh approximation).
     virtual void gelu(const Tensor& x, const Tensor& out) = 0;
-    // x[i] += bias for every row i, in place (bias: x.cols floats).
+    // x[i] += bias for every row i, in place, where bias is one row of x.cols floats; or
+    // x[i] += bias[i] where bias has x's shape (positional embeddings added to a batch).
     virtual void add_bias(const Tensor& x, const Tensor& bias) = 0;
     // The inputs of a convolution of kernel 3 and padding 1 over the rows of x (T rows of C
     // channels) as rows, so that the convolution is a matmul with its weights: out row t holds

@@ -275,9 +275,10 @@ class CpuBackend final : public Backend {
     }
 
     void add_bias(const Tensor& x, const Tensor& bias) override {
-        const float* b = f32(bias);
+        const bool per_row = bias.rows > 1;
         for (int64_t r = 0; r < x.rows; ++r) {
             float* xr = f32(x) + r * x.cols;
+            const float* b = f32(bias) + (per_row ? r * x.cols : 0);
             for (int64_t i = 0; i < x.cols; ++i)
                 xr[i] += b[i];
         }

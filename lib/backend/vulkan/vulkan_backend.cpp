@@ -807,7 +807,8 @@ class VulkanBackend final : public Backend {
     }
 
     void add_bias(const Tensor& x, const Tensor& bias) override {
-        elementwise(4, x, bias, x, uint32_t(x.cols));
+        // b[i % period]: one row repeats, a whole tensor is read once.
+        elementwise(4, x, bias, x, uint32_t(bias.rows > 1 ? x.cols * x.rows : x.cols));
     }
 
     void verify(const VerifyArgs& a) override {
