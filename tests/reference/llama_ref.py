@@ -13,6 +13,24 @@ GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7
 GGML_TYPES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34)}
 
 
+def dequantize(buf, offset, ttype, n):
+    """n values of ggml type ttype stored at buf[offset:], as float64."""
+    block, block_bytes = GGML_TYPES[ttype]
+    raw = np.frombuffer(buf, dtype=np.uint8, count=n // block * block_bytes, offset=offset)
+    if ttype == 0:
+        return raw.view(np.float32).astype(np.float64)
+    if ttype == 1:
+        return raw.view(np.float16).astype(np.float64)
+    blocks = raw.reshape(-1, block_bytes)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float64)  # (n_blocks, 1)
+    if ttype == 8:  # Q8_0: x = d * q
+        q = blocks[:, 2:].view(np.int8).astype(np.float64)
+    else:  # Q4_0: low nibbles are elements 0..15, high nibbles 16..31, offset by 8
+        nib = blocks[:, 2:]
+        q = np.concatenate([nib & 0x0F, nib >> 4], axis=1).astype(np.float64) - 8.0
+    return (d * q).reshape(-1)
+
+
 class Gguf:
     def __init__(self, path):
         self.buf = open(path, "rb").read()
@@ -57,22 +75,7 @@ class Gguf:
     def tensor(self, name):
         """The tensor as float64 with numpy shape (rows, cols) = (dims[1], dims[0])."""
         dims, ttype, offset = self.tensors[name]
-        block, block_bytes = GGML_TYPES[ttype]
-        n = int(np.prod(dims))
-        raw = np.frombuffer(self.buf, dtype=np.uint8, count=n // block * block_bytes, offset=self.data_start + offset)
-        if ttype == 0:
-            x = raw.view(np.float32).astype(np.float64)
-        elif ttype == 1:
-            x = raw.view(np.float16).astype(np.float64)
-        else:
-            blocks = raw.reshape(-1, block_bytes)
-            d = blocks[:, :2].copy().view(np.float16).astype(np.float64)  # (n_blocks, 1)
-            if ttype == 8:  # Q8_0: x = d * q
-                q = blocks[:, 2:].view(np.int8).astype(np.float64)
-            else:  # Q4_0: low nibbles are elements 0..15, high nibbles 16..31, offset by 8
-                nib = blocks[:, 2:]
-                q = np.concatenate([nib & 0x0F, nib >> 4], axis=1).astype(np.float64) - 8.0
-            x = (d * q).reshape(-1)
+        x = dequantize(self.buf, self.data_start + offset, ttype, int(np.prod(dims)))
         rows = dims[1] if len(dims) > 1 else 1
         return x.reshape(rows, dims[0])
 

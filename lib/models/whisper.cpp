@@ -1,0 +1,365 @@
+#include "models/whisper.h"
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "format/quant.h"
+
+namespace specula {
+
+const std::array<std::string_view, 100> kWhisperLanguages = {
+    "en", "zh", "de", "es",  "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl", "ar", "sv",
+    "it", "id", "hi", "fi",  "vi", "he", "uk", "el", "ms", "cs", "ro", "da", "hu", "ta", "no",
+    "th", "ur", "hr", "bg",  "lt", "la", "mi", "ml", "cy", "sk", "te", "fa", "lv", "bn", "sr",
+    "az", "sl", "kn", "et",  "mk", "br", "eu", "is", "hy", "ne", "mn", "bs", "kk", "sq", "sw",
+    "gl", "mr", "pa", "si",  "km", "sn", "yo", "so", "af", "oc", "ka", "be", "tg", "sd", "gu",
+    "am", "yi", "lo", "uz",  "fo", "ht", "ps", "tk", "nn", "mt", "sa", "lb", "my", "bo", "tl",
+    "mg", "as", "tt", "haw", "ln", "ha", "ba", "jw", "su", "yue"};
+
+int whisper_language_index(std::string_view code) {
+    for (size_t i = 0; i < kWhisperLanguages.size(); ++i)
+        if (kWhisperLanguages[i] == code) return int(i);
+    return -1;
+}
+
+WhisperTokens WhisperTokens::of(int n_vocab) {
+    // The English-only layout, shifted as whisper.cpp shifts it (whisper_model_load).
+    WhisperTokens t{50256, 50257, 50357, 50358, 50359, 50360, 50361, 50362, 50363, 0, false};
+    t.multilingual = n_vocab >= 51865;
+    t.n_languages = n_vocab - 51765 - (t.multilingual ? 1 : 0);
+    if (t.multilingual) {
+        ++t.eot;
+        ++t.sot;
+        const int shift = t.n_languages - 98;
+        for (int32_t* id : {&t.translate, &t.transcribe, &t.solm, &t.prev, &t.nosp,
+                            &t.no_timestamps, &t.timestamp_begin})
+            *id += shift;
+    }
+    return t;
+}
+
+std::string_view WhisperModel::token_text(int32_t id) const {
+    const auto& vocab = ggml_.vocab();
+    if (id < 0 || id >= tokens_.eot || size_t(id) >= vocab.size()) return {};
+    return vocab[size_t(id)];
+}
+
+Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
+                          const Progress& progress, std::unique_ptr<WhisperModel>* out) {
+    std::unique_ptr<WhisperModel> m(new WhisperModel(backend));
+    SPECULA_TRY(WhisperGgmlFile::parse(file->bytes(), &m->ggml_));
+    const WhisperGgmlFile& g = m->ggml_;
+    if (!g.has_weights())
+        return FormatError("the whisper model file has no tensors (a header-only test file)");
+    m->hparams_ = g.hparams();
+    const WhisperHparams& h = m->hparams_;
+    if (h.n_vocab < 51864)
+        return Unsupported("a Whisper vocabulary of " + std::to_string(h.n_vocab) +
+                           " tokens (the special tokens need at least 51864)");
+    m->tokens_ = WhisperTokens::of(h.n_vocab);
+    m->weight_type_ = g.weight_type();
+    m->filters_ = {g.n_mel_filters(), g.mel_filters()};
+
+    const size_t n_expected = g.tensors().size();
+    size_t n_loaded = 0;
+    // conv1's rows (3 x n_mels) are copied with zero columns added up to whole 32-wide blocks,
+    // which every backend's matmul takes, and im2col3 writes zeros there.
+    auto load = [&](const std::string& name, Tensor* t) -> Status {
+        const GgufTensorInfo* info = g.find_tensor(name);
+        if (info == nullptr) return FormatError("the whisper model lacks tensor '" + name + "'");
+        if (!is_runnable_weight_type(info->type))
+            return Unsupported("tensor '" + name + "' has type " + ggml_type_name(info->type) +
+                               " (supported: " + runnable_weight_type_names() + ")");
+        // Rows are the last dimension (a convolution's output channels), except for the
+        // convolutions' biases (1 x width), which are one row.
+        const auto n = int64_t(info->n_elements);
+        const int64_t rows =
+            info->shape.size() == 1 || info->shape[0] == 1 ? 1 : info->shape.back();
+        const int64_t cols = n / rows;
+        std::span<const uint8_t> data = info->data;
+        int64_t padded = cols;
+        if (name == "encoder.conv1.weight" && cols % 32 != 0) {
+            // The reader allows F32 and F16 only for the convolutions.
+            padded = (cols + 31) / 32 * 32;
+            const size_t elem = info->type == GgmlType::kF32 ? 4 : 2;
+            m->conv1_padded_.assign(size_t(padded * rows) * elem, 0);
+            for (int64_t r = 0; r < rows; ++r)
+                std::memcpy(&m->conv1_padded_[size_t(r * padded) * elem],
+                            &data[size_t(r * cols) * elem], size_t(cols) * elem);
+            data = m->conv1_padded_;
+        }
+        std::unique_ptr<Buffer> buffer;
+        SPECULA_TRY(backend.load_weights(data, info->type, padded, rows, &buffer));
+        *t = Tensor{buffer.get(), 0, info->type, padded, rows};
+        m->buffers_.push_back(std::move(buffer));
+        m->n_params_ += info->n_elements;
+        if (progress && !progress(float(++n_loaded) / float(n_expected)))
+            return {SPECULA_ERR_ABORTED, "model loading was cancelled by the progress callback"};
+        return Status::Ok();
+    };
+    // Only conv1 can have rows that are not whole blocks (3 x n_mels); conv2's are 3 x width.
+    if ((3 * int64_t(h.n_audio_state)) % 32 != 0)
+        return Unsupported("a Whisper width of " + std::to_string(h.n_audio_state) +
+                           " (3 x width must be a multiple of 32)");
+    auto linear = [&](const std::string& p, bool bias, WhisperModel::Linear* l) -> Status {
+        SPECULA_TRY(load(p + ".weight", &l->w));
+        return bias ? load(p + ".bias", &l->b) : Status::Ok();
+    };
+    auto block = [&](const std::string& p, bool decoder, Block* b) -> Status {
+        SPECULA_TRY(load(p + "attn_ln.weight", &b->attn_ln_w));
+        SPECULA_TRY(load(p + "attn_ln.bias", &b->attn_ln_b));
+        SPECULA_TRY(linear(p + "attn.query", true, &b->q));
+        SPECULA_TRY(linear(p + "attn.key", false, &b->k));
+        SPECULA_TRY(linear(p + "attn.value", true, &b->v));
+        SPECULA_TRY(linear(p + "attn.out", true, &b->o));
+        if (decoder) {
+            SPECULA_TRY(load(p + "cross_attn_ln.weight", &b->cross_ln_w));
+            SPECULA_TRY(load(p + "cross_attn_ln.bias", &b->cross_ln_b));
+            SPECULA_TRY(linear(p + "cross_attn.query", true, &b->cq));
+            SPECULA_TRY(linear(p + "cross_attn.key", false, &b->ck));
+            SPECULA_TRY(linear(p + "cross_attn.value", true, &b->cv));
+            SPECULA_TRY(linear(p + "cross_attn.out", true, &b->co));
+        }
+        SPECULA_TRY(load(p + "mlp_ln.weight", &b->mlp_ln_w));
+        SPECULA_TRY(load(p + "mlp_ln.bias", &b->mlp_ln_b));
+        SPECULA_TRY(linear(p + "mlp.0", true, &b->mlp0));
+        return linear(p + "mlp.2", true, &b->mlp2);
+    };
+    SPECULA_TRY(load("encoder.positional_embedding", &m->enc_pos_));
+    SPECULA_TRY(linear("encoder.conv1", true, &m->conv1_));
+    SPECULA_TRY(linear("encoder.conv2", true, &m->conv2_));
+    SPECULA_TRY(load("encoder.ln_post.weight", &m->enc_ln_w_));
+    SPECULA_TRY(load("encoder.ln_post.bias", &m->enc_ln_b_));
+    m->enc_.resize(size_t(h.n_audio_layer));
+    for (int l = 0; l < h.n_audio_layer; ++l)
+        SPECULA_TRY(block("encoder.blocks." + std::to_string(l) + ".", false, &m->enc_[size_t(l)]));
+    SPECULA_TRY(load("decoder.positional_embedding", &m->dec_pos_));
+    SPECULA_TRY(load("decoder.token_embedding.weight", &m->token_embd_));
+    SPECULA_TRY(load("decoder.ln.weight", &m->dec_ln_w_));
+    SPECULA_TRY(load("decoder.ln.bias", &m->dec_ln_b_));
+    m->dec_.resize(size_t(h.n_text_layer));
+    for (int l = 0; l < h.n_text_layer; ++l)
+        SPECULA_TRY(block("decoder.blocks." + std::to_string(l) + ".", true, &m->dec_[size_t(l)]));
+    m->file_ = std::move(file);
+    *out = std::move(m);
+    return Status::Ok();
+}
+
+Status WhisperContext::allocate(Tensor* t, int64_t cols, int64_t rows, GgmlType type) {
+    *t = Tensor{nullptr, 0, type, cols, rows};
+    std::unique_ptr<Buffer> buffer;
+    SPECULA_TRY(model_.backend_.allocate(t->bytes(), &buffer));
+    t->buffer = buffer.get();
+    buffers_.push_back(std::move(buffer));
+    return Status::Ok();
+}
+
+Status WhisperContext::create(const WhisperModel& model, int max_logit_rows,
+                              std::unique_ptr<WhisperContext>* out) {
+    const WhisperHparams& h = model.hparams();
+    if (max_logit_rows <= 0 || max_logit_rows > h.n_text_ctx)
+        return InvalidArgument("logit rows out of range");
+    std::unique_ptr<WhisperContext> c(new WhisperContext(model));
+    c->max_logit_rows_ = max_logit_rows;
+    const int64_t w = h.n_audio_state, frames = 2 * int64_t(h.n_audio_ctx);
+    const int64_t audio = h.n_audio_ctx, text = h.n_text_ctx;
+    struct Planned {
+        Tensor* t;
+        int64_t cols, rows;
+        GgmlType type = GgmlType::kF32;
+    };
+    std::vector<Planned> plan = {
+        {&c->mel_, h.n_mels, frames},
+        {&c->cols1_, model.conv1_.w.cols, frames},
+        {&c->conv1_out_, w, frames},
+        {&c->cols2_, model.conv2_.w.cols, audio},
+        {&c->enc_x_, w, audio},
+        {&c->enc_h_, w, audio},
+        {&c->enc_q_, w, audio},
+        {&c->enc_k_, w, audio},
+        {&c->enc_v_, w, audio},
+        {&c->enc_a_, w, audio},
+        {&c->enc_f_, 4 * w, audio},
+        {&c->enc_out_, w, audio},
+        {&c->ids_, text, 1, GgmlType::kI32},
+        {&c->positions_, text, 1, GgmlType::kI32},
+        {&c->x_, w, text},
+        {&c->pos_rows_, w, text},
+        {&c->h_, w, text},
+        {&c->q_, w, text},
+        {&c->a_, w, text},
+        {&c->f_, 4 * w, text},
+        {&c->logits_, h.n_vocab, max_logit_rows},
+    };
+    const auto layers = size_t(h.n_text_layer);
+    for (auto* v : {&c->cross_k_, &c->cross_v_, &c->k_cache_, &c->v_cache_})
+        v->resize(layers);
+    for (size_t l = 0; l < layers; ++l) {
+        plan.push_back({&c->cross_k_[l], w, audio});
+        plan.push_back({&c->cross_v_[l], w, audio});
+        plan.push_back({&c->k_cache_[l], w, text});
+        plan.push_back({&c->v_cache_[l], w, text});
+    }
+    uint64_t need = 0;
+    for (const Planned& p : plan)
+        need += Tensor{nullptr, 0, p.type, p.cols, p.rows}.bytes();
+    const uint64_t available = model.backend_.available_memory();
+    if (available != 0 && need > available)
+        return OutOfMemory("a Whisper context needs " + std::to_string(need >> 20) +
+                           " MiB; the backend can give " + std::to_string(available >> 20) +
+                           " MiB");
+    for (const Planned& p : plan)
+        SPECULA_TRY(c->allocate(p.t, p.cols, p.rows, p.type));
+    *out = std::move(c);
+    return Status::Ok();
+}
+
+// One pre-LN block over the n rows of x: self-attention (non-causal over the n rows in the
+// encoder; causal over the cache in the decoder), the decoder's cross-attention, the MLP.
+void WhisperContext::block(const WhisperModel::Block& b, const Tensor& x, int n, bool decoder,
+                           int layer) {
+    const WhisperHparams& hp = model_.hparams();
+    Backend& be = model_.backend_;
+    using A = Backend::Accumulate;
+    const int heads = decoder ? hp.n_text_head : hp.n_audio_head;
+    const int head_dim = int(x.cols) / heads;
+    const float scale = 1.0f / std::sqrt(float(head_dim));
+    const Tensor h = (decoder ? h_ : enc_h_).row_range(0, n);
+    const Tensor q = (decoder ? q_ : enc_q_).row_range(0, n);
+    const Tensor a = (decoder ? a_ : enc_a_).row_range(0, n);
+    const Tensor f = (decoder ? f_ : enc_f_).row_range(0, n);
+    const auto linear = [&](const WhisperModel::Linear& l, const Tensor& in, const Tensor& out,
+                            A acc) {
+        be.matmul(l.w, in, out, acc);
+        if (l.b.buffer != nullptr) be.add_bias(out, l.b);
+    };
+
+    be.layer_norm(x, b.attn_ln_w, b.attn_ln_b, 1e-5f, h);
+    linear(b.q, h, q, A::kNo);
+    Backend::Attention att;
+    att.q = q;
+    att.out = a;
+    att.n_head = att.n_head_kv = heads;
+    att.head_dim = head_dim;
+    att.scale = scale;
+    if (decoder) {
+        const auto l = size_t(layer);
+        linear(b.k, h, k_cache_[l].row_range(n_past_, n), A::kNo);
+        linear(b.v, h, v_cache_[l].row_range(n_past_, n), A::kNo);
+        att.k = k_cache_[l];
+        att.v = v_cache_[l];
+        att.pos0 = n_past_;
+    } else {
+        linear(b.k, h, enc_k_, A::kNo);
+        linear(b.v, h, enc_v_, A::kNo);
+        att.k = enc_k_;
+        att.v = enc_v_;
+        att.n_keys = n;
+    }
+    be.attention(att);
+    linear(b.o, a, x, A::kYes);
+    if (decoder) {
+        const auto l = size_t(layer);
+        be.layer_norm(x, b.cross_ln_w, b.cross_ln_b, 1e-5f, h);
+        linear(b.cq, h, q, A::kNo);
+        att.k = cross_k_[l];
+        att.v = cross_v_[l];
+        att.pos0 = 0;
+        att.n_keys = hp.n_audio_ctx;
+        be.attention(att);
+        linear(b.co, a, x, A::kYes);
+    }
+    be.layer_norm(x, b.mlp_ln_w, b.mlp_ln_b, 1e-5f, h);
+    linear(b.mlp0, h, f, A::kNo);
+    be.gelu(f, f);
+    linear(b.mlp2, f, x, A::kYes);
+}
+
+Status WhisperContext::encode(const audio::LogMel& mel, int first) {
+    const WhisperHparams& hp = model_.hparams();
+    if (mel.n_mel != hp.n_mels)
+        return InvalidArgument("a mel of " + std::to_string(mel.n_mel) + " bands for a model of " +
+                               std::to_string(hp.n_mels));
+    if (first < 0 || first > mel.n_frames) return InvalidArgument("mel frame out of range");
+    Backend& be = model_.backend_;
+    using A = Backend::Accumulate;
+    // The window as rows of time (the convolutions run over rows), zeros past the mel's end.
+    const int frames = window_frames();
+    std::vector<float> rows(size_t(frames) * size_t(hp.n_mels), 0.0f);
+    const int have = std::min(frames, mel.n_frames - first);
+    for (int m = 0; m < hp.n_mels; ++m)
+        for (int t = 0; t < have; ++t)
+            rows[size_t(t) * size_t(hp.n_mels) + size_t(m)] =
+                mel.data[size_t(m) * size_t(mel.n_frames) + size_t(first + t)];
+    be.upload(mel_, rows.data());
+
+    const WhisperModel& m = model_;
+    be.im2col3(mel_, 1, cols1_);
+    be.matmul(m.conv1_.w, cols1_, conv1_out_, A::kNo);
+    be.add_bias(conv1_out_, m.conv1_.b);
+    be.gelu(conv1_out_, conv1_out_);
+    be.im2col3(conv1_out_, 2, cols2_);
+    be.matmul(m.conv2_.w, cols2_, enc_x_, A::kNo);
+    be.add_bias(enc_x_, m.conv2_.b);
+    be.gelu(enc_x_, enc_x_);
+    be.add_bias(enc_x_, m.enc_pos_);
+    const int n = hp.n_audio_ctx;
+    for (const WhisperModel::Block& b : m.enc_)
+        block(b, enc_x_, n, false, 0);
+    be.layer_norm(enc_x_, m.enc_ln_w_, m.enc_ln_b_, 1e-5f, enc_out_);
+    for (size_t l = 0; l < m.dec_.size(); ++l) {
+        be.matmul(m.dec_[l].ck.w, enc_out_, cross_k_[l], A::kNo);
+        be.matmul(m.dec_[l].cv.w, enc_out_, cross_v_[l], A::kNo);
+        be.add_bias(cross_v_[l], m.dec_[l].cv.b);
+    }
+    n_past_ = 0;
+    encoded_ = false;
+    SPECULA_TRY(be.flush());
+    encoded_ = true;
+    return Status::Ok();
+}
+
+Status WhisperContext::forward(std::span<const int32_t> tokens, bool all_rows,
+                               std::vector<float>* logits) {
+    const WhisperHparams& hp = model_.hparams();
+    const int n = int(tokens.size());
+    if (!encoded_) return InvalidArgument("forward before any audio was encoded");
+    if (n == 0) return InvalidArgument("forward needs at least one token");
+    if (n_past_ + n > hp.n_text_ctx)
+        return {SPECULA_ERR_CONTEXT_FULL,
+                "the decoder's context of " + std::to_string(hp.n_text_ctx) + " tokens is full"};
+    const int rows = all_rows ? n : 1;
+    if (rows > max_logit_rows_)
+        return InvalidArgument("logits of " + std::to_string(rows) + " rows (at most " +
+                               std::to_string(max_logit_rows_) + ")");
+    for (int32_t t : tokens)
+        if (t < 0 || t >= hp.n_vocab)
+            return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary");
+
+    Backend& be = model_.backend_;
+    const WhisperModel& m = model_;
+    Tensor ids = ids_, pos = positions_;
+    ids.cols = pos.cols = n;
+    std::vector<int32_t> positions(static_cast<size_t>(n));
+    std::iota(positions.begin(), positions.end(), n_past_);
+    be.upload(ids, tokens.data());
+    be.upload(pos, positions.data());
+    const Tensor x = x_.row_range(0, n), p = pos_rows_.row_range(0, n);
+    be.get_rows(m.token_embd_, ids, x);
+    be.get_rows(m.dec_pos_, pos, p);
+    be.add_bias(x, p);
+    for (size_t l = 0; l < m.dec_.size(); ++l)
+        block(m.dec_[l], x, n, true, int(l));
+    const Tensor last = x.row_range(n - rows, rows), h = h_.row_range(0, rows);
+    be.layer_norm(last, m.dec_ln_w_, m.dec_ln_b_, 1e-5f, h);
+    const Tensor out = logits_.row_range(0, rows);
+    be.matmul(m.token_embd_, h, out, Backend::Accumulate::kNo);
+    logits->resize(size_t(rows) * size_t(hp.n_vocab));
+    SPECULA_TRY(be.download(out, logits->data()));
+    n_past_ += n;
+    ++forward_calls_;
+    return Status::Ok();
+}
+
+}  // namespace specula

@@ -1,0 +1,136 @@
+// Whisper (encoder-decoder speech recognition), written once against the backend interface.
+// The encoder: two convolutions of kernel 3 (the second of stride 2) with GELU, sinusoidal
+// positions, pre-LN transformer blocks, a final LayerNorm. The decoder: learned positions,
+// causal self-attention over a KV cache, cross-attention over keys and values computed once
+// per audio window, a tied output head. Weights come from whisper.cpp's model files.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "audio/mel.h"
+#include "backend/backend.h"
+#include "format/whisper_ggml.h"
+#include "platform/mapped_file.h"
+
+namespace specula {
+
+// The languages of the multilingual models, in token order (whisper.cpp's g_lang, OpenAI's
+// tokenizer.LANGUAGES): language i is token WhisperTokens::sot + 1 + i.
+extern const std::array<std::string_view, 100> kWhisperLanguages;
+int whisper_language_index(std::string_view code);  // -1 when unknown
+
+// The special tokens past the text tokens, whose ids depend on the vocabulary's size as
+// whisper.cpp derives them: 51864 tokens (.en models), 51865 (multilingual, 99 languages),
+// 51866 (large-v3, 100 languages).
+struct WhisperTokens {
+    int32_t eot = 0, sot = 0, translate = 0, transcribe = 0, solm = 0, prev = 0, nosp = 0,
+            no_timestamps = 0, timestamp_begin = 0;
+    int n_languages = 0;
+    bool multilingual = false;
+    int32_t language(int index) const { return sot + 1 + index; }
+    bool is_timestamp(int32_t t) const { return t >= timestamp_begin; }
+    static WhisperTokens of(int n_vocab);
+};
+
+class WhisperModel {
+  public:
+    using Progress = std::function<bool(float)>;  // false cancels
+    // Weights of a type the backends cannot run are SPECULA_ERR_UNSUPPORTED naming the tensor; a
+    // file without weights (a header-only test file) is SPECULA_ERR_FORMAT.
+    static Status load(Backend& backend, std::unique_ptr<MappedFile> file, const Progress& progress,
+                       std::unique_ptr<WhisperModel>* out);
+
+    const WhisperHparams& hparams() const { return hparams_; }
+    const WhisperTokens& tokens() const { return tokens_; }
+    const audio::MelFilters& mel_filters() const { return filters_; }
+    // A token's text (bytes; empty for the special tokens).
+    std::string_view token_text(int32_t id) const;
+    Backend& backend() const { return backend_; }
+    GgmlType weight_type() const { return weight_type_; }
+    uint64_t n_params() const { return n_params_; }
+
+  private:
+    friend class WhisperContext;
+    struct Linear {
+        Tensor w, b;  // b: none for the attention keys
+    };
+    struct Block {
+        Tensor attn_ln_w, attn_ln_b;
+        Linear q, k, v, o;
+        Tensor cross_ln_w, cross_ln_b;  // decoder blocks only
+        Linear cq, ck, cv, co;
+        Tensor mlp_ln_w, mlp_ln_b;
+        Linear mlp0, mlp2;
+    };
+    explicit WhisperModel(Backend& backend) : backend_(backend) {}
+
+    Backend& backend_;
+    std::unique_ptr<MappedFile> file_;
+    WhisperGgmlFile ggml_;
+    std::vector<std::unique_ptr<Buffer>> buffers_;
+    std::vector<uint8_t> conv1_padded_;  // conv1's rows padded to whole blocks, when they are not
+    WhisperHparams hparams_;
+    WhisperTokens tokens_;
+    audio::MelFilters filters_;
+    GgmlType weight_type_ = GgmlType::kF32;
+    uint64_t n_params_ = 0;
+    Linear conv1_, conv2_;
+    Tensor enc_pos_, enc_ln_w_, enc_ln_b_;
+    std::vector<Block> enc_, dec_;
+    Tensor dec_pos_, token_embd_, dec_ln_w_, dec_ln_b_;
+};
+
+// One transcription's state on the backend: the encoder's activations, every decoder layer's
+// cross-attention keys and values of the current window, and the decoder's self-attention
+// cache (n_text_ctx positions).
+class WhisperContext {
+  public:
+    // max_logit_rows: how many rows a forward can return logits for (the cache's length of
+    // tokens can always be fed; logits of more rows than this are refused).
+    static Status create(const WhisperModel& model, int max_logit_rows,
+                         std::unique_ptr<WhisperContext>* out);
+
+    const WhisperModel& model() const { return model_; }
+    // The mel frames one window holds: 2 * n_audio_ctx (3000 for 30 s).
+    int window_frames() const { return 2 * model_.hparams().n_audio_ctx; }
+
+    // Runs the encoder over frames [first, first + window_frames()) of mel (zeros past its end,
+    // as whisper.cpp and OpenAI's pad_or_trim pad) and computes every decoder layer's cross K/V.
+    // Forgets the decoder's cache.
+    Status encode(const audio::LogMel& mel, int first);
+    // The encoder's output of the last encode(): n_audio_ctx rows of n_audio_state (tests).
+    Tensor encoder_output() const { return enc_out_; }
+
+    int n_past() const { return n_past_; }
+    int n_ctx() const { return model_.hparams().n_text_ctx; }
+    void truncate(int n) { n_past_ = std::min(n_past_, std::max(0, n)); }
+    // Appends tokens at positions n_past.. and computes their logits (every row when all_rows,
+    // else the last): rows * n_vocab floats.
+    Status forward(std::span<const int32_t> tokens, bool all_rows, std::vector<float>* logits);
+    uint64_t forward_calls() const { return forward_calls_; }
+
+  private:
+    explicit WhisperContext(const WhisperModel& model) : model_(model) {}
+    Status allocate(Tensor* t, int64_t cols, int64_t rows, GgmlType type = GgmlType::kF32);
+    void block(const WhisperModel::Block& b, const Tensor& x, int n, bool decoder, int layer);
+
+    const WhisperModel& model_;
+    std::vector<std::unique_ptr<Buffer>> buffers_;
+    int max_logit_rows_ = 0, n_past_ = 0;
+    bool encoded_ = false;
+    uint64_t forward_calls_ = 0;
+    // Encoder: the mel as rows of time, the convolutions' inputs and outputs, a block's work.
+    Tensor mel_, cols1_, conv1_out_, cols2_, enc_x_, enc_h_, enc_q_, enc_k_, enc_v_, enc_a_, enc_f_,
+        enc_out_;
+    std::vector<Tensor> cross_k_, cross_v_, k_cache_, v_cache_;
+    // Decoder: ids and positions, then activations of up to n_text_ctx rows.
+    Tensor ids_, positions_, x_, pos_rows_, h_, q_, a_, f_, logits_;
+};
+
+}  // namespace specula
