@@ -9,21 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "api/internal.h"
 #include "backend/backend.h"
 #include "core/log.h"
 #include "decode/generator.h"
 #include "models/llama.h"
 
 using namespace specula;
+using namespace specula::api;
 
-// A backend records ops of one sequence at a time (the cpu backend's pending status and
-// timestamps, a GPU backend's command buffer), so sessions that share it from several threads
-// take turns: every call that records on, allocates from or frees into a backend holds its
-// lock (a generation step, an evaluation, a load, a session's creation or end).
-struct specula_backend {
-    std::unique_ptr<Backend> impl;
-    std::mutex turn;
-};
+std::string& specula::api::last_error() {
+    thread_local std::string message;
+    return message;
+}
 
 struct specula_model {
     std::unique_ptr<LlamaModel> impl;
@@ -44,41 +42,6 @@ struct specula_session {
 
 namespace {
 
-thread_local std::string g_last_error;
-
-specula_status report(const Status& s) {
-    if (s.ok()) return SPECULA_OK;
-    g_last_error = s.message();
-    specula::log(SPECULA_LOG_DEBUG,
-                 std::string(specula_status_name(s.code())) + ": " + s.message());
-    return s.code();
-}
-
-// Runs an API body; no exception crosses the C boundary.
-template <typename F>
-specula_status guarded(F&& body) {
-    try {
-        return report(body());
-    } catch (const std::bad_alloc&) {
-        return report(OutOfMemory("out of host memory"));
-    } catch (const std::exception& e) {
-        return report({SPECULA_ERR_INTERNAL, std::string("internal error: ") + e.what()});
-    }
-}
-
-// A C enum field as the integer the caller stored: checked before it is used as the enum (a
-// value outside the enumerators is undefined behaviour to load as one in C++).
-template <typename E>
-int enum_value(const E& e) {
-    std::underlying_type_t<E> v;
-    std::memcpy(&v, &e, sizeof v);
-    return int(v);
-}
-
-Status need(const void* p, const char* what) {
-    return p != nullptr ? Status::Ok() : InvalidArgument(std::string(what) + " is NULL");
-}
-
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -93,11 +56,6 @@ Status counted(specula_session* s, F&& body) {
     Status st = body();
     s->stats.n_host_waits += be.host_waits() - waits0;
     return st;
-}
-
-template <size_t N>
-void copy_string(char (&dst)[N], const std::string& src) {
-    std::snprintf(dst, N, "%s", src.c_str());
 }
 
 // Any use of the context but generation drops the tokens generation did not report.
@@ -126,7 +84,7 @@ Status load_model(specula_backend* backend, std::unique_ptr<MappedFile> file,
 extern "C" {
 
 const char* specula_last_error(void) {
-    return g_last_error.c_str();
+    return api::last_error().c_str();
 }
 
 const char* specula_status_name(specula_status status) {

@@ -322,6 +322,87 @@ SPECULA_API specula_status specula_session_get_stats(const specula_session* sess
 SPECULA_API specula_status specula_session_memory(const specula_session* session,
                                                   uint64_t* target_bytes, uint64_t* draft_bytes);
 
+/* ----------------------------------------------------------------- speech */
+/* Speech recognition with Whisper models in whisper.cpp's file format (ggml-*.bin). */
+
+typedef struct specula_asr_model specula_asr_model;
+typedef struct specula_asr_context specula_asr_context;
+
+typedef struct specula_asr_model_info {
+    int32_t n_vocab;
+    int32_t n_audio_ctx; /* encoder positions: a window is n_audio_ctx / 50 seconds */
+    int32_t n_audio_layer;
+    int32_t n_text_ctx;
+    int32_t n_text_layer;
+    int32_t n_state; /* width */
+    int32_t n_mels;
+    bool multilingual;
+    uint64_t n_params;
+    specula_weight_type weight_type; /* the matrices' */
+} specula_asr_model_info;
+
+/* Loads a whisper.cpp model file onto the backend (params as for specula_model_load; NULL for
+ * the defaults). A GGUF file or another format: SPECULA_ERR_UNSUPPORTED / SPECULA_ERR_FORMAT. */
+SPECULA_API specula_status specula_asr_model_load(specula_backend* backend, const char* path,
+                                                  const specula_model_params* params,
+                                                  specula_asr_model** out);
+SPECULA_API void specula_asr_model_free(specula_asr_model* model);
+SPECULA_API specula_status specula_asr_model_get_info(const specula_asr_model* model,
+                                                      specula_asr_model_info* info);
+
+typedef struct specula_asr_segment {
+    int64_t t0_ms, t1_ms; /* from the start of the audio */
+    const char* text;     /* UTF-8, NUL-terminated; valid until the next transcription */
+} specula_asr_segment;
+typedef void (*specula_asr_segment_fn)(const specula_asr_segment* segment, void* user_data);
+
+typedef struct specula_asr_params {
+    const char* language; /* "en", "de", ...; "auto" detects it (multilingual models); NULL: "en" */
+    bool translate;       /* to English (multilingual models) */
+    bool timestamps;      /* segments timed by the model's timestamp tokens */
+    bool condition_on_previous_text;
+    float temperature;           /* 0: greedy */
+    float temperature_increment; /* the fallback's step up to 1.0 (0.2); 0: no fallback */
+    float entropy_threshold;     /* a window's last 32 tokens below this entropy: fall back (2.4) */
+    float logprob_threshold;     /* mean token log-probability below this: fall back (-1) */
+    float no_speech_threshold; /* P(no speech) above this with low log-probability: skipped (0.6) */
+    uint64_t seed;             /* for the sampled fallbacks */
+    specula_asr_segment_fn on_segment; /* each segment as it is decoded; may be NULL */
+    void* segment_user_data;
+    specula_progress_fn
+        progress; /* fraction of the audio done; false aborts (SPECULA_ERR_ABORTED) */
+    void* progress_user_data;
+} specula_asr_params;
+
+typedef struct specula_asr_timings {
+    double audio_seconds;  /* of the input */
+    double mel_seconds;    /* reading, resampling and the log-mel spectrogram */
+    double encode_seconds; /* the encoder, all windows */
+    double decode_seconds; /* the decoder and the rules */
+    int32_t windows, fallbacks, tokens;
+    char language[8]; /* the language transcribed (detected or given) */
+} specula_asr_timings;
+
+SPECULA_API specula_asr_params specula_asr_default_params(void);
+SPECULA_API void specula_asr_default_params_by_ref(specula_asr_params* params);
+/* A transcription state on the model's backend (the encoder's output and the decoder's caches).
+ * The model must outlive it; one thread at a time. */
+SPECULA_API specula_status specula_asr_context_create(specula_asr_model* model,
+                                                      specula_asr_context** out);
+SPECULA_API void specula_asr_context_free(specula_asr_context* ctx);
+/* Transcribes 16 kHz mono float samples in [-1, 1]; the segments replace the last ones. */
+SPECULA_API specula_status specula_asr_transcribe(specula_asr_context* ctx, const float* samples,
+                                                  size_t n_samples,
+                                                  const specula_asr_params* params);
+/* The same for a WAV file (PCM 8/16/24/32-bit or float, any rate and channel count). */
+SPECULA_API specula_status specula_asr_transcribe_file(specula_asr_context* ctx, const char* path,
+                                                       const specula_asr_params* params);
+SPECULA_API size_t specula_asr_segment_count(const specula_asr_context* ctx);
+SPECULA_API specula_status specula_asr_get_segment(const specula_asr_context* ctx, size_t i,
+                                                   specula_asr_segment* segment);
+SPECULA_API specula_status specula_asr_get_timings(const specula_asr_context* ctx,
+                                                   specula_asr_timings* timings);
+
 #ifdef __cplusplus
 }
 #endif

@@ -276,20 +276,21 @@ void WhisperContext::block(const WhisperModel::Block& b, const Tensor& x, int n,
     linear(b.mlp2, f, x, A::kYes);
 }
 
-Status WhisperContext::encode(const audio::LogMel& mel, int first) {
+Status WhisperContext::encode(const audio::LogMel& mel, int first, int count) {
     const WhisperHparams& hp = model_.hparams();
     if (mel.n_mel != hp.n_mels)
         return InvalidArgument("a mel of " + std::to_string(mel.n_mel) + " bands for a model of " +
                                std::to_string(hp.n_mels));
-    if (first < 0 || first > mel.n_frames) return InvalidArgument("mel frame out of range");
+    const int frames = window_frames();
+    if (first < 0 || count < 0 || count > frames || first + count > mel.n_frames ||
+        int64_t(mel.data.size()) != int64_t(mel.n_mel) * mel.n_frames)
+        return InvalidArgument("mel frames out of range");
     Backend& be = model_.backend_;
     using A = Backend::Accumulate;
-    // The window as rows of time (the convolutions run over rows), zeros past the mel's end.
-    const int frames = window_frames();
+    // The window as rows of time (the convolutions run over rows).
     std::vector<float> rows(size_t(frames) * size_t(hp.n_mels), 0.0f);
-    const int have = std::min(frames, mel.n_frames - first);
     for (int m = 0; m < hp.n_mels; ++m)
-        for (int t = 0; t < have; ++t)
+        for (int t = 0; t < count; ++t)
             rows[size_t(t) * size_t(hp.n_mels) + size_t(m)] =
                 mel.data[size_t(m) * size_t(mel.n_frames) + size_t(first + t)];
     be.upload(mel_, rows.data());

@@ -100,10 +100,10 @@ class WhisperContext {
     // The mel frames one window holds: 2 * n_audio_ctx (3000 for 30 s).
     int window_frames() const { return 2 * model_.hparams().n_audio_ctx; }
 
-    // Runs the encoder over frames [first, first + window_frames()) of mel (zeros past its end,
-    // as whisper.cpp and OpenAI's pad_or_trim pad) and computes every decoder layer's cross K/V.
-    // Forgets the decoder's cache.
-    Status encode(const audio::LogMel& mel, int first);
+    // Runs the encoder over the `count` (<= window_frames()) frames of mel from `first`, zeros
+    // after them (OpenAI's pad_or_trim), and computes every decoder layer's cross K/V. Forgets
+    // the decoder's cache. detect_language() needs an encoded window.
+    Status encode(const audio::LogMel& mel, int first, int count);
     // The encoder's output of the last encode(): n_audio_ctx rows of n_audio_state (tests).
     Tensor encoder_output() const { return enc_out_; }
 

@@ -1,0 +1,198 @@
+// specula-asr: transcribes a WAV file with a whisper.cpp model file, printing segments as they
+// are decoded, and writes .txt / .srt / .vtt / .json beside the audio when asked.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "specula.h"
+
+namespace {
+
+struct Segment {
+    int64_t t0, t1;
+    std::string text;
+};
+
+std::string clock(int64_t ms, char sep) {  // HH:MM:SS,mmm (SRT) or HH:MM:SS.mmm (VTT)
+    char b[32];
+    std::snprintf(b, sizeof b, "%02lld:%02lld:%02lld%c%03lld", static_cast<long long>(ms / 3600000),
+                  static_cast<long long>(ms / 60000 % 60), static_cast<long long>(ms / 1000 % 60),
+                  sep, static_cast<long long>(ms % 1000));
+    return b;
+}
+
+std::string json_escaped(const std::string& s) {
+    std::string out;
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += char(c);
+        } else if (c < 0x20) {
+            char b[8];
+            std::snprintf(b, sizeof b, "\\u%04x", c);
+            out += b;
+        } else {
+            out += char(c);
+        }
+    }
+    return out;
+}
+
+void print_segment(const specula_asr_segment* s, void* user) {
+    auto* st = static_cast<std::pair<bool, std::vector<Segment>*>*>(user);
+    if (st->first) std::fprintf(stderr, "\r\033[K");  // clear the progress bar
+    std::printf("[%s --> %s]  %s\n", clock(s->t0_ms, '.').c_str(), clock(s->t1_ms, '.').c_str(),
+                s->text);
+    std::fflush(stdout);
+    st->second->push_back({s->t0_ms, s->t1_ms, s->text});
+}
+
+bool progress_bar(float f, void*) {
+    const int width = 40, done = int(f * float(width) + 0.5f);
+    std::fprintf(stderr, "\r[%s%s] %3d%%", std::string(size_t(done), '#').c_str(),
+                 std::string(size_t(width - done), ' ').c_str(), int(f * 100.0f + 0.5f));
+    return true;
+}
+
+int fail(const char* what) {
+    std::fprintf(stderr, "specula-asr: %s: %s\n", what, specula_last_error());
+    return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string model_path, audio_path, output_path, language = "en", backend_name = "auto";
+    bool translate = false, no_timestamps = false, otxt = false, osrt = false, ovtt = false,
+         ojson = false, no_fallback = false;
+    int threads = 0;
+    float temperature = 0.0f;
+    CLI::App app{"specula-asr: speech to text with a whisper.cpp model file"};
+    app.add_option("-m,--model", model_path, "whisper.cpp model (ggml-*.bin)")->required();
+    app.add_option("-f,--file", audio_path, "WAV file (any rate, mono or stereo)")->required();
+    app.add_option("-l,--language", language, "spoken language, or auto");
+    app.add_flag("--translate", translate, "translate to English");
+    app.add_flag("--no-timestamps", no_timestamps, "no timestamp tokens");
+    app.add_option("--temp", temperature, "first temperature (0 = greedy)");
+    app.add_flag("--no-fallback", no_fallback, "no temperature fallback");
+    app.add_flag("--otxt", otxt, "write OUT.txt");
+    app.add_flag("--osrt", osrt, "write OUT.srt");
+    app.add_flag("--ovtt", ovtt, "write OUT.vtt");
+    app.add_flag("--ojson", ojson, "write OUT.json");
+    app.add_option("--of,--output-file", output_path, "OUT: the output path without extension "
+                                                      "(default: the audio file's path)");
+    app.add_option("--backend", backend_name, "auto, cpu, vulkan or cuda");
+    app.add_option("--threads", threads, "cpu threads (0 = all)");
+    // whisper.cpp's single-dash spellings of the output flags are taken too.
+    std::vector<std::string> args(argv + 1, argv + argc);
+    for (std::string& a : args)
+        if (a == "-otxt" || a == "-osrt" || a == "-ovtt" || a == "-ojson" || a == "-of") a = "-" + a;
+    std::reverse(args.begin(), args.end());
+    try {
+        app.parse(args);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+
+    specula_backend_params bp = specula_backend_default_params();
+    bp.n_threads = threads;
+    if (specula_backend_kind_from_name(backend_name.c_str(), &bp.kind) != SPECULA_OK)
+        return fail("--backend");
+    specula_backend* backend = nullptr;
+    specula_asr_model* model = nullptr;
+    specula_asr_context* ctx = nullptr;
+    if (specula_backend_create(&bp, &backend) != SPECULA_OK) return fail("backend");
+    specula_device_info device{};
+    specula_backend_get_info(backend, &device);
+    if (specula_asr_model_load(backend, model_path.c_str(), nullptr, &model) != SPECULA_OK) {
+        specula_backend_free(backend);
+        return fail("model");
+    }
+    specula_asr_model_info info{};
+    specula_asr_model_get_info(model, &info);
+    std::fprintf(stderr, "specula-asr: %s on %s (%s): %d layers + %d, width %d, %s\n",
+                 model_path.c_str(), device.name, specula_backend_kind_name(device.kind),
+                 info.n_audio_layer, info.n_text_layer, info.n_state,
+                 info.multilingual ? "multilingual" : "English-only");
+    int rc = 0;
+    std::vector<Segment> segments;
+    const bool tty = isatty(fileno(stderr)) != 0;
+    std::pair<bool, std::vector<Segment>*> state{tty, &segments};
+    specula_asr_params p = specula_asr_default_params();
+    p.language = language.c_str();
+    p.translate = translate;
+    p.timestamps = !no_timestamps;
+    p.temperature = temperature;
+    if (no_fallback) p.temperature_increment = 0.0f;
+    p.on_segment = print_segment;
+    p.segment_user_data = &state;
+    if (tty) p.progress = progress_bar;
+    if (specula_asr_context_create(model, &ctx) != SPECULA_OK) {
+        rc = fail("context");
+    } else if (specula_asr_transcribe_file(ctx, audio_path.c_str(), &p) != SPECULA_OK) {
+        if (tty) std::fprintf(stderr, "\n");
+        rc = fail("transcription");
+    } else {
+        if (tty) std::fprintf(stderr, "\r\033[K");
+        specula_asr_timings t{};
+        specula_asr_get_timings(ctx, &t);
+        const double total = t.mel_seconds + t.encode_seconds + t.decode_seconds;
+        std::fprintf(stderr,
+                     "specula-asr: %.2f s of audio (%s), %d windows, %d tokens, %d fallbacks\n"
+                     "specula-asr: mel %.3f s, encoder %.3f s (%.3f s per window), decoder %.3f s "
+                     "(%.2f ms per token)\n"
+                     "specula-asr: real-time factor %.4f (%.1fx real-time speed)\n",
+                     t.audio_seconds, t.language, t.windows, t.tokens, t.fallbacks, t.mel_seconds,
+                     t.encode_seconds, t.windows ? t.encode_seconds / t.windows : 0.0,
+                     t.decode_seconds, t.tokens ? 1000.0 * t.decode_seconds / t.tokens : 0.0,
+                     total / t.audio_seconds, t.audio_seconds / total);
+        const auto write = [&](const char* ext, auto&& body) {
+            const std::string path = (output_path.empty() ? audio_path : output_path) + ext;
+            std::ofstream o(path);
+            body(o);
+            if (!o) {
+                std::fprintf(stderr, "specula-asr: cannot write %s\n", path.c_str());
+                rc = 1;
+            } else {
+                std::fprintf(stderr, "specula-asr: wrote %s\n", path.c_str());
+            }
+        };
+        if (otxt)
+            write(".txt", [&](std::ofstream& o) {
+                for (const Segment& s : segments)
+                    o << s.text << "\n";
+            });
+        if (osrt)
+            write(".srt", [&](std::ofstream& o) {
+                for (size_t i = 0; i < segments.size(); ++i)
+                    o << i + 1 << "\n"
+                      << clock(segments[i].t0, ',') << " --> " << clock(segments[i].t1, ',')
+                      << "\n"
+                      << segments[i].text << "\n\n";
+            });
+        if (ovtt)
+            write(".vtt", [&](std::ofstream& o) {
+                o << "WEBVTT\n\n";
+                for (const Segment& s : segments)
+                    o << clock(s.t0, '.') << " --> " << clock(s.t1, '.') << "\n" << s.text << "\n\n";
+            });
+        if (ojson)
+            write(".json", [&](std::ofstream& o) {
+                o << "{\"language\": \"" << t.language << "\", \"segments\": [";
+                for (size_t i = 0; i < segments.size(); ++i)
+                    o << (i ? ", " : "") << "{\"start_ms\": " << segments[i].t0
+                      << ", \"end_ms\": " << segments[i].t1 << ", \"text\": \""
+                      << json_escaped(segments[i].text) << "\"}";
+                o << "]}\n";
+            });
+    }
+    specula_asr_context_free(ctx);
+    specula_asr_model_free(model);
+    specula_backend_free(backend);
+    return rc;
+}

@@ -1,0 +1,240 @@
+// The C ABI of speech recognition: Whisper models, transcription contexts, segments.
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <vector>
+
+#include "api/internal.h"
+#include "asr/transcribe.h"
+#include "audio/resample.h"
+#include "audio/wav.h"
+#include "format/gguf.h"
+#include "models/whisper.h"
+
+using namespace specula;
+using namespace specula::api;
+
+struct specula_asr_model {
+    std::unique_ptr<WhisperModel> impl;
+    specula_backend* backend = nullptr;
+};
+
+struct specula_asr_context {
+    specula_asr_model* model = nullptr;
+    std::unique_ptr<WhisperContext> impl;
+    std::vector<asr::Segment> segments;
+    specula_asr_timings timings{};
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
+                  const specula_asr_params& p, double mel_seconds) {
+    asr::TranscribeParams t;
+    const std::string language = p.language ? p.language : "en";
+    const WhisperTokens& tokens = ctx->model->impl->tokens();
+    if (language == "auto") {
+        if (!tokens.multilingual)
+            return InvalidArgument("an English-only model cannot detect the language");
+        t.language = -1;
+    } else {
+        t.language = whisper_language_index(language);
+        if (t.language < 0) return InvalidArgument("unknown language '" + language + "'");
+    }
+    for (float v : {p.temperature, p.temperature_increment, p.entropy_threshold,
+                    p.logprob_threshold, p.no_speech_threshold})
+        if (!std::isfinite(v)) return InvalidArgument("a threshold or temperature is not finite");
+    if (p.temperature < 0 || p.temperature > 1)
+        return InvalidArgument("temperature must be within 0 .. 1");
+    t.translate = p.translate;
+    t.timestamps = p.timestamps;
+    t.condition_on_previous_text = p.condition_on_previous_text;
+    t.temperature = p.temperature;
+    t.temperature_increment = p.temperature_increment;
+    t.entropy_threshold = p.entropy_threshold;
+    t.logprob_threshold = p.logprob_threshold;
+    t.no_speech_threshold = p.no_speech_threshold;
+    t.seed = p.seed;
+    if (p.on_segment != nullptr)
+        t.on_segment = [&p](const asr::Segment& s) {
+            const specula_asr_segment out{s.t0_ms, s.t1_ms, s.text.c_str()};
+            p.on_segment(&out, p.segment_user_data);
+        };
+    if (p.progress != nullptr)
+        t.progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
+
+    ctx->segments.clear();
+    ctx->timings = {};
+    asr::TranscribeStats stats;
+    std::lock_guard turn(ctx->model->backend->turn);
+    const Status s = asr::transcribe(*ctx->impl, samples, t, &ctx->segments, &stats);
+    specula_asr_timings& tm = ctx->timings;
+    tm.audio_seconds = double(samples.size()) / audio::kWhisperSampleRate;
+    tm.mel_seconds = mel_seconds;
+    tm.encode_seconds = stats.encode_seconds;
+    tm.decode_seconds = stats.decode_seconds;
+    tm.windows = stats.windows;
+    tm.fallbacks = stats.fallbacks;
+    tm.tokens = stats.tokens;
+    if (stats.language >= 0) copy_string(tm.language, std::string(kWhisperLanguages[size_t(stats.language)]));
+    return s;
+}
+
+}  // namespace
+
+extern "C" {
+
+specula_status specula_asr_model_load(specula_backend* backend, const char* path,
+                                      const specula_model_params* params,
+                                      specula_asr_model** out) {
+    return guarded([&] {
+        SPECULA_TRY(need(out, "out"));
+        *out = nullptr;
+        SPECULA_TRY(need(backend, "backend"));
+        SPECULA_TRY(need(path, "path"));
+        const specula_model_params p = params ? *params : specula_model_params{};
+        std::unique_ptr<MappedFile> file;
+        SPECULA_TRY(MappedFile::open(path, &file, p.read_into_memory));
+        const auto bytes = file->bytes();
+        if (bytes.size() >= 4 && std::memcmp(bytes.data(), "GGUF", 4) == 0)
+            return Unsupported(std::string(path) +
+                               ": Whisper models in GGUF are not supported; use whisper.cpp's "
+                               "ggml-*.bin files");
+        WhisperModel::Progress progress;
+        if (p.progress != nullptr)
+            progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
+        auto m = std::make_unique<specula_asr_model>();
+        m->backend = backend;
+        std::lock_guard turn(backend->turn);
+        const Status s = WhisperModel::load(*backend->impl, std::move(file), progress, &m->impl);
+        if (!s.ok()) return Status(s.code(), std::string(path) + ": " + s.message());
+        *out = m.release();
+        return Status::Ok();
+    });
+}
+
+void specula_asr_model_free(specula_asr_model* model) {
+    if (model == nullptr) return;
+    std::lock_guard turn(model->backend->turn);
+    delete model;
+}
+
+specula_status specula_asr_model_get_info(const specula_asr_model* model,
+                                          specula_asr_model_info* info) {
+    return guarded([&] {
+        SPECULA_TRY(need(model, "model"));
+        SPECULA_TRY(need(info, "info"));
+        const WhisperHparams& h = model->impl->hparams();
+        *info = specula_asr_model_info{h.n_vocab,
+                                       h.n_audio_ctx,
+                                       h.n_audio_layer,
+                                       h.n_text_ctx,
+                                       h.n_text_layer,
+                                       h.n_audio_state,
+                                       h.n_mels,
+                                       model->impl->tokens().multilingual,
+                                       model->impl->n_params(),
+                                       specula_weight_type(model->impl->weight_type())};
+        return Status::Ok();
+    });
+}
+
+specula_asr_params specula_asr_default_params(void) {
+    specula_asr_params p{};
+    p.language = "en";
+    p.timestamps = true;
+    p.condition_on_previous_text = true;
+    p.temperature_increment = 0.2f;
+    p.entropy_threshold = 2.4f;
+    p.logprob_threshold = -1.0f;
+    p.no_speech_threshold = 0.6f;
+    return p;
+}
+
+void specula_asr_default_params_by_ref(specula_asr_params* params) {
+    if (params != nullptr) *params = specula_asr_default_params();
+}
+
+specula_status specula_asr_context_create(specula_asr_model* model, specula_asr_context** out) {
+    return guarded([&] {
+        SPECULA_TRY(need(out, "out"));
+        *out = nullptr;
+        SPECULA_TRY(need(model, "model"));
+        auto c = std::make_unique<specula_asr_context>();
+        c->model = model;
+        std::lock_guard turn(model->backend->turn);
+        SPECULA_TRY(WhisperContext::create(*model->impl, 1, &c->impl));
+        *out = c.release();
+        return Status::Ok();
+    });
+}
+
+void specula_asr_context_free(specula_asr_context* ctx) {
+    if (ctx == nullptr) return;
+    std::lock_guard turn(ctx->model->backend->turn);
+    delete ctx;
+}
+
+specula_status specula_asr_transcribe(specula_asr_context* ctx, const float* samples,
+                                      size_t n_samples, const specula_asr_params* params) {
+    return guarded([&] {
+        SPECULA_TRY(need(ctx, "ctx"));
+        if (n_samples > 0) SPECULA_TRY(need(samples, "samples"));
+        const specula_asr_params p = params ? *params : specula_asr_default_params();
+        return transcribe(ctx, std::span(samples, n_samples), p, 0.0);
+    });
+}
+
+specula_status specula_asr_transcribe_file(specula_asr_context* ctx, const char* path,
+                                           const specula_asr_params* params) {
+    return guarded([&] {
+        SPECULA_TRY(need(ctx, "ctx"));
+        SPECULA_TRY(need(path, "path"));
+        const specula_asr_params p = params ? *params : specula_asr_default_params();
+        const auto t0 = Clock::now();
+        std::unique_ptr<MappedFile> file;
+        SPECULA_TRY(MappedFile::open(path, &file, true));
+        audio::Wav wav;
+        Status s = audio::decode_wav(file->bytes(), &wav);
+        if (!s.ok()) return Status(s.code(), std::string(path) + ": " + s.message());
+        std::vector<float> samples;
+        SPECULA_TRY(
+            audio::resample(wav.mono, wav.sample_rate, audio::kWhisperSampleRate, &samples));
+        return transcribe(ctx, samples, p, seconds_since(t0));
+    });
+}
+
+size_t specula_asr_segment_count(const specula_asr_context* ctx) {
+    return ctx ? ctx->segments.size() : 0;
+}
+
+specula_status specula_asr_get_segment(const specula_asr_context* ctx, size_t i,
+                                       specula_asr_segment* segment) {
+    return guarded([&] {
+        SPECULA_TRY(need(ctx, "ctx"));
+        SPECULA_TRY(need(segment, "segment"));
+        if (i >= ctx->segments.size())
+            return InvalidArgument("segment " + std::to_string(i) + " of " +
+                                   std::to_string(ctx->segments.size()));
+        const asr::Segment& s = ctx->segments[i];
+        *segment = {s.t0_ms, s.t1_ms, s.text.c_str()};
+        return Status::Ok();
+    });
+}
+
+specula_status specula_asr_get_timings(const specula_asr_context* ctx,
+                                       specula_asr_timings* timings) {
+    return guarded([&] {
+        SPECULA_TRY(need(ctx, "ctx"));
+        SPECULA_TRY(need(timings, "timings"));
+        *timings = ctx->timings;
+        return Status::Ok();
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,69 @@
+// What the C API's translation units share: the backend handle, and the translation of Status
+// (and of any exception from the standard library) into specula_status.
+#pragma once
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <type_traits>
+
+#include "backend/backend.h"
+#include "core/log.h"
+#include "specula.h"
+
+// A backend records ops of one sequence at a time (the cpu backend's pending status and
+// timestamps, a GPU backend's command buffer), so sessions that share it from several threads
+// take turns: every call that records on, allocates from or frees into a backend holds its
+// lock (a generation step, an evaluation, a load, a session's creation or end).
+struct specula_backend {
+    std::unique_ptr<specula::Backend> impl;
+    std::mutex turn;
+};
+
+namespace specula::api {
+
+// The calling thread's last error message.
+std::string& last_error();
+
+inline specula_status report(const Status& s) {
+    if (s.ok()) return SPECULA_OK;
+    last_error() = s.message();
+    specula::log(SPECULA_LOG_DEBUG,
+                 std::string(specula_status_name(s.code())) + ": " + s.message());
+    return s.code();
+}
+
+// Runs an API body; no exception crosses the C boundary.
+template <typename F>
+specula_status guarded(F&& body) {
+    try {
+        return report(body());
+    } catch (const std::bad_alloc&) {
+        return report(OutOfMemory("out of host memory"));
+    } catch (const std::exception& e) {
+        return report({SPECULA_ERR_INTERNAL, std::string("internal error: ") + e.what()});
+    }
+}
+
+// A C enum field as the integer the caller stored: checked before it is used as the enum (a
+// value outside the enumerators is undefined behaviour to load as one in C++).
+template <typename E>
+int enum_value(const E& e) {
+    std::underlying_type_t<E> v;
+    std::memcpy(&v, &e, sizeof v);
+    return int(v);
+}
+
+inline Status need(const void* p, const char* what) {
+    return p != nullptr ? Status::Ok() : InvalidArgument(std::string(what) + " is NULL");
+}
+
+template <size_t N>
+void copy_string(char (&dst)[N], const std::string& src) {
+    std::snprintf(dst, N, "%s", src.c_str());
+}
+
+}  // namespace specula::api

@@ -1,0 +1,35 @@
+// Whisper's rules on the logits of the next token (host side), as OpenAI's decoding.py applies
+// them (SuppressBlank, SuppressTokens, ApplyTimestampRules) with whisper.cpp's choice of
+// suppressed special tokens (whisper_process_logits): every special token but <|endoftext|> and
+// the timestamps, never the non-speech symbols. Where the two differ, OpenAI's is followed: a
+// timestamp may not go back nor repeat the last one (whisper.cpp allows repeating it), and
+// with timestamps the first token must be one (whisper.cpp does not force it).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "models/whisper.h"
+
+namespace specula::asr {
+
+struct Rules {
+    WhisperTokens tokens;
+    int32_t space = -1;  // the token " " (suppressed first, with <|endoftext|>); -1: none
+    bool timestamps = true;
+    bool suppress_blank = true;
+    // The first timestamp is at most <|max_initial_timestamp * 0.02|> (OpenAI's default 1.0 s).
+    int max_initial_timestamp = 50;
+    // The last timestamp a window has: <|n_audio_ctx * 0.02|> (all 1501 of them at 30 s; models
+    // with shorter windows cannot place text past their end).
+    int max_timestamp = 1500;
+};
+
+// Masks (sets to -infinity) the logits of the tokens that may not follow `sampled` (the tokens
+// decoded after the prompt), in place. logits: one row of n_vocab.
+void apply_rules(const Rules& rules, std::span<const int32_t> sampled, std::span<float> logits);
+
+// log_softmax of a row (masked entries stay -infinity), in double precision.
+void log_softmax(std::span<const float> logits, std::span<double> out);
+
+}  // namespace specula::asr

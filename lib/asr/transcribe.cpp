@@ -1,0 +1,266 @@
+#include "asr/transcribe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "asr/rules.h"
+#include "audio/mel.h"
+#include "sampling/sampling.h"
+
+namespace specula::asr {
+
+namespace {
+
+constexpr int kFramesPerTimestamp = 2;  // an encoder position: two 10 ms mel frames
+constexpr int kMsPerFrame = 1000 * audio::kWhisperHop / 16000;
+constexpr int kEntropyTokens = 32;  // the window of whisper.cpp's entropy test
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// One decoding of one window at one temperature.
+struct Attempt {
+    std::vector<int32_t> tokens;  // up to (not including) <|endoftext|>
+    double avg_logprob = 0, no_speech_prob = 0, entropy = 0;
+    float temperature = 0;
+};
+
+class Transcriber {
+  public:
+    Transcriber(WhisperContext& ctx, const TranscribeParams& p, TranscribeStats* stats)
+        : ctx_(ctx), m_(ctx.model()), t_(m_.tokens()), p_(p), stats_(*stats) {
+        rules_.tokens = t_;
+        rules_.timestamps = p.timestamps;
+        rules_.max_timestamp = m_.hparams().n_audio_ctx;
+        for (int32_t id = 0; id < t_.eot; ++id)
+            if (m_.token_text(id) == " ") rules_.space = id;
+    }
+
+    Status detect(std::vector<float>* probs) {
+        const int32_t sot = t_.sot;
+        std::vector<float> logits;
+        ctx_.truncate(0);
+        SPECULA_TRY(ctx_.forward(std::span(&sot, 1), false, &logits));
+        probs->assign(size_t(t_.n_languages), 0.0f);
+        double max = -INFINITY, sum = 0;
+        for (int i = 0; i < t_.n_languages; ++i)
+            max = std::max(max, double(logits[size_t(t_.language(i))]));
+        for (int i = 0; i < t_.n_languages; ++i)
+            sum += std::exp(double(logits[size_t(t_.language(i))]) - max);
+        for (int i = 0; i < t_.n_languages; ++i)
+            (*probs)[size_t(i)] =
+                float(std::exp(double(logits[size_t(t_.language(i))]) - max) / sum);
+        return Status::Ok();
+    }
+
+    Status run(std::span<const float> samples, std::vector<Segment>* segments) {
+        if (!t_.multilingual && (p_.translate || p_.language > 0))
+            return InvalidArgument("an English-only model can only transcribe English");
+        if (p_.language < -1 || p_.language >= t_.n_languages)
+            return InvalidArgument("language index " + std::to_string(p_.language) +
+                                   " is out of range");
+        audio::LogMel mel;
+        SPECULA_TRY(audio::log_mel(samples, m_.mel_filters(), &mel));
+        const int content = mel.n_frames - audio::kWhisperChunkFrames;
+        const int window = ctx_.window_frames();
+        const int64_t content_ms = int64_t(content) * kMsPerFrame;
+        language_ = t_.multilingual ? p_.language : 0;
+        std::vector<int32_t> history;  // the tokens of the segments so far, since a reset
+        int seek = 0;
+        while (seek < content) {
+            const int count = std::min(window, content - seek);
+            auto t0 = std::chrono::steady_clock::now();
+            SPECULA_TRY(ctx_.encode(mel, seek, count));
+            stats_.encode_seconds += seconds_since(t0);
+            ++stats_.windows;
+            t0 = std::chrono::steady_clock::now();
+            if (language_ < 0) {
+                std::vector<float> probs;
+                SPECULA_TRY(detect(&probs));
+                language_ = int(std::max_element(probs.begin(), probs.end()) - probs.begin());
+            }
+            Attempt a;
+            SPECULA_TRY(decode_with_fallback(history, &a));
+            stats_.decode_seconds += seconds_since(t0);
+            const bool silent =
+                a.no_speech_prob > p_.no_speech_threshold && a.avg_logprob < p_.logprob_threshold;
+            int advance = count;
+            if (!silent) {
+                std::vector<Segment> found;
+                advance = split(a.tokens, seek, count, &found);
+                for (Segment& s : found) {
+                    // A timestamp past the audio's end (the window's padding) ends at its end.
+                    s.t0_ms = std::min(s.t0_ms, content_ms);
+                    s.t1_ms = std::min(s.t1_ms, content_ms);
+                    if (p_.on_segment) p_.on_segment(s);
+                    segments->push_back(std::move(s));
+                }
+                if (!p_.condition_on_previous_text || a.temperature > 0.5f) history.clear();
+                history.insert(history.end(), a.tokens.begin(), a.tokens.end());
+            }
+            // A window that ends on a timestamp at its start would not move: it moves whole.
+            seek += advance > 0 ? std::min(advance, count) : count;
+            if (p_.progress && !p_.progress(float(std::min(seek, content)) / float(content)))
+                return {SPECULA_ERR_ABORTED, "transcription was cancelled by the progress callback"};
+        }
+        stats_.language = language_;
+        return Status::Ok();
+    }
+
+  private:
+    Status decode_with_fallback(const std::vector<int32_t>& history, Attempt* best) {
+        for (float temperature = p_.temperature;; temperature += p_.temperature_increment) {
+            SPECULA_TRY(decode(history, temperature, best));
+            bool fallback = best->avg_logprob < p_.logprob_threshold ||
+                            (best->tokens.size() > size_t(kEntropyTokens) &&
+                             best->entropy < p_.entropy_threshold);
+            if (best->no_speech_prob > p_.no_speech_threshold &&
+                best->avg_logprob < p_.logprob_threshold)
+                fallback = false;  // silence: no temperature makes it speech
+            if (!fallback || p_.temperature_increment <= 0.0f ||
+                temperature + p_.temperature_increment > 1.0f + 1e-6f)
+                return Status::Ok();
+            ++stats_.fallbacks;
+        }
+    }
+
+    // OpenAI's DecodingTask for one sequence: <|startofprev|> and the previous text, the
+    // start-of-transcript sequence, then tokens until <|endoftext|> or half the context.
+    Status decode(const std::vector<int32_t>& history, float temperature, Attempt* out) {
+        const int n_ctx = ctx_.n_ctx();
+        Attempt a;
+        a.temperature = temperature;
+        std::vector<int32_t> prefix;
+        if (!history.empty()) {
+            const size_t keep = std::min(history.size(), size_t(n_ctx / 2 - 1));
+            prefix.push_back(t_.prev);
+            prefix.insert(prefix.end(), history.end() - ptrdiff_t(keep), history.end());
+        }
+        prefix.push_back(t_.sot);
+        std::vector<int32_t> task;
+        if (t_.multilingual) {
+            task.push_back(t_.language(language_));
+            task.push_back(p_.translate ? t_.translate : t_.transcribe);
+        }
+        if (!p_.timestamps) task.push_back(t_.no_timestamps);
+
+        std::vector<float> row;
+        ctx_.truncate(0);
+        SPECULA_TRY(ctx_.forward(prefix, false, &row));
+        std::vector<double> lp(row.size());
+        log_softmax(row, lp);
+        a.no_speech_prob = std::exp(lp[size_t(t_.nosp)]);
+        if (!task.empty()) SPECULA_TRY(ctx_.forward(task, false, &row));
+
+        SamplingParams sp;
+        sp.temperature = temperature;
+        sp.seed = p_.seed;
+        double sum = 0;
+        const int most = std::min(n_ctx / 2, n_ctx - ctx_.n_past());
+        while (true) {
+            apply_rules(rules_, a.tokens, row);
+            log_softmax(row, lp);
+            const int32_t token = sample_token(row, sp, draws_++);
+            sum += lp[size_t(token)];
+            if (token == t_.eot) break;
+            a.tokens.push_back(token);
+            ++stats_.tokens;
+            if (int(a.tokens.size()) >= most) break;
+            SPECULA_TRY(ctx_.forward(std::span(&token, 1), false, &row));
+        }
+        a.avg_logprob = sum / double(a.tokens.size() + 1);
+        std::map<int32_t, int> counts;
+        const size_t from = a.tokens.size() > size_t(kEntropyTokens)
+                                ? a.tokens.size() - size_t(kEntropyTokens)
+                                : 0;
+        for (size_t i = from; i < a.tokens.size(); ++i)
+            ++counts[a.tokens[i]];
+        for (const auto& [token, n] : counts) {
+            const double q = double(n) / double(a.tokens.size() - from);
+            a.entropy -= q * std::log(q);
+        }
+        *out = std::move(a);
+        return Status::Ok();
+    }
+
+    Segment segment(std::span<const int32_t> tokens, int64_t t0_ms, int64_t t1_ms) const {
+        Segment s;
+        s.t0_ms = t0_ms;
+        s.t1_ms = t1_ms;
+        for (int32_t id : tokens)
+            if (id < t_.eot) {
+                s.text += m_.token_text(id);
+                s.tokens.push_back(id);
+            }
+        return s;
+    }
+
+    // OpenAI's segments of a window's tokens: between pairs of consecutive timestamps. Returns
+    // how many frames the window moves: to its last closed timestamp, or all of it.
+    int split(const std::vector<int32_t>& tokens, int seek, int count,
+              std::vector<Segment>* out) const {
+        const int64_t offset_ms = int64_t(seek) * kMsPerFrame;
+        const auto ms = [&](int32_t ts) {
+            return offset_ms + int64_t(ts - t_.timestamp_begin) * kFramesPerTimestamp * kMsPerFrame;
+        };
+        const auto is_ts = [&](size_t i) { return t_.is_timestamp(tokens[i]); };
+        const size_t n = tokens.size();
+        const bool single_ending = n >= 2 && !is_ts(n - 2) && is_ts(n - 1);
+        std::vector<size_t> slices;
+        for (size_t i = 1; i < n; ++i)
+            if (is_ts(i - 1) && is_ts(i)) slices.push_back(i);
+        if (slices.empty()) {
+            int64_t end = offset_ms + int64_t(count) * kMsPerFrame;
+            for (size_t i = n; i-- > 0;)
+                if (is_ts(i)) {
+                    if (tokens[i] != t_.timestamp_begin) end = ms(tokens[i]);
+                    break;
+                }
+            Segment s = segment(tokens, offset_ms, end);
+            if (!s.text.empty()) out->push_back(std::move(s));
+            return count;
+        }
+        if (single_ending) slices.push_back(n);
+        size_t last = 0;
+        for (size_t cut : slices) {
+            const std::span<const int32_t> piece(tokens.data() + last, cut - last);
+            Segment s = segment(piece, ms(piece.front()), ms(piece.back()));
+            if (!s.text.empty()) out->push_back(std::move(s));
+            last = cut;
+        }
+        if (single_ending) return count;
+        return (tokens[last - 1] - t_.timestamp_begin) * kFramesPerTimestamp;
+    }
+
+    WhisperContext& ctx_;
+    const WhisperModel& m_;
+    const WhisperTokens& t_;
+    const TranscribeParams& p_;
+    TranscribeStats& stats_;
+    Rules rules_;
+    int language_ = 0;
+    uint32_t draws_ = 0;
+};
+
+}  // namespace
+
+Status transcribe(WhisperContext& ctx, std::span<const float> samples, const TranscribeParams& p,
+                  std::vector<Segment>* segments, TranscribeStats* stats) {
+    TranscribeStats local;
+    Transcriber t(ctx, p, stats ? stats : &local);
+    return t.run(samples, segments);
+}
+
+Status detect_language(WhisperContext& ctx, std::vector<float>* probs) {
+    if (!ctx.model().tokens().multilingual)
+        return InvalidArgument("an English-only model has no languages to detect");
+    TranscribeParams p;
+    TranscribeStats stats;
+    Transcriber t(ctx, p, &stats);
+    return t.detect(probs);
+}
+
+}  // namespace specula::asr

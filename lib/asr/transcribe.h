@@ -1,0 +1,55 @@
+// Whisper's transcription loop over audio of any length (host side), as OpenAI's
+// transcribe.py runs it: 30 s windows (2 * n_audio_ctx mel frames) moved by the last timestamp
+// the model emits (seek), the decoder prompted with the previous window's text, temperature
+// fallback (0, 0.2, ... 1.0) while a window's text looks repetitive or unlikely, and windows
+// the model hears as silence skipped. One difference, from whisper.cpp: repetition is measured
+// by the entropy of the last 32 tokens (whisper.cpp's entropy_thold) rather than by zlib's
+// compression ratio, so the runtime needs no compressor.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "models/whisper.h"
+
+namespace specula::asr {
+
+struct Segment {
+    int64_t t0_ms = 0, t1_ms = 0;  // from the start of the audio
+    std::string text;
+    std::vector<int32_t> tokens;  // text tokens (timestamps left out)
+};
+
+struct TranscribeParams {
+    int language = 0;  // index in kWhisperLanguages; -1: detected from the first window
+    bool translate = false;
+    bool timestamps = true;
+    bool condition_on_previous_text = true;
+    float temperature = 0.0f;             // the first; fallbacks add temperature_increment
+    float temperature_increment = 0.2f;   // <= 0: no fallback
+    float entropy_threshold = 2.4f;       // below: repetitive, fall back
+    float logprob_threshold = -1.0f;      // mean log-probability below: fall back
+    float no_speech_threshold = 0.6f;     // P(<|nospeech|>) above (and logprob low): silence
+    uint64_t seed = 0;
+    std::function<void(const Segment&)> on_segment;
+    std::function<bool(float)> progress;  // fraction done; false aborts
+};
+
+struct TranscribeStats {
+    double encode_seconds = 0, decode_seconds = 0;
+    int windows = 0, fallbacks = 0, tokens = 0;
+    int language = -1;  // the language used (detected or given)
+};
+
+// Transcribes 16 kHz mono samples. A model without a language it was asked for, or a
+// multilingual task on an English-only model, is SPECULA_ERR_INVALID_ARGUMENT.
+Status transcribe(WhisperContext& ctx, std::span<const float> samples, const TranscribeParams& p,
+                  std::vector<Segment>* segments, TranscribeStats* stats);
+
+// The probability of each language at the first window of mel (multilingual models).
+Status detect_language(WhisperContext& ctx, std::vector<float>* probs);
+
+}  // namespace specula::asr

@@ -1,0 +1,418 @@
+// Whisper's decoding rules on hand-made logit rows, the transcription loop over audio longer
+// than a window on a random model (cpu and vulkan give the same segments), and the speech C API
+// on good and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <numeric>
+
+#include "asr/rules.h"
+#include "asr/transcribe.h"
+#include "backend_util.h"
+#include "sampling/sampling.h"
+#include "specula.h"
+#include "test_util.h"
+
+using namespace specula;
+
+namespace {
+
+constexpr int kVocabEn = 51864;
+const WhisperTokens kEn = WhisperTokens::of(kVocabEn);
+
+std::vector<float> flat_row(float value = 0.0f) {
+    return std::vector<float>(size_t(kVocabEn), value);
+}
+
+bool masked(const std::vector<float>& row, int32_t id) {
+    return std::isinf(row[size_t(id)]) && row[size_t(id)] < 0;
+}
+
+int32_t ts(int i) {
+    return kEn.timestamp_begin + i;
+}
+
+asr::Rules rules(bool timestamps = true) {
+    asr::Rules r;
+    r.tokens = kEn;
+    r.space = 220;
+    r.timestamps = timestamps;
+    return r;
+}
+
+}  // namespace
+
+TEST(WhisperTokens, SpecialTokenIdsOfEachVocabularyLayout) {
+    EXPECT_EQ(kEn.eot, 50256);
+    EXPECT_EQ(kEn.sot, 50257);
+    EXPECT_EQ(kEn.no_timestamps, 50362);
+    EXPECT_EQ(kEn.timestamp_begin, 50363);
+    EXPECT_FALSE(kEn.multilingual);
+    const WhisperTokens m = WhisperTokens::of(51865);  // tiny ... large-v2: 99 languages
+    EXPECT_TRUE(m.multilingual);
+    EXPECT_EQ(m.eot, 50257);
+    EXPECT_EQ(m.sot, 50258);
+    EXPECT_EQ(m.language(0), 50259);  // <|en|>
+    EXPECT_EQ(m.n_languages, 99);
+    EXPECT_EQ(m.translate, 50358);
+    EXPECT_EQ(m.transcribe, 50359);
+    EXPECT_EQ(m.nosp, 50362);
+    EXPECT_EQ(m.no_timestamps, 50363);
+    EXPECT_EQ(m.timestamp_begin, 50364);
+    const WhisperTokens v3 = WhisperTokens::of(51866);  // large-v3: 100 languages (+ <|yue|>)
+    EXPECT_EQ(v3.n_languages, 100);
+    EXPECT_EQ(v3.translate, 50359);
+    EXPECT_EQ(v3.timestamp_begin, 50365);
+    EXPECT_EQ(whisper_language_index("en"), 0);
+    EXPECT_EQ(whisper_language_index("yue"), 99);
+    EXPECT_EQ(whisper_language_index("xx"), -1);
+}
+
+TEST(WhisperRules, TheFirstTokenIsAnEarlyTimestamp) {
+    std::vector<float> row = flat_row();
+    asr::apply_rules(rules(), {}, row);
+    for (int32_t id : {0, 220, 1000, kEn.eot, kEn.sot, kEn.no_timestamps, ts(51), ts(1500)})
+        EXPECT_TRUE(masked(row, id)) << id;
+    for (int32_t id : {ts(0), ts(25), ts(50)})
+        EXPECT_FALSE(masked(row, id)) << id;
+}
+
+TEST(WhisperRules, WithoutTimestampsTheFirstTokenIsTextButNotBlank) {
+    std::vector<float> row = flat_row();
+    asr::apply_rules(rules(false), {}, row);
+    for (int32_t id : {220, kEn.eot, kEn.sot, kEn.prev, kEn.solm, kEn.nosp, kEn.no_timestamps,
+                       ts(0), ts(10)})
+        EXPECT_TRUE(masked(row, id)) << id;
+    EXPECT_FALSE(masked(row, 1000));
+    // Later, the end may come.
+    row = flat_row();
+    const int32_t sampled[] = {1000};
+    asr::apply_rules(rules(false), sampled, row);
+    EXPECT_FALSE(masked(row, kEn.eot));
+    EXPECT_FALSE(masked(row, 220));
+}
+
+// Text likelier than the timestamps together (which would otherwise mask it).
+std::vector<float> text_row() {
+    std::vector<float> row = flat_row();
+    for (int32_t id = kEn.timestamp_begin; id < kVocabEn; ++id)
+        row[size_t(id)] = -10.0f;
+    return row;
+}
+
+TEST(WhisperRules, TimestampsComeInPairsAndNeverGoBack) {
+    // <|0.20|> text: a timestamp from <|0.22|> on, or more text.
+    std::vector<float> row = text_row();
+    const int32_t open[] = {ts(10), 1000};
+    asr::apply_rules(rules(), open, row);
+    EXPECT_TRUE(masked(row, ts(10)));
+    EXPECT_FALSE(masked(row, ts(11)));
+    EXPECT_FALSE(masked(row, 1001));
+    // <|0.20|> text <|0.60|>: the pair is open, so text may not follow; the end or a timestamp
+    // (<|0.60|> again included) may.
+    row = text_row();
+    const int32_t closing[] = {ts(10), 1000, ts(30)};
+    asr::apply_rules(rules(), closing, row);
+    EXPECT_TRUE(masked(row, 1001));
+    EXPECT_TRUE(masked(row, ts(29)));
+    EXPECT_FALSE(masked(row, ts(30)));
+    EXPECT_FALSE(masked(row, kEn.eot));
+    // ... <|0.60|><|0.60|>: closed, so text (no timestamp) follows.
+    row = text_row();
+    const int32_t closed[] = {ts(10), 1000, ts(30), ts(30)};
+    asr::apply_rules(rules(), closed, row);
+    EXPECT_TRUE(masked(row, ts(30)));
+    EXPECT_TRUE(masked(row, ts(40)));
+    EXPECT_FALSE(masked(row, 1001));
+}
+
+TEST(WhisperRules, NoTimestampPastTheWindow) {
+    asr::Rules r = rules();
+    r.max_timestamp = 64;  // a model of 1.28 s windows
+    std::vector<float> row = text_row();
+    const int32_t sampled[] = {ts(0), 1000};
+    asr::apply_rules(r, sampled, row);
+    EXPECT_FALSE(masked(row, ts(64)));
+    EXPECT_TRUE(masked(row, ts(65)));
+}
+
+TEST(WhisperRules, LikelyTimestampsTogetherBeatTheBestTextToken) {
+    // Each timestamp alone is less likely than text token 5, all of them together more.
+    std::vector<float> row = flat_row(-30.0f);
+    row[5] = 0.0f;
+    for (int i = 0; i <= 1500; ++i)
+        row[size_t(ts(i))] = -3.0f;  // 1501 * e^-3 = 74.7 > e^0
+    const int32_t sampled[] = {ts(0), 1000};
+    asr::apply_rules(rules(), sampled, row);
+    EXPECT_TRUE(masked(row, 5));
+    EXPECT_FALSE(masked(row, ts(100)));
+    // Fewer of them: text stays.
+    row = flat_row(-30.0f);
+    row[5] = 0.0f;
+    for (int i = 0; i <= 10; ++i)
+        row[size_t(ts(i))] = -3.0f;
+    asr::apply_rules(rules(), sampled, row);
+    EXPECT_FALSE(masked(row, 5));
+}
+
+TEST(WhisperRules, SamplingNeverDrawsAMaskedToken) {
+    std::vector<float> row = flat_row(1.0f);
+    const int32_t sampled[] = {ts(0), 1000, ts(20)};
+    asr::apply_rules(rules(), sampled, row);
+    SamplingParams p;
+    p.temperature = 1.0f;
+    for (uint32_t step = 0; step < 500; ++step) {
+        const int32_t t = sample_token(row, p, step);
+        ASSERT_FALSE(masked(row, t)) << t;
+    }
+}
+
+namespace {
+
+// A random English-only model with 1.28 s windows (n_audio_ctx 64). Each test writes its own:
+// ctest runs tests as parallel processes, and rewriting a file another has mapped kills it.
+std::string small_whisper() {
+    const std::string path =
+        (test::temp_dir() / "asr-small-en-").string() +
+        testing::UnitTest::GetInstance()->current_test_info()->name() + ".bin";
+    if (std::filesystem::exists(path)) return path;
+    RandomWhisperSpec spec;
+    EXPECT_TRUE(whisper_shape("tiny", true, &spec.hparams).ok());
+    spec.hparams.n_audio_ctx = 64;
+    spec.hparams.n_text_ctx = 64;
+    spec.hparams.n_audio_state = spec.hparams.n_text_state = 64;
+    spec.hparams.n_audio_head = spec.hparams.n_text_head = 2;
+    spec.hparams.n_audio_layer = spec.hparams.n_text_layer = 1;
+    spec.weight_type = GgmlType::kF16;
+    spec.seed = 9;
+    EXPECT_TRUE(write_random_whisper(spec, path).ok());
+    return path;
+}
+
+std::vector<float> chirp(double seconds) {
+    std::vector<float> s(size_t(seconds * 16000));
+    for (size_t i = 0; i < s.size(); ++i) {
+        const double t = double(i) / 16000.0;
+        s[i] = float(0.3 * std::sin(2 * M_PI * (200 + 300 * t) * t));
+    }
+    return s;
+}
+
+struct Transcript {
+    std::vector<asr::Segment> segments;
+    asr::TranscribeStats stats;
+    std::vector<float> progress;
+};
+
+Status run(specula_backend_kind kind, const std::vector<float>& audio, Transcript* out,
+           std::function<bool(float)> progress = {}) {
+    std::string why;
+    auto backend = test::try_backend(kind, &why);
+    if (!backend) return {SPECULA_ERR_NO_DEVICE, why};
+    std::unique_ptr<MappedFile> file;
+    SPECULA_TRY(MappedFile::open(small_whisper(), &file));
+    std::unique_ptr<WhisperModel> model;
+    SPECULA_TRY(WhisperModel::load(*backend, std::move(file), nullptr, &model));
+    std::unique_ptr<WhisperContext> ctx;
+    SPECULA_TRY(WhisperContext::create(*model, 1, &ctx));
+    asr::TranscribeParams p;
+    p.progress = [&](float f) {
+        out->progress.push_back(f);
+        return progress ? progress(f) : true;
+    };
+    return asr::transcribe(*ctx, audio, p, &out->segments, &out->stats);
+}
+
+}  // namespace
+
+TEST(WhisperTranscribe, LongAudioCrossesWindowsInOrder) {
+    const std::vector<float> audio = chirp(5.0);  // about four 1.28 s windows
+    Transcript t;
+    ASSERT_TRUE(run(SPECULA_BACKEND_CPU, audio, &t).ok());
+    EXPECT_GE(t.stats.windows, 4);
+    ASSERT_FALSE(t.progress.empty());
+    EXPECT_TRUE(std::is_sorted(t.progress.begin(), t.progress.end()));
+    EXPECT_FLOAT_EQ(t.progress.back(), 1.0f);
+    int64_t last = 0;
+    for (const asr::Segment& s : t.segments) {
+        EXPECT_LE(s.t0_ms, s.t1_ms);
+        EXPECT_GE(s.t0_ms, last - 1280) << "segments go back by more than a window";
+        EXPECT_LE(s.t1_ms, 5000);
+        EXPECT_FALSE(s.text.empty());
+        last = s.t1_ms;
+    }
+}
+
+TEST(WhisperTranscribe, TheProgressCallbackCanStopIt) {
+    Transcript t;
+    const Status s = run(SPECULA_BACKEND_CPU, chirp(5.0), &t, [](float) { return false; });
+    EXPECT_EQ(s.code(), SPECULA_ERR_ABORTED);
+    EXPECT_EQ(t.stats.windows, 1);
+}
+
+TEST(WhisperTranscribe, VulkanGivesTheCpusSegments) {
+    const std::vector<float> audio = chirp(3.0);
+    Transcript cpu, vulkan;
+    ASSERT_TRUE(run(SPECULA_BACKEND_CPU, audio, &cpu).ok());
+    const Status s = run(SPECULA_BACKEND_VULKAN, audio, &vulkan);
+    if (s.code() == SPECULA_ERR_NO_DEVICE) GTEST_SKIP() << s.message();
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(cpu.segments.size(), vulkan.segments.size());
+    for (size_t i = 0; i < cpu.segments.size(); ++i) {
+        EXPECT_EQ(cpu.segments[i].tokens, vulkan.segments[i].tokens);
+        EXPECT_EQ(cpu.segments[i].t0_ms, vulkan.segments[i].t0_ms);
+        EXPECT_EQ(cpu.segments[i].t1_ms, vulkan.segments[i].t1_ms);
+    }
+    EXPECT_EQ(cpu.stats.tokens, vulkan.stats.tokens);
+}
+
+// ------------------------------------------------------------------ C API
+
+namespace {
+
+struct Api {
+    specula_backend* backend = nullptr;
+    Api() {
+        specula_backend_params bp = specula_backend_default_params();
+        bp.kind = SPECULA_BACKEND_CPU;
+        EXPECT_EQ(specula_backend_create(&bp, &backend), SPECULA_OK);
+    }
+    ~Api() { specula_backend_free(backend); }
+};
+
+std::string write_bytes(const std::string& name, const std::vector<char>& bytes) {
+    const std::string path = (test::temp_dir() / name).string();
+    std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+    return path;
+}
+
+}  // namespace
+
+TEST(AsrApi, BadFilesAreStatusesNotCrashes) {
+    Api api;
+    specula_asr_model* model = nullptr;
+    EXPECT_EQ(specula_asr_model_load(api.backend, test::data_path("ggml-vocab-gpt-2.gguf").c_str(),
+                                     nullptr, &model),
+              SPECULA_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(specula_last_error()).find("GGUF"), std::string::npos);
+    std::vector<char> good = test::read_file_bytes(small_whisper());
+    std::vector<char> cut(good.begin(), good.begin() + ptrdiff_t(good.size() - 100));
+    EXPECT_EQ(specula_asr_model_load(api.backend, write_bytes("asr-cut.bin", cut).c_str(), nullptr,
+                                     &model),
+              SPECULA_ERR_FORMAT);
+    EXPECT_NE(std::string(specula_last_error()).find("truncated"), std::string::npos);
+    EXPECT_EQ(model, nullptr);
+    EXPECT_EQ(specula_asr_model_load(api.backend, "/nonexistent.bin", nullptr, &model),
+              SPECULA_ERR_IO);
+    EXPECT_EQ(specula_asr_model_load(nullptr, small_whisper().c_str(), nullptr, &model),
+              SPECULA_ERR_INVALID_ARGUMENT);
+}
+
+TEST(AsrApi, TranscribesAFileAndRefusesBadRequests) {
+    Api api;
+    specula_asr_model* model = nullptr;
+    ASSERT_EQ(specula_asr_model_load(api.backend, small_whisper().c_str(), nullptr, &model),
+              SPECULA_OK);
+    specula_asr_model_info info{};
+    ASSERT_EQ(specula_asr_model_get_info(model, &info), SPECULA_OK);
+    EXPECT_EQ(info.n_audio_ctx, 64);
+    EXPECT_FALSE(info.multilingual);
+    specula_asr_context* ctx = nullptr;
+    ASSERT_EQ(specula_asr_context_create(model, &ctx), SPECULA_OK);
+
+    // A 16-bit stereo WAV at 22.05 kHz of the chirp: resampled, mixed down, transcribed.
+    const std::vector<float> mono = chirp(1.5);
+    std::vector<int16_t> pcm;
+    for (size_t i = 0; i < mono.size() * 22050 / 16000; ++i) {
+        const auto v = int16_t(mono[i * 16000 / 22050] * 32767.0f);
+        pcm.push_back(v);
+        pcm.push_back(v);
+    }
+    std::vector<char> wav;
+    const auto put = [&](const void* p, size_t n) {
+        wav.insert(wav.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+    };
+    const auto u32 = [&](uint32_t v) { put(&v, 4); };
+    const auto u16 = [&](uint16_t v) { put(&v, 2); };
+    put("RIFF", 4);
+    u32(uint32_t(36 + pcm.size() * 2));
+    put("WAVEfmt ", 8);
+    u32(16);
+    u16(1);
+    u16(2);
+    u32(22050);
+    u32(22050 * 4);
+    u16(4);
+    u16(16);
+    put("data", 4);
+    u32(uint32_t(pcm.size() * 2));
+    put(pcm.data(), pcm.size() * 2);
+    const std::string path = write_bytes("asr-chirp.wav", wav);
+    int segments_seen = 0;
+    specula_asr_params p = specula_asr_default_params();
+    p.on_segment = [](const specula_asr_segment*, void* n) { ++*static_cast<int*>(n); };
+    p.segment_user_data = &segments_seen;
+    ASSERT_EQ(specula_asr_transcribe_file(ctx, path.c_str(), &p), SPECULA_OK)
+        << specula_last_error();
+    EXPECT_EQ(size_t(segments_seen), specula_asr_segment_count(ctx));
+    specula_asr_timings t{};
+    ASSERT_EQ(specula_asr_get_timings(ctx, &t), SPECULA_OK);
+    EXPECT_NEAR(t.audio_seconds, 1.5, 0.01);
+    EXPECT_EQ(t.windows, 2);
+    EXPECT_STREQ(t.language, "en");
+    specula_asr_segment seg{};
+    EXPECT_EQ(specula_asr_get_segment(ctx, 1000, &seg), SPECULA_ERR_INVALID_ARGUMENT);
+
+    // Requests the model cannot serve, and malformed audio.
+    p.language = "de";
+    EXPECT_EQ(specula_asr_transcribe(ctx, mono.data(), mono.size(), &p),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    p.language = "auto";
+    EXPECT_EQ(specula_asr_transcribe(ctx, mono.data(), mono.size(), &p),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    p.language = "xx";
+    EXPECT_EQ(specula_asr_transcribe(ctx, mono.data(), mono.size(), &p),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    p.language = "en";
+    p.temperature = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(specula_asr_transcribe(ctx, mono.data(), mono.size(), &p),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    p.temperature = 0.0f;
+    std::vector<char> bad = wav;
+    bad[8] = 'X';  // not WAVE
+    EXPECT_EQ(specula_asr_transcribe_file(ctx, write_bytes("asr-bad.wav", bad).c_str(), &p),
+              SPECULA_ERR_FORMAT);
+    std::vector<float> nan_audio(16000, std::numeric_limits<float>::quiet_NaN());
+    EXPECT_EQ(specula_asr_transcribe(ctx, nan_audio.data(), nan_audio.size(), &p),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    // The context still works after the refusals.
+    EXPECT_EQ(specula_asr_transcribe(ctx, mono.data(), mono.size(), &p), SPECULA_OK);
+    specula_asr_context_free(ctx);
+    specula_asr_model_free(model);
+}
+
+// With a real model (SPECULA_WHISPER_MODEL, e.g. whisper.cpp's ggml-base.en.bin), jfk.wav's words.
+TEST(AsrApi, RealModelTranscribesJfk) {
+    const char* path = std::getenv("SPECULA_WHISPER_MODEL");
+    if (path == nullptr) GTEST_SKIP() << "SPECULA_WHISPER_MODEL names no real model";
+    const std::string jfk = std::string(SPECULA_SHARED_DATA_DIR) + "/audio/jfk.wav";
+    Api api;
+    specula_asr_model* model = nullptr;
+    ASSERT_EQ(specula_asr_model_load(api.backend, path, nullptr, &model), SPECULA_OK)
+        << specula_last_error();
+    specula_asr_context* ctx = nullptr;
+    ASSERT_EQ(specula_asr_context_create(model, &ctx), SPECULA_OK);
+    ASSERT_EQ(specula_asr_transcribe_file(ctx, jfk.c_str(), nullptr), SPECULA_OK);
+    std::string text;
+    for (size_t i = 0; i < specula_asr_segment_count(ctx); ++i) {
+        specula_asr_segment s{};
+        specula_asr_get_segment(ctx, i, &s);
+        text += s.text;
+    }
+    EXPECT_NE(text.find("ask not what your country can do for you"), std::string::npos) << text;
+    specula_asr_context_free(ctx);
+    specula_asr_model_free(model);
+}
