@@ -83,8 +83,8 @@ TEST(WhisperRules, TheFirstTokenIsAnEarlyTimestamp) {
 TEST(WhisperRules, WithoutTimestampsTheFirstTokenIsTextButNotBlank) {
     std::vector<float> row = flat_row();
     asr::apply_rules(rules(false), {}, row);
-    for (int32_t id : {220, kEn.eot, kEn.sot, kEn.prev, kEn.solm, kEn.nosp, kEn.no_timestamps,
-                       ts(0), ts(10)})
+    for (int32_t id :
+         {220, kEn.eot, kEn.sot, kEn.prev, kEn.solm, kEn.nosp, kEn.no_timestamps, ts(0), ts(10)})
         EXPECT_TRUE(masked(row, id)) << id;
     EXPECT_FALSE(masked(row, 1000));
     // Later, the end may come.
@@ -175,9 +175,8 @@ namespace {
 // A random English-only model with 1.28 s windows (n_audio_ctx 64). Each test writes its own:
 // ctest runs tests as parallel processes, and rewriting a file another has mapped kills it.
 std::string small_whisper() {
-    const std::string path =
-        (test::temp_dir() / "asr-small-en-").string() +
-        testing::UnitTest::GetInstance()->current_test_info()->name() + ".bin";
+    const std::string path = (test::temp_dir() / "asr-small-en-").string() +
+                             testing::UnitTest::GetInstance()->current_test_info()->name() + ".bin";
     if (std::filesystem::exists(path)) return path;
     RandomWhisperSpec spec;
     EXPECT_TRUE(whisper_shape("tiny", true, &spec.hparams).ok());

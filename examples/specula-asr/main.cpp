@@ -84,14 +84,16 @@ int main(int argc, char** argv) {
     app.add_flag("--osrt", osrt, "write OUT.srt");
     app.add_flag("--ovtt", ovtt, "write OUT.vtt");
     app.add_flag("--ojson", ojson, "write OUT.json");
-    app.add_option("--of,--output-file", output_path, "OUT: the output path without extension "
-                                                      "(default: the audio file's path)");
+    app.add_option("--of,--output-file", output_path,
+                   "OUT: the output path without extension "
+                   "(default: the audio file's path)");
     app.add_option("--backend", backend_name, "auto, cpu, vulkan or cuda");
     app.add_option("--threads", threads, "cpu threads (0 = all)");
     // whisper.cpp's single-dash spellings of the output flags are taken too.
     std::vector<std::string> args(argv + 1, argv + argc);
     for (std::string& a : args)
-        if (a == "-otxt" || a == "-osrt" || a == "-ovtt" || a == "-ojson" || a == "-of") a = "-" + a;
+        if (a == "-otxt" || a == "-osrt" || a == "-ovtt" || a == "-ojson" || a == "-of")
+            a = "-" + a;
     std::reverse(args.begin(), args.end());
     try {
         app.parse(args);
@@ -171,15 +173,15 @@ int main(int argc, char** argv) {
             write(".srt", [&](std::ofstream& o) {
                 for (size_t i = 0; i < segments.size(); ++i)
                     o << i + 1 << "\n"
-                      << clock(segments[i].t0, ',') << " --> " << clock(segments[i].t1, ',')
-                      << "\n"
+                      << clock(segments[i].t0, ',') << " --> " << clock(segments[i].t1, ',') << "\n"
                       << segments[i].text << "\n\n";
             });
         if (ovtt)
             write(".vtt", [&](std::ofstream& o) {
                 o << "WEBVTT\n\n";
                 for (const Segment& s : segments)
-                    o << clock(s.t0, '.') << " --> " << clock(s.t1, '.') << "\n" << s.text << "\n\n";
+                    o << clock(s.t0, '.') << " --> " << clock(s.t1, '.') << "\n"
+                      << s.text << "\n\n";
             });
         if (ojson)
             write(".json", [&](std::ofstream& o) {

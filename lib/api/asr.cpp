@@ -81,7 +81,8 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
     tm.windows = stats.windows;
     tm.fallbacks = stats.fallbacks;
     tm.tokens = stats.tokens;
-    if (stats.language >= 0) copy_string(tm.language, std::string(kWhisperLanguages[size_t(stats.language)]));
+    if (stats.language >= 0)
+        copy_string(tm.language, std::string(kWhisperLanguages[size_t(stats.language)]));
     return s;
 }
 
@@ -90,8 +91,7 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
 extern "C" {
 
 specula_status specula_asr_model_load(specula_backend* backend, const char* path,
-                                      const specula_model_params* params,
-                                      specula_asr_model** out) {
+                                      const specula_model_params* params, specula_asr_model** out) {
     return guarded([&] {
         SPECULA_TRY(need(out, "out"));
         *out = nullptr;

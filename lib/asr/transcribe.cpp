@@ -104,7 +104,8 @@ class Transcriber {
             // A window that ends on a timestamp at its start would not move: it moves whole.
             seek += advance > 0 ? std::min(advance, count) : count;
             if (p_.progress && !p_.progress(float(std::min(seek, content)) / float(content)))
-                return {SPECULA_ERR_ABORTED, "transcription was cancelled by the progress callback"};
+                return {SPECULA_ERR_ABORTED,
+                        "transcription was cancelled by the progress callback"};
         }
         stats_.language = language_;
         return Status::Ok();
@@ -173,9 +174,8 @@ class Transcriber {
         }
         a.avg_logprob = sum / double(a.tokens.size() + 1);
         std::map<int32_t, int> counts;
-        const size_t from = a.tokens.size() > size_t(kEntropyTokens)
-                                ? a.tokens.size() - size_t(kEntropyTokens)
-                                : 0;
+        const size_t from =
+            a.tokens.size() > size_t(kEntropyTokens) ? a.tokens.size() - size_t(kEntropyTokens) : 0;
         for (size_t i = from; i < a.tokens.size(); ++i)
             ++counts[a.tokens[i]];
         for (const auto& [token, n] : counts) {

@@ -28,11 +28,11 @@ struct TranscribeParams {
     bool translate = false;
     bool timestamps = true;
     bool condition_on_previous_text = true;
-    float temperature = 0.0f;             // the first; fallbacks add temperature_increment
-    float temperature_increment = 0.2f;   // <= 0: no fallback
-    float entropy_threshold = 2.4f;       // below: repetitive, fall back
-    float logprob_threshold = -1.0f;      // mean log-probability below: fall back
-    float no_speech_threshold = 0.6f;     // P(<|nospeech|>) above (and logprob low): silence
+    float temperature = 0.0f;            // the first; fallbacks add temperature_increment
+    float temperature_increment = 0.2f;  // <= 0: no fallback
+    float entropy_threshold = 2.4f;      // below: repetitive, fall back
+    float logprob_threshold = -1.0f;     // mean log-probability below: fall back
+    float no_speech_threshold = 0.6f;    // P(<|nospeech|>) above (and logprob low): silence
     uint64_t seed = 0;
     std::function<void(const Segment&)> on_segment;
     std::function<bool(float)> progress;  // fraction done; false aborts
