@@ -75,8 +75,9 @@ class Backend {
     // Device memory for activations and caches, zero-filled.
     virtual Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) = 0;
     // A weight matrix (rows x cols of `type`) from host memory that outlives the buffer (a
-    // model's mapping): a GPU backend copies it; the cpu backend reads it in place, and keeps a
-    // copy repacked for its integer kernels where it has them.
+    // model's mapping): a GPU backend copies it; the cpu backend reads it in place (copies it
+    // when it is not 8-byte aligned), and keeps a copy repacked for its integer kernels where
+    // it has them.
     virtual Status load_weights(std::span<const uint8_t> host, GgmlType type, int64_t cols,
                                 int64_t rows, std::unique_ptr<Buffer>* out) = 0;
 

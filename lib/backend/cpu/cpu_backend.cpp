@@ -112,7 +112,19 @@ class CpuBackend final : public Backend {
 
     Status load_weights(std::span<const uint8_t> host, GgmlType type, int64_t cols, int64_t rows,
                         std::unique_ptr<Buffer>* out) override {
-        auto buffer = std::make_unique<CpuBuffer>(host);
+        // In place, unless the data is not 8-byte aligned (whisper.cpp's files do not pad their
+        // tensor records): then a copy, since the kernels load floats and scales directly.
+        std::unique_ptr<CpuBuffer> buffer;
+        if (reinterpret_cast<uintptr_t>(host.data()) % alignof(uint64_t) == 0) {
+            buffer = std::make_unique<CpuBuffer>(host);
+        } else {
+            buffer = std::make_unique<CpuBuffer>(host.size());
+            if (!buffer->allocated())
+                return OutOfMemory("cannot allocate " + std::to_string(host.size()) +
+                                   " bytes for a copy of unaligned weights");
+            std::memcpy(buffer->data(), host.data(), host.size());
+            host = {buffer->data(), host.size()};
+        }
         if (inputs_ == CpuInputs::kQuantized && cpu::has_integer_kernel(type)) {
             const size_t bytes = cpu::packed_bytes(type, rows, cols);
             uint8_t* packed = buffer->allocate_packed(bytes);
