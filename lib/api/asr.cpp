@@ -28,13 +28,8 @@ struct specula_asr_context {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
-                  const specula_asr_params& p, double mel_seconds) {
+                  const specula_asr_params& p, double read_seconds) {
     asr::TranscribeParams t;
     const std::string language = p.language ? p.language : "en";
     const WhisperTokens& tokens = ctx->model->impl->tokens();
@@ -75,7 +70,7 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
     const Status s = asr::transcribe(*ctx->impl, samples, t, &ctx->segments, &stats);
     specula_asr_timings& tm = ctx->timings;
     tm.audio_seconds = double(samples.size()) / audio::kWhisperSampleRate;
-    tm.mel_seconds = mel_seconds;
+    tm.mel_seconds = read_seconds + stats.mel_seconds;
     tm.encode_seconds = stats.encode_seconds;
     tm.decode_seconds = stats.decode_seconds;
     tm.windows = stats.windows;

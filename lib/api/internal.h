@@ -2,6 +2,7 @@
 // (and of any exception from the standard library) into specula_status.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -59,6 +60,11 @@ int enum_value(const E& e) {
 
 inline Status need(const void* p, const char* what) {
     return p != nullptr ? Status::Ok() : InvalidArgument(std::string(what) + " is NULL");
+}
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 template <size_t N>

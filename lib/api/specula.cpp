@@ -42,11 +42,6 @@ struct specula_session {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // Runs `body` and charges the host waits and target forwards it caused to the session.
 template <typename F>
 Status counted(specula_session* s, F&& body) {

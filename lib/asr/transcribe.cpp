@@ -44,15 +44,14 @@ class Transcriber {
         std::vector<float> logits;
         ctx_.truncate(0);
         SPECULA_TRY(ctx_.forward(std::span(&sot, 1), false, &logits));
-        probs->assign(size_t(t_.n_languages), 0.0f);
-        double max = -INFINITY, sum = 0;
-        for (int i = 0; i < t_.n_languages; ++i)
-            max = std::max(max, double(logits[size_t(t_.language(i))]));
-        for (int i = 0; i < t_.n_languages; ++i)
-            sum += std::exp(double(logits[size_t(t_.language(i))]) - max);
-        for (int i = 0; i < t_.n_languages; ++i)
-            (*probs)[size_t(i)] =
-                float(std::exp(double(logits[size_t(t_.language(i))]) - max) / sum);
+        // The language tokens are consecutive: their softmax among themselves.
+        const auto languages =
+            std::span(logits).subspan(size_t(t_.language(0)), size_t(t_.n_languages));
+        std::vector<double> lp(languages.size());
+        log_softmax(languages, lp);
+        probs->resize(lp.size());
+        for (size_t i = 0; i < lp.size(); ++i)
+            (*probs)[i] = float(std::exp(lp[i]));
         return Status::Ok();
     }
 
@@ -63,7 +62,9 @@ class Transcriber {
             return InvalidArgument("language index " + std::to_string(p_.language) +
                                    " is out of range");
         audio::LogMel mel;
+        const auto mel_start = std::chrono::steady_clock::now();
         SPECULA_TRY(audio::log_mel(samples, m_.mel_filters(), &mel));
+        stats_.mel_seconds = seconds_since(mel_start);
         const int content = mel.n_frames - audio::kWhisperChunkFrames;
         const int window = ctx_.window_frames();
         const int64_t content_ms = int64_t(content) * kMsPerFrame;

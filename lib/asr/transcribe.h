@@ -39,7 +39,7 @@ struct TranscribeParams {
 };
 
 struct TranscribeStats {
-    double encode_seconds = 0, decode_seconds = 0;
+    double mel_seconds = 0, encode_seconds = 0, decode_seconds = 0;
     int windows = 0, fallbacks = 0, tokens = 0;
     int language = -1;  // the language used (detected or given)
 };
