@@ -12,6 +12,7 @@
 #include "asr/rules.h"
 #include "asr/transcribe.h"
 #include "backend_util.h"
+#include "decode/generator.h"
 #include "sampling/sampling.h"
 #include "specula.h"
 #include "test_util.h"
@@ -174,9 +175,10 @@ namespace {
 
 // A random English-only model with 1.28 s windows (n_audio_ctx 64). Each test writes its own:
 // ctest runs tests as parallel processes, and rewriting a file another has mapped kills it.
-std::string small_whisper() {
+std::string small_whisper(uint64_t seed = 9) {
     const std::string path = (test::temp_dir() / "asr-small-en-").string() +
-                             testing::UnitTest::GetInstance()->current_test_info()->name() + ".bin";
+                             testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
+                             std::to_string(seed) + ".bin";
     if (std::filesystem::exists(path)) return path;
     RandomWhisperSpec spec;
     EXPECT_TRUE(whisper_shape("tiny", true, &spec.hparams).ok());
@@ -186,7 +188,7 @@ std::string small_whisper() {
     spec.hparams.n_audio_head = spec.hparams.n_text_head = 2;
     spec.hparams.n_audio_layer = spec.hparams.n_text_layer = 1;
     spec.weight_type = GgmlType::kF16;
-    spec.seed = 9;
+    spec.seed = seed;
     EXPECT_TRUE(write_random_whisper(spec, path).ok());
     return path;
 }
@@ -268,6 +270,49 @@ TEST(WhisperTranscribe, VulkanGivesTheCpusSegments) {
     EXPECT_EQ(cpu.stats.tokens, vulkan.stats.tokens);
 }
 
+// The Generator drives any Decoder: a Whisper decoder drafted by another (after both encoded
+// the same window) gives greedy tokens identical to the target's alone, whether the draft is
+// the target itself (every draft accepted) or an unrelated model (most rejected).
+TEST(WhisperDecoder, SpeculativeGreedyIsTheTargetsGreedy) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_TRUE(backend) << why;
+    std::vector<std::unique_ptr<WhisperModel>> models(2);
+    std::vector<std::unique_ptr<WhisperContext>> contexts(3);
+    for (size_t i = 0; i < models.size(); ++i) {
+        std::unique_ptr<MappedFile> file;
+        ASSERT_TRUE(MappedFile::open(small_whisper(9 + i), &file).ok());
+        ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &models[i]).ok());
+    }
+    audio::LogMel mel;
+    ASSERT_TRUE(audio::log_mel(chirp(1.0), models[0]->mel_filters(), &mel).ok());
+    for (size_t i = 0; i < contexts.size(); ++i) {
+        ASSERT_TRUE(
+            WhisperContext::create(*models[i == 2 ? 1 : 0], kMaxGamma + 1, &contexts[i]).ok());
+        ASSERT_TRUE(contexts[i]->encode(mel, 0, std::min(mel.n_frames, 128)).ok());
+    }
+    const std::vector<int32_t> prompt = {kEn.sot, kEn.no_timestamps};
+    auto generate = [&](Decoder* draft, GeneratorStats* stats) {
+        Generator::Config config;
+        config.policy = GammaPolicy::kFixed;
+        config.gamma = 4;
+        Generator g(*contexts[0], draft, config);
+        EXPECT_TRUE(g.append(prompt).ok());
+        std::vector<int32_t> out;
+        while (out.size() < 40)
+            EXPECT_TRUE(g.step(int(40 - out.size()), &out).ok());
+        *stats = g.stats();
+        return out;
+    };
+    GeneratorStats alone, self, other;
+    const std::vector<int32_t> expected = generate(nullptr, &alone);
+    EXPECT_EQ(generate(contexts[1].get(), &self), expected);
+    EXPECT_EQ(self.accepted, self.drafted);
+    EXPECT_GT(self.drafted, 20u);
+    EXPECT_EQ(generate(contexts[2].get(), &other), expected);
+    EXPECT_LT(other.accepted, other.drafted);
+}
+
 // ------------------------------------------------------------------ C API
 
 namespace {
@@ -308,6 +353,46 @@ TEST(AsrApi, BadFilesAreStatusesNotCrashes) {
               SPECULA_ERR_IO);
     EXPECT_EQ(specula_asr_model_load(nullptr, small_whisper().c_str(), nullptr, &model),
               SPECULA_ERR_INVALID_ARGUMENT);
+}
+
+// The loaders ask the registry first: each refuses the other's models by name, and an
+// architecture nothing reads is named too.
+TEST(ModelRegistry, EachLoaderNamesWhatItRefuses) {
+    Api api;
+    specula_asr_model* asr = nullptr;
+    specula_model* text = nullptr;
+    const std::string llama =
+        test::make_model("asr-registry-llama", test::small_spec(GgmlType::kF32, 3));
+    EXPECT_EQ(specula_asr_model_load(api.backend, llama.c_str(), nullptr, &asr),
+              SPECULA_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(specula_last_error()).find("'llama' is a text model"), std::string::npos)
+        << specula_last_error();
+    EXPECT_EQ(specula_model_load(api.backend, small_whisper().c_str(), nullptr, &text),
+              SPECULA_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(specula_last_error()).find("specula_asr_model_load"), std::string::npos)
+        << specula_last_error();
+    for (auto load : {+[](specula_backend*b, const char*p) {
+                          specula_model* m = nullptr;
+                          return specula_model_load(b, p, nullptr, &m);
+                      },
+                      +[](specula_backend*b, const char*p) {
+                          specula_asr_model* m = nullptr;
+                          return specula_asr_model_load(b, p, nullptr, &m);
+                      }}) {
+        EXPECT_EQ(load(api.backend, test::data_path("ggml-vocab-gpt-2.gguf").c_str()),
+                  SPECULA_ERR_UNSUPPORTED);
+        EXPECT_NE(std::string(specula_last_error()).find("architecture 'gpt2'"), std::string::npos)
+            << specula_last_error();
+        EXPECT_EQ(
+            load(api.backend, write_bytes("registry-junk.bin", {'j', 'u', 'n', 'k', 0}).c_str()),
+            SPECULA_ERR_FORMAT);
+    }
+    EXPECT_EQ(asr, nullptr);
+    EXPECT_EQ(text, nullptr);
+    // Nothing loaded before is lost: the right model still loads on the same backend.
+    ASSERT_EQ(specula_asr_model_load(api.backend, small_whisper().c_str(), nullptr, &asr),
+              SPECULA_OK);
+    specula_asr_model_free(asr);
 }
 
 TEST(AsrApi, TranscribesAFileAndRefusesBadRequests) {

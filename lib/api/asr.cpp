@@ -9,6 +9,7 @@
 #include "audio/resample.h"
 #include "audio/wav.h"
 #include "format/gguf.h"
+#include "models/registry.h"
 #include "models/whisper.h"
 
 using namespace specula;
@@ -95,11 +96,9 @@ specula_status specula_asr_model_load(specula_backend* backend, const char* path
         const specula_model_params p = params ? *params : specula_model_params{};
         std::unique_ptr<MappedFile> file;
         SPECULA_TRY(MappedFile::open(path, &file, p.read_into_memory));
-        const auto bytes = file->bytes();
-        if (bytes.size() >= 4 && std::memcmp(bytes.data(), "GGUF", 4) == 0)
-            return Unsupported(std::string(path) +
-                               ": Whisper models in GGUF are not supported; use whisper.cpp's "
-                               "ggml-*.bin files");
+        ModelIdentity identity;
+        const Status kind = expect_model(file->bytes(), ModelKind::kSpeech, &identity);
+        if (!kind.ok()) return Status(kind.code(), std::string(path) + ": " + kind.message());
         WhisperModel::Progress progress;
         if (p.progress != nullptr)
             progress = [&p](float f) { return p.progress(f, p.progress_user_data); };

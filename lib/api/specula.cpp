@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "decode/generator.h"
 #include "models/llama.h"
+#include "models/registry.h"
 
 using namespace specula;
 using namespace specula::api;
@@ -67,8 +68,11 @@ Status load_model(specula_backend* backend, std::unique_ptr<MappedFile> file,
         progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
     auto m = std::make_unique<specula_model>();
     m->backend = backend;
+    ModelIdentity identity;
+    Status s = expect_model(file->bytes(), ModelKind::kText, &identity);
+    if (!s.ok()) return Status(s.code(), what + ": " + s.message());
     std::lock_guard turn(backend->turn);
-    Status s = LlamaModel::load(*backend->impl, std::move(file), progress, &m->impl);
+    s = LlamaModel::load(*backend->impl, std::move(file), progress, &m->impl);
     if (!s.ok()) return Status(s.code(), what + ": " + s.message());
     *out = m.release();
     return Status::Ok();

@@ -71,7 +71,7 @@ int best_gamma(double alpha, double draft_seconds, std::span<const double> targe
     return best;
 }
 
-Generator::Generator(LlamaContext& target, LlamaContext* draft, const Config& config)
+Generator::Generator(Decoder& target, Decoder* draft, const Config& config)
     : target_(target), draft_(draft), config_(config) {
     config_.gamma_max = std::clamp(config_.gamma_max, 1, kMaxGamma);
     config_.gamma = std::clamp(config_.gamma, 1, kMaxGamma);
@@ -93,7 +93,7 @@ void Generator::reset() {
     stats_ = GeneratorStats{};
 }
 
-Status Generator::catch_up(LlamaContext& ctx, size_t keep, std::vector<float>* logits) {
+Status Generator::catch_up(Decoder& ctx, size_t keep, std::vector<float>* logits) {
     const size_t end = committed_.size() - std::min(keep, committed_.size());
     ctx.truncate(int(std::min(end, size_t(ctx.n_past()))));
     for (size_t i = size_t(ctx.n_past()); i < end; i += size_t(ctx.max_batch())) {
@@ -196,7 +196,7 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
 
 Status Generator::device_buffers(int n_vocab) {
     if (result_.buffer != nullptr) return Status::Ok();
-    Backend& be = target_.model().backend();
+    Backend& be = target_.backend();
     const int rows = std::max(config_.gamma, config_.gamma_max);
     draft_rows_ = {nullptr, 0, GgmlType::kF32, n_vocab, rows};
     result_ = {nullptr, 0, GgmlType::kI32, rows + 2, 1};
@@ -215,9 +215,9 @@ Status Generator::device_buffers(int n_vocab) {
 // device and writes it straight into the target's input ids, from where the next draft forward also
 // reads it; the draft rows stay on the device for the verify passes.
 Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
-    Backend& be = target_.model().backend();
+    Backend& be = target_.backend();
     const int L = int(committed_.size());
-    SPECULA_TRY(device_buffers(target_.model().config().n_vocab));
+    SPECULA_TRY(device_buffers(target_.n_vocab()));
     std::vector<float> unused;
     if (gamma > 0) {
         // The draft is one or two committed tokens behind, which its first forward below
@@ -288,7 +288,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
 // The non-exact sigmoid variant is a measurement tool: it verifies on the host.
 Status Generator::sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted) {
     const int L = int(committed_.size());
-    const auto V = size_t(target_.model().config().n_vocab);
+    const auto V = size_t(target_.n_vocab());
     std::vector<int32_t> drafts;
     std::vector<float> draft_rows, logits;
     auto t0 = Clock::now();

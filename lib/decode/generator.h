@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "models/llama.h"
+#include "models/decoder.h"
 #include "sampling/sampling.h"
 #include "sampling/verify.h"
 
@@ -51,8 +51,8 @@ class Generator {
         SigmoidScale sigmoid_scale;
     };
 
-    // `draft` may be null (plain decoding). Both contexts must be empty.
-    Generator(LlamaContext& target, LlamaContext* draft, const Config& config);
+    // `draft` may be null (plain decoding). Both decoders must be empty and share a vocabulary.
+    Generator(Decoder& target, Decoder* draft, const Config& config);
 
     // Appends tokens to the committed sequence (the prompt). Every token but the last
     // is evaluated now, in batches; the last is evaluated by the next step.
@@ -74,15 +74,15 @@ class Generator {
   private:
     // Makes ctx hold exactly the committed tokens but the last `keep`: forgets positions
     // beyond them and evaluates the missing ones.
-    Status catch_up(LlamaContext& ctx, size_t keep, std::vector<float>* logits);
+    Status catch_up(Decoder& ctx, size_t keep, std::vector<float>* logits);
     Status step_on_device(int gamma, std::vector<int32_t>* emitted);
     Status sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted);
     Status device_buffers(int n_vocab);
     void commit(std::span<const int32_t> tokens);
     void adapt_gamma(int n_accepted, int gamma);
 
-    LlamaContext& target_;
-    LlamaContext* draft_;
+    Decoder& target_;
+    Decoder* draft_;
     Config config_;
     std::vector<int32_t> committed_;
     uint32_t step_ = 0;

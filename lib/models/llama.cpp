@@ -207,28 +207,6 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     return Status::Ok();
 }
 
-Status LlamaContext::forward(std::span<const int32_t> tokens, bool all_rows,
-                             std::vector<float>* logits) {
-    const LlamaConfig& c = model_.config();
-    const int n = int(tokens.size());
-    // Checked before the ids are uploaded; record() checks the context length.
-    if (n == 0 || n > max_batch_)
-        return InvalidArgument("forward needs 1.." + std::to_string(max_batch_) + " tokens");
-    for (int32_t t : tokens)
-        if (t < 0 || t >= c.n_vocab)
-            return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary");
-
-    Backend& be = model_.backend_;
-    const Tensor ids = input_ids(0, n);
-    be.upload(ids, tokens.data());
-    SPECULA_TRY(record(ids, all_rows));
-    const int rows = all_rows ? n : 1;
-    logits->resize(size_t(rows) * size_t(c.n_vocab));
-    const Status s = be.download(this->logits(rows), logits->data());
-    if (!s.ok()) n_past_ -= n;  // the positions were not computed
-    return s;
-}
-
 Tensor LlamaContext::input_ids(int first, int count) const {
     Tensor t = ids_;
     t.offset += size_t(first) * sizeof(int32_t);

@@ -2,6 +2,7 @@
 // tied or separate output head), written once against the backend interface.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <span>
@@ -10,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "format/gguf.h"
+#include "models/decoder.h"
 #include "platform/mapped_file.h"
 #include "tokenizer/tokenizer.h"
 
@@ -68,7 +70,7 @@ class LlamaModel {
 
 // One sequence's state on the backend: the KV cache and the activations of a
 // batch of up to max_batch positions.
-class LlamaContext {
+class LlamaContext final : public Decoder {
   public:
     // Refuses with OUT_OF_MEMORY what the backend cannot hold before allocating any of it, and
     // logs a warning when n_ctx exceeds the model's training context.
@@ -76,28 +78,20 @@ class LlamaContext {
                          std::unique_ptr<LlamaContext>* out);
 
     const LlamaModel& model() const { return model_; }
-    int n_ctx() const { return n_ctx_; }
-    int max_batch() const { return max_batch_; }
-    int n_past() const { return n_past_; }
+    Backend& backend() const override { return model_.backend(); }
+    int n_vocab() const override { return model_.config().n_vocab; }
+    int n_ctx() const override { return n_ctx_; }
+    int max_batch() const override { return max_batch_; }
+    int n_past() const override { return n_past_; }
     uint64_t forward_calls() const { return forward_calls_; }
     // Bytes of backend memory the context's caches and activations hold.
     uint64_t memory_bytes() const { return memory_bytes_; }
     uint64_t positions_evaluated() const { return positions_evaluated_; }
-    // Forgets positions >= n (a length counter: no data moves).
-    void truncate(int n) { n_past_ = std::min(n_past_, std::max(0, n)); }
+    void truncate(int n) override { n_past_ = std::min(n_past_, std::max(0, n)); }
 
-    // Appends tokens (at most max_batch) at positions n_past.. and computes their
-    // logits: every row when all_rows, else the last row only. `logits` receives
-    // rows * n_vocab floats.
-    Status forward(std::span<const int32_t> tokens, bool all_rows, std::vector<float>* logits);
-
-    // The same without host traffic for tokens or logits: records a forward of the ids.cols
-    // token ids already on the device (e.g. written by Backend::verify) and leaves the
-    // logits in logits(rows). Nothing waits for the device.
-    Status record(const Tensor& ids, bool all_rows);
-    // Rows [first, first + count) of this context's token-id input buffer.
-    Tensor input_ids(int first, int count) const;
-    Tensor logits(int rows) const { return logits_.row_range(0, rows); }
+    Status record(const Tensor& ids, bool all_rows) override;
+    Tensor input_ids(int first, int count) const override;
+    Tensor logits(int rows) const override { return logits_.row_range(0, rows); }
 
   private:
     explicit LlamaContext(const LlamaModel& model) : model_(model) {}

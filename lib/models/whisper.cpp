@@ -321,10 +321,16 @@ Status WhisperContext::encode(const audio::LogMel& mel, int first, int count) {
     return Status::Ok();
 }
 
-Status WhisperContext::forward(std::span<const int32_t> tokens, bool all_rows,
-                               std::vector<float>* logits) {
+Tensor WhisperContext::input_ids(int first, int count) const {
+    Tensor t = ids_;
+    t.offset += size_t(first) * sizeof(int32_t);
+    t.cols = count;
+    return t;
+}
+
+Status WhisperContext::record(const Tensor& ids, bool all_rows) {
     const WhisperHparams& hp = model_.hparams();
-    const int n = int(tokens.size());
+    const int n = int(ids.cols);
     if (!encoded_) return InvalidArgument("forward before any audio was encoded");
     if (n == 0) return InvalidArgument("forward needs at least one token");
     if (n_past_ + n > hp.n_text_ctx)
@@ -334,17 +340,13 @@ Status WhisperContext::forward(std::span<const int32_t> tokens, bool all_rows,
     if (rows > max_logit_rows_)
         return InvalidArgument("logits of " + std::to_string(rows) + " rows (at most " +
                                std::to_string(max_logit_rows_) + ")");
-    for (int32_t t : tokens)
-        if (t < 0 || t >= hp.n_vocab)
-            return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary");
 
     Backend& be = model_.backend_;
     const WhisperModel& m = model_;
-    Tensor ids = ids_, pos = positions_;
-    ids.cols = pos.cols = n;
+    Tensor pos = positions_;
+    pos.cols = n;
     std::vector<int32_t> positions(static_cast<size_t>(n));
     std::iota(positions.begin(), positions.end(), n_past_);
-    be.upload(ids, tokens.data());
     be.upload(pos, positions.data());
     const Tensor x = x_.row_range(0, n), p = pos_rows_.row_range(0, n);
     be.get_rows(m.token_embd_, ids, x);
@@ -354,10 +356,7 @@ Status WhisperContext::forward(std::span<const int32_t> tokens, bool all_rows,
         block(m.dec_[l], x, n, true, int(l));
     const Tensor last = x.row_range(n - rows, rows), h = h_.row_range(0, rows);
     be.layer_norm(last, m.dec_ln_w_, m.dec_ln_b_, 1e-5f, h);
-    const Tensor out = logits_.row_range(0, rows);
-    be.matmul(m.token_embd_, h, out, Backend::Accumulate::kNo);
-    logits->resize(size_t(rows) * size_t(hp.n_vocab));
-    SPECULA_TRY(be.download(out, logits->data()));
+    be.matmul(m.token_embd_, h, logits(rows), Backend::Accumulate::kNo);
     n_past_ += n;
     ++forward_calls_;
     return Status::Ok();

@@ -5,6 +5,7 @@
 // per audio window, a tied output head. Weights come from whisper.cpp's model files.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "audio/mel.h"
 #include "backend/backend.h"
 #include "format/whisper_ggml.h"
+#include "models/decoder.h"
 #include "platform/mapped_file.h"
 
 namespace specula {
@@ -88,8 +90,8 @@ class WhisperModel {
 
 // One transcription's state on the backend: the encoder's activations, every decoder layer's
 // cross-attention keys and values of the current window, and the decoder's self-attention
-// cache (n_text_ctx positions).
-class WhisperContext {
+// cache (n_text_ctx positions). Its decoder is a Decoder once a window is encoded.
+class WhisperContext final : public Decoder {
   public:
     // max_logit_rows: how many rows a forward can return logits for (the cache's length of
     // tokens can always be fed; logits of more rows than this are refused).
@@ -107,12 +109,15 @@ class WhisperContext {
     // The encoder's output of the last encode(): n_audio_ctx rows of n_audio_state (tests).
     Tensor encoder_output() const { return enc_out_; }
 
-    int n_past() const { return n_past_; }
-    int n_ctx() const { return model_.hparams().n_text_ctx; }
-    void truncate(int n) { n_past_ = std::min(n_past_, std::max(0, n)); }
-    // Appends tokens at positions n_past.. and computes their logits (every row when all_rows,
-    // else the last): rows * n_vocab floats.
-    Status forward(std::span<const int32_t> tokens, bool all_rows, std::vector<float>* logits);
+    Backend& backend() const override { return model_.backend(); }
+    int n_vocab() const override { return model_.hparams().n_vocab; }
+    int n_ctx() const override { return model_.hparams().n_text_ctx; }
+    int max_batch() const override { return n_ctx(); }  // logits of max_logit_rows at most
+    int n_past() const override { return n_past_; }
+    void truncate(int n) override { n_past_ = std::min(n_past_, std::max(0, n)); }
+    Status record(const Tensor& ids, bool all_rows) override;
+    Tensor input_ids(int first, int count) const override;
+    Tensor logits(int rows) const override { return logits_.row_range(0, rows); }
     uint64_t forward_calls() const { return forward_calls_; }
 
   private:
