@@ -70,6 +70,15 @@ std::vector<uint8_t> random_bytes(GgmlType type, int64_t cols, int64_t rows, uin
     return out;
 }
 
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> out(n);
+    for (float& x : out)
+        x = dist(rng);
+    return out;
+}
+
 template <typename T>
 std::vector<uint8_t> as_bytes(const std::vector<T>& v) {
     std::vector<uint8_t> b(v.size() * sizeof(T));
@@ -531,6 +540,40 @@ TEST(CpuOps, AttentionOverFixedKeysByItsDefinition) {
                 want += w[t] / sum * vs[size_t(t * 4 + d)];
             EXPECT_NEAR(got[size_t(r * 4 + d)], want, 1e-5) << "row " << r << " dim " << d;
         }
+    }
+}
+
+// The cpu takes rows of a head in blocks where every row sees the same keys: a row's result is
+// bit for bit what it is alone (the verification batch of a Whisper decoder's cross-attention
+// must not change its logits), for heads of whole vectors and of a vector and a tail.
+TEST(CpuOps, AttentionOverFixedKeysIsTheSameForARowAloneAndInABlock) {
+    auto cpu = create_cpu_backend(2);
+    CpuTensors make(*cpu);
+    for (int head_dim : {64, 40}) {
+        SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+        const int n_head = 2, width = n_head * head_dim, n = 13, keys = 300;
+        const std::vector<float> qs = random_floats(size_t(width) * n, 21);
+        const std::vector<float> ks = random_floats(size_t(width) * keys, 22);
+        const std::vector<float> vs = random_floats(size_t(width) * keys, 23);
+        const Tensor q = make(width, n, &qs), k = make(width, keys, &ks),
+                     v = make(width, keys, &vs), out = make(width, n, nullptr);
+        Backend::Attention a{.q = q,
+                             .k = k,
+                             .v = v,
+                             .out = out,
+                             .n_head = n_head,
+                             .n_head_kv = n_head,
+                             .head_dim = head_dim,
+                             .scale = 0.125f,
+                             .n_keys = keys};
+        cpu->attention(a);
+        const std::vector<float> together = read_floats(*cpu, out);
+        for (int r = 0; r < n; ++r) {
+            a.q = q.row_range(r, 1);
+            a.out = out.row_range(r, 1);
+            cpu->attention(a);
+        }
+        EXPECT_EQ(read_floats(*cpu, out), together);
     }
 }
 

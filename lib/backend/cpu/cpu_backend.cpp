@@ -27,6 +27,11 @@ namespace specula {
 
 namespace {
 
+// Rows of one head an attention job takes where every row sees the same keys: enough that a
+// key or value, read once, serves several queries, few enough that 1500 rows of a few heads
+// still make jobs for every thread.
+constexpr int64_t kAttentionRowBlock = 8;
+
 class CpuBuffer final : public Buffer {
   public:
     // Zero-filled; check allocated() (a nothrow allocation: an exception, or a sanitizer
@@ -229,23 +234,47 @@ class CpuBackend final : public Backend {
     }
 
     void attention(const Attention& a) override {
-        // A job is a query row and a key/value head, with the query heads that share it.
+        // A job is a query row and a key/value head, with the query heads that share it; where
+        // every row sees the same keys (the encoder, cross-attention) and heads are not shared,
+        // a block of rows of one head, so that each key and value is read once for the block.
         const int group = a.n_head / a.n_head_kv;
+        const bool blocks = a.n_keys > 0 && group == 1;
+        const int64_t rows_per_job = blocks ? kAttentionRowBlock : 1;
+        const int64_t row_jobs = (a.q.rows + rows_per_job - 1) / rows_per_job;
         parallel_for(
-            size_t(a.q.rows) * size_t(a.n_head_kv),
-            size_t(a.head_dim) * size_t(a.keys_seen(a.q.rows - 1)) * 2 * size_t(group),
+            size_t(row_jobs) * size_t(a.n_head_kv),
+            size_t(a.head_dim) * size_t(a.keys_seen(a.q.rows - 1)) * 2 * size_t(group) *
+                size_t(rows_per_job),
             [&](size_t begin, size_t end) {
-                thread_local std::vector<float> scores;
+                thread_local std::vector<float> scores, queries, outs;
                 for (size_t job = begin; job < end; ++job) {
-                    const int64_t i = int64_t(job) / a.n_head_kv;
+                    const int64_t i = int64_t(job / size_t(a.n_head_kv)) * rows_per_job;
                     const int kv_head = int(job % size_t(a.n_head_kv));
                     const int n_keys = a.keys_seen(i);
-                    scores.resize(size_t(group) * size_t(n_keys));
                     const int64_t head = int64_t(kv_head) * a.head_dim;
-                    const int64_t first = head * group;
-                    cpu::attend(row_f32(a.q, i) + first, group, f32(a.k) + head, a.k.cols,
-                                f32(a.v) + head, a.v.cols, n_keys, a.head_dim, a.scale,
-                                scores.data(), f32(a.out) + i * a.out.cols + first);
+                    const float* k = f32(a.k) + head;
+                    const float* v = f32(a.v) + head;
+                    if (!blocks) {
+                        scores.resize(size_t(group) * size_t(n_keys));
+                        const int64_t first = head * group;
+                        cpu::attend(row_f32(a.q, i) + first, group, k, a.k.cols, v, a.v.cols,
+                                    n_keys, a.head_dim, a.scale, scores.data(),
+                                    f32(a.out) + i * a.out.cols + first);
+                        continue;
+                    }
+                    // The block's queries side by side, as attend() takes them, and back.
+                    const int rows = int(std::min(rows_per_job, a.q.rows - i));
+                    const auto dim = size_t(a.head_dim);
+                    scores.resize(size_t(rows) * size_t(n_keys));
+                    queries.resize(size_t(rows) * dim);
+                    outs.resize(size_t(rows) * dim);
+                    for (int r = 0; r < rows; ++r)
+                        std::copy_n(row_f32(a.q, i + r) + head, dim, &queries[size_t(r) * dim]);
+                    cpu::attend(queries.data(), rows, k, a.k.cols, v, a.v.cols, n_keys, a.head_dim,
+                                a.scale, scores.data(), outs.data());
+                    for (int r = 0; r < rows; ++r)
+                        std::copy_n(&outs[size_t(r) * dim], dim,
+                                    f32(a.out) + (i + r) * a.out.cols + head);
                 }
             },
             /*uneven=*/a.n_keys == 0);

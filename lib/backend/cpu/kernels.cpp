@@ -614,9 +614,62 @@ void SiluTimes(const float* gate, const float* up, float* out, int64_t n) {
     });
 }
 
+// out[c] = sum over keys t of p[c][t] * v[t] / sums[c] for Q queries: each value vector is loaded
+// once for all of them, two vectors of a row at a time (2Q independent chains). Every output
+// element is one chain of fma in key order, whatever Q, so a query's result does not depend on
+// the others in its block.
+template <int Q>
+void WeighValues(const float* p, const float* sums, int n_keys, const float* v, int64_t v_stride,
+                 int head_dim, float* out) {
+    const DF d;
+    int64_t j = 0;
+    for (; j + 2 * kLanes <= head_dim; j += 2 * kLanes) {
+        VF a0[Q], a1[Q];
+        for (int c = 0; c < Q; ++c)
+            a0[c] = a1[c] = hn::Zero(d);
+        for (int t = 0; t < n_keys; ++t) {
+            const VF v0 = hn::LoadU(d, v + t * v_stride + j);
+            const VF v1 = hn::LoadU(d, v + t * v_stride + j + kLanes);
+            for (int c = 0; c < Q; ++c) {
+                const VF w = hn::Set(d, p[c * n_keys + t]);
+                a0[c] = hn::MulAdd(w, v0, a0[c]);
+                a1[c] = hn::MulAdd(w, v1, a1[c]);
+            }
+        }
+        for (int c = 0; c < Q; ++c) {
+            hn::StoreU(hn::Div(a0[c], hn::Set(d, sums[c])), d, out + c * head_dim + j);
+            hn::StoreU(hn::Div(a1[c], hn::Set(d, sums[c])), d, out + c * head_dim + j + kLanes);
+        }
+    }
+    for (; j + kLanes <= head_dim; j += kLanes) {
+        VF a[Q];
+        for (int c = 0; c < Q; ++c)
+            a[c] = hn::Zero(d);
+        for (int t = 0; t < n_keys; ++t) {
+            const VF v0 = hn::LoadU(d, v + t * v_stride + j);
+            for (int c = 0; c < Q; ++c)
+                a[c] = hn::MulAdd(hn::Set(d, p[c * n_keys + t]), v0, a[c]);
+        }
+        for (int c = 0; c < Q; ++c)
+            hn::StoreU(hn::Div(a[c], hn::Set(d, sums[c])), d, out + c * head_dim + j);
+    }
+    for (; j < head_dim; ++j) {
+        for (int c = 0; c < Q; ++c) {
+            float acc = 0.0f;
+            for (int t = 0; t < n_keys; ++t)
+                acc += p[c * n_keys + t] * v[t * v_stride + j];
+            out[c * head_dim + j] = acc / sums[c];
+        }
+    }
+}
+
+constexpr int kWeighQueries = 4;
+using Weigher = void (*)(const float*, const float*, int, const float*, int64_t, int, float*);
+constexpr std::array<Weigher, kWeighQueries> kWeighers = {&WeighValues<1>, &WeighValues<2>,
+                                                          &WeighValues<3>, &WeighValues<4>};
+
 void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
             int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out) {
-    const DF d;
     // Scores in tiles of keys x queries: every score is the same dot product whatever the
     // tile (Tile's promise), so a query's result does not depend on the others.
     for (int c0 = 0; c0 < n_queries; c0 += kTileCols) {
@@ -628,30 +681,23 @@ void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
                 q + c0 * head_dim, head_dim, scores + c0 * n_keys + t0, n_keys, false);
         }
     }
-    for (int c = 0; c < n_queries; ++c) {
-        float* s = scores + c * n_keys;
-        float max = -INFINITY;
-        for (int t = 0; t < n_keys; ++t)
-            max = std::max(max, s[t] *= scale);
-        MapPairs(s, s, s, n_keys,
-                 [max](DF dd, VF x, VF) { return hn::Exp(dd, hn::Sub(x, hn::Set(dd, max))); });
-        float sum = 0.0f;
-        for (int t = 0; t < n_keys; ++t)
-            sum += s[t];
-        float* o = out + c * head_dim;
-        int64_t j = 0;
-        for (; j + kLanes <= head_dim; j += kLanes) {
-            VF acc = hn::Zero(d);
+    std::array<float, kWeighQueries> sums{};
+    for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
+        const int queries = std::min(int(kWeighQueries), n_queries - c0);
+        for (int c = 0; c < queries; ++c) {
+            float* s = scores + (c0 + c) * n_keys;
+            float max = -INFINITY;
             for (int t = 0; t < n_keys; ++t)
-                acc = hn::MulAdd(hn::Set(d, s[t]), hn::LoadU(d, v + t * v_stride + j), acc);
-            hn::StoreU(hn::Div(acc, hn::Set(d, sum)), d, o + j);
-        }
-        for (; j < head_dim; ++j) {
-            float acc = 0.0f;
+                max = std::max(max, s[t] *= scale);
+            MapPairs(s, s, s, n_keys,
+                     [max](DF dd, VF x, VF) { return hn::Exp(dd, hn::Sub(x, hn::Set(dd, max))); });
+            float sum = 0.0f;
             for (int t = 0; t < n_keys; ++t)
-                acc += s[t] * v[t * v_stride + j];
-            o[j] = acc / sum;
+                sum += s[t];
+            sums[size_t(c)] = sum;
         }
+        kWeighers[size_t(queries - 1)](scores + c0 * n_keys, sums.data(), n_keys, v, v_stride,
+                                       head_dim, out + c0 * head_dim);
     }
 }
 

@@ -1,0 +1,128 @@
+// specula-bench-whisper: the cost of Whisper's parts on a model file, as whisper.cpp's
+// whisper-bench measures them, so the two compare on the same file: one encoder pass over a
+// window (the decoder layers' cross K/V included), 256 one-token decoder forwards at positions
+// 0..255, 64 forwards of 5 positions, 16 forwards of a 256-token prompt. The content does not
+// change the cost: the mel is silence and the tokens are fixed. Medians of --reps repetitions
+// after one warm-up; several backends given together are measured in one run.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "models/whisper.h"
+#include "specula.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace specula;
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct Times {
+    std::vector<double> encode, decode, batch5, prompt;  // ms per run, one entry per repetition
+};
+
+// One repetition: each part's ms per run.
+Status repetition(WhisperContext& ctx, const audio::LogMel& mel, int decode_tokens,
+                  std::vector<double>* out) {
+    std::vector<float> logits;
+    const std::vector<int32_t> tokens(256, ctx.model().tokens().sot);
+    auto t0 = Clock::now();
+    SPECULA_TRY(ctx.encode(mel, 0, ctx.window_frames()));
+    out->push_back(ms_since(t0));
+    t0 = Clock::now();
+    for (int i = 0; i < decode_tokens; ++i)
+        SPECULA_TRY(ctx.forward(std::span(tokens).first(1), false, &logits));
+    out->push_back(ms_since(t0) / decode_tokens);
+    t0 = Clock::now();
+    for (int i = 0; i < 64; ++i) {
+        ctx.truncate(0);
+        SPECULA_TRY(ctx.forward(std::span(tokens).first(5), true, &logits));
+    }
+    out->push_back(ms_since(t0) / 64);
+    t0 = Clock::now();
+    for (int i = 0; i < 16; ++i) {
+        ctx.truncate(0);
+        SPECULA_TRY(ctx.forward(tokens, false, &logits));
+    }
+    out->push_back(ms_since(t0) / 16);
+    return Status::Ok();
+}
+
+Status run(const std::string& path, specula_backend_kind kind, int threads, int reps,
+           Times* times) {
+    specula_backend_params bp = specula_backend_default_params();
+    bp.kind = kind;
+    bp.n_threads = threads;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<MappedFile> file;
+    std::unique_ptr<WhisperModel> model;
+    std::unique_ptr<WhisperContext> ctx;
+    SPECULA_TRY(create_backend(bp, &backend));
+    SPECULA_TRY(MappedFile::open(path, &file));
+    SPECULA_TRY(WhisperModel::load(*backend, std::move(file), nullptr, &model));
+    SPECULA_TRY(WhisperContext::create(*model, 5, &ctx));
+    const int decode_tokens = std::min(256, ctx->n_ctx());
+    audio::LogMel mel;
+    mel.n_mel = model->hparams().n_mels;
+    mel.n_frames = ctx->window_frames();
+    mel.data.assign(size_t(mel.n_mel) * size_t(mel.n_frames), -1.5f);  // silence, normalised
+    std::vector<double> ms;
+    SPECULA_TRY(repetition(*ctx, mel, decode_tokens, &ms));  // warm-up
+    for (int r = 0; r < reps; ++r) {
+        ms.clear();
+        SPECULA_TRY(repetition(*ctx, mel, decode_tokens, &ms));
+        times->encode.push_back(ms[0]);
+        times->decode.push_back(ms[1]);
+        times->batch5.push_back(ms[2]);
+        times->prompt.push_back(ms[3]);
+    }
+    return Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Whisper encoder and decoder costs on a model file (whisper-bench's workload)"};
+    std::string model;
+    std::vector<std::string> backends = {"cpu"};
+    int threads = 0, reps = 3;
+    app.add_option("-m,--model", model, "whisper.cpp model file (ggml-*.bin)")->required();
+    app.add_option("--backend", backends, "backends to measure (cpu, vulkan, cuda)")
+        ->delimiter(',');
+    app.add_option("-t,--threads", threads, "cpu threads (0: all cores)");
+    app.add_option("--reps", reps, "repetitions after a warm-up")->check(CLI::PositiveNumber);
+    CLI11_PARSE(app, argc, argv);
+
+    std::printf("| backend | encode ms | decode ms/token | batch of 5 ms | prompt of 256 ms |\n");
+    std::printf("|---|---|---|---|---|\n");
+    int failures = 0;
+    for (const std::string& name : backends) {
+        specula_backend_kind kind;
+        if (specula_backend_kind_from_name(name.c_str(), &kind) != SPECULA_OK) {
+            std::fprintf(stderr, "unknown backend '%s'\n", name.c_str());
+            return 2;
+        }
+        Times t;
+        const Status s = run(model, kind, threads, reps, &t);
+        if (!s.ok()) {
+            std::fprintf(stderr, "%s: %s\n", name.c_str(), s.message().c_str());
+            ++failures;
+            continue;
+        }
+        std::printf("| %s | %.1f | %.2f | %.2f | %.1f |\n", name.c_str(), median(t.encode),
+                    median(t.decode), median(t.batch5), median(t.prompt));
+    }
+    return failures == 0 ? 0 : 1;
+}
