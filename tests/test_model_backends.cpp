@@ -66,21 +66,29 @@ TEST_P(ModelOnBackend, LogitsMatchTheCpu) {
 TEST_P(ModelOnBackend, BatchInvariance) {
     SPECULA_BACKEND_OR_SKIP(gpu, GetParam().kind);
     auto m = load(*gpu, model_file(GetParam().type));
-    std::unique_ptr<LlamaContext> one, batch;
-    ASSERT_TRUE(LlamaContext::create(*m, 64, 16, &one).ok());
-    ASSERT_TRUE(LlamaContext::create(*m, 64, 16, &batch).ok());
-    std::vector<float> sequential, logits;
-    for (int32_t t : kTokens) {
-        ASSERT_TRUE(one->forward(std::span(&t, 1), true, &logits).ok());
-        sequential.insert(sequential.end(), logits.begin(), logits.end());
+    constexpr int kWidest = SPECULA_MAX_GAMMA + 1;  // the last token and every draft
+    std::vector<int32_t> tokens(2 + kWidest);
+    for (size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = kTokens[i % kTokens.size()] + int32_t(i);
+    // A prefix of 2, then a verification batch of 8, or the widest one.
+    for (int width : {8, kWidest}) {
+        SCOPED_TRACE("batch of " + std::to_string(width));
+        const auto used = std::span(tokens).first(size_t(2 + width));
+        std::unique_ptr<LlamaContext> one, batch;
+        ASSERT_TRUE(LlamaContext::create(*m, 64, kWidest, &one).ok());
+        ASSERT_TRUE(LlamaContext::create(*m, 64, kWidest, &batch).ok());
+        std::vector<float> sequential, logits;
+        for (int32_t t : used) {
+            ASSERT_TRUE(one->forward(std::span(&t, 1), true, &logits).ok());
+            sequential.insert(sequential.end(), logits.begin(), logits.end());
+        }
+        std::vector<float> head, tail;
+        ASSERT_TRUE(batch->forward(used.first(2), true, &head).ok());
+        ASSERT_TRUE(batch->forward(used.subspan(2), true, &tail).ok());
+        head.insert(head.end(), tail.begin(), tail.end());
+        ASSERT_EQ(head.size(), sequential.size());
+        EXPECT_EQ(std::memcmp(head.data(), sequential.data(), head.size() * sizeof(float)), 0);
     }
-    // A prefix of 2, then a verification-sized batch of 8.
-    std::vector<float> head, tail;
-    ASSERT_TRUE(batch->forward(std::span(kTokens).first(2), true, &head).ok());
-    ASSERT_TRUE(batch->forward(std::span(kTokens).subspan(2, 8), true, &tail).ok());
-    head.insert(head.end(), tail.begin(), tail.end());
-    ASSERT_EQ(head.size(), sequential.size());
-    EXPECT_EQ(std::memcmp(head.data(), sequential.data(), head.size() * sizeof(float)), 0);
 }
 
 std::vector<specula_backend_kind> gpu_kinds() {

@@ -41,6 +41,7 @@ Status repetition(WhisperContext& ctx, const audio::LogMel& mel, int decode_toke
     auto t0 = Clock::now();
     SPECULA_TRY(ctx.encode(mel, 0, ctx.window_frames()));
     out->push_back(ms_since(t0));
+    if (decode_tokens == 0) return Status::Ok();  // the encoder only
     t0 = Clock::now();
     for (int i = 0; i < decode_tokens; ++i)
         SPECULA_TRY(ctx.forward(std::span(tokens).first(1), false, &logits));
@@ -61,7 +62,7 @@ Status repetition(WhisperContext& ctx, const audio::LogMel& mel, int decode_toke
 }
 
 Status run(const std::string& path, specula_backend_kind kind, int threads, int reps,
-           Times* times) {
+           bool encoder_only, Times* times) {
     specula_backend_params bp = specula_backend_default_params();
     bp.kind = kind;
     bp.n_threads = threads;
@@ -73,7 +74,7 @@ Status run(const std::string& path, specula_backend_kind kind, int threads, int 
     SPECULA_TRY(MappedFile::open(path, &file));
     SPECULA_TRY(WhisperModel::load(*backend, std::move(file), nullptr, &model));
     SPECULA_TRY(WhisperContext::create(*model, 5, &ctx));
-    const int decode_tokens = std::min(256, ctx->n_ctx());
+    const int decode_tokens = encoder_only ? 0 : std::min(256, ctx->n_ctx());
     audio::LogMel mel;
     mel.n_mel = model->hparams().n_mels;
     mel.n_frames = ctx->window_frames();
@@ -84,6 +85,7 @@ Status run(const std::string& path, specula_backend_kind kind, int threads, int 
         ms.clear();
         SPECULA_TRY(repetition(*ctx, mel, decode_tokens, &ms));
         times->encode.push_back(ms[0]);
+        if (encoder_only) continue;
         times->decode.push_back(ms[1]);
         times->batch5.push_back(ms[2]);
         times->prompt.push_back(ms[3]);
@@ -98,11 +100,13 @@ int main(int argc, char** argv) {
     std::string model;
     std::vector<std::string> backends = {"cpu"};
     int threads = 0, reps = 3;
+    bool encoder_only = false;
     app.add_option("-m,--model", model, "whisper.cpp model file (ggml-*.bin)")->required();
     app.add_option("--backend", backends, "backends to measure (cpu, vulkan, cuda)")
         ->delimiter(',');
     app.add_option("-t,--threads", threads, "cpu threads (0: all cores)");
     app.add_option("--reps", reps, "repetitions after a warm-up")->check(CLI::PositiveNumber);
+    app.add_flag("--encoder-only", encoder_only, "measure the encoder alone (slow devices)");
     CLI11_PARSE(app, argc, argv);
 
     std::printf("| backend | encode ms | decode ms/token | batch of 5 ms | prompt of 256 ms |\n");
@@ -115,7 +119,7 @@ int main(int argc, char** argv) {
             return 2;
         }
         Times t;
-        const Status s = run(model, kind, threads, reps, &t);
+        const Status s = run(model, kind, threads, reps, encoder_only, &t);
         if (!s.ok()) {
             std::fprintf(stderr, "%s: %s\n", name.c_str(), s.message().c_str());
             ++failures;

@@ -122,6 +122,12 @@ SPECULA_ABI_UINT(kF16BlockBytes, 64u)
 SPECULA_ABI_UINT(kQ8_0BlockBytes, 34u)
 SPECULA_ABI_UINT(kQ4_0BlockBytes, 18u)
 
+// The many-column matmul (shaders/matmul_tiled.comp): tiles of kMatmulTile rows x kMatmulTile
+// columns, kMatmulTileThreads threads each computing (kMatmulTile / kMatmulTileStep)^2 outputs.
+SPECULA_ABI_UINT(kMatmulTile, 64u)
+SPECULA_ABI_UINT(kMatmulTileStep, 16u)
+SPECULA_ABI_UINT(kMatmulTileThreads, 256u)
+
 #if defined(__cplusplus)
 }  // namespace specula::shared
 #endif

@@ -377,6 +377,9 @@ struct PushConstants {
 constexpr uint32_t kBindings = 6;
 
 constexpr uint32_t kMaxBatchColumns = 16;  // the widest N of shaders/matmul.comp
+// The widest batch that must be batch invariant: a verification forward (the last committed
+// token and up to SPECULA_MAX_GAMMA drafts). Wider ones may take the tiled matmul.
+constexpr int64_t kVerificationColumns = SPECULA_MAX_GAMMA + 1;
 constexpr uint32_t kMatmulThreads = 128;
 constexpr size_t kStagingBytes = 16u << 20;
 constexpr uint32_t kSetsPerPool = 1024;
@@ -461,6 +464,7 @@ class VulkanBackend final : public Backend {
         fuse_norm_ = env_is("SPECULA_VULKAN_FUSED_NORM", "1") ||
                      (!env_is("SPECULA_VULKAN_FUSED_NORM", "0") && !info_.is_software);
         fuse_rope_ = !env_is("SPECULA_VULKAN_FUSED_ROPE", "0");
+        tiled_ = !env_is("SPECULA_VULKAN_TILED", "0");
         if (phys.timestamps) {
             VkQueryPoolCreateInfo qpi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
             qpi.queryType = VK_QUERY_TYPE_TIMESTAMP;
@@ -650,11 +654,16 @@ class VulkanBackend final : public Backend {
         dispatch("rms_norm", {&x, &weight, &out}, kWrites2, pc, uint32_t(x.rows), {threads, 1, 1});
     }
 
+    // Wider than a verification batch: the tiled matmul takes it, which has no fused norm,
+    // rotation or gate (those ops then run on their own: a weight read once per 64 columns is
+    // worth the extra dispatches).
+    bool wide(const Tensor& x) const { return tiled_ && x.rows > kVerificationColumns; }
+
     // The matmul shader norms its input as it reads it (NORMED): the norm is left pending where
     // it can (f32 weight, 16-byte aligned like x).
     MatmulInput normed(const Tensor& x, const Tensor& weight, float eps,
                        const Tensor& out) override {
-        if (!fuse_norm_ || weight.type != GgmlType::kF32 || weight.offset % 16 != 0 ||
+        if (!fuse_norm_ || wide(x) || weight.type != GgmlType::kF32 || weight.offset % 16 != 0 ||
             x.offset % 16 != 0 || x.cols % 32 != 0)
             return Backend::normed(x, weight, eps, out);
         MatmulInput in(x);
@@ -673,7 +682,8 @@ class VulkanBackend final : public Backend {
     // straddle a group: heads of an even size.
     void matmul_rope(const Tensor& w, const MatmulInput& x, const Tensor& out,
                      const Rope& rope) override {
-        if (!fuse_rope_ || rope.head_dim % 2 != 0) return Backend::matmul_rope(w, x, out, rope);
+        if (!fuse_rope_ || wide(x.x) || rope.head_dim % 2 != 0)
+            return Backend::matmul_rope(w, x, out, rope);
         matmul_shader(w, nullptr, &rope, x, out, Accumulate::kNo);
     }
 
@@ -681,7 +691,8 @@ class VulkanBackend final : public Backend {
     // both matrices have one type and shape (mixed-type files take the three ops).
     void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& x,
                       const Tensor& out, const Tensor& up) override {
-        if (w_up.type != w_gate.type || w_up.cols != w_gate.cols || w_up.rows != w_gate.rows)
+        if (wide(x.x) || w_up.type != w_gate.type || w_up.cols != w_gate.cols ||
+            w_up.rows != w_gate.rows)
             return Backend::matmul_gated(w_gate, w_up, x, out, up);
         matmul_shader(w_gate, &w_up, nullptr, x, out, Accumulate::kNo);
     }
@@ -704,8 +715,28 @@ class VulkanBackend final : public Backend {
         // Sums over subgroups where a row's threads fill whole ones (also from the row length
         // and the device alone).
         const uint32_t subgroup = per_row >= phys_.fixed_subgroup ? phys_.fixed_subgroup : 0;
-        // Batches wider than the shader's column limit go in slices; each column's result is
-        // computed the same way in any slice, so this keeps batch invariance.
+        // Batches wider than the verification batch, plain products only: the tiled shader,
+        // which reads each weight once per 64 columns (its sums are in another order).
+        if (wide(x) && gated_by == nullptr && rope == nullptr && norm == nullptr) {
+            static_assert(shared::kMatmulTileThreads == 4 * shared::kMatmulTile &&
+                          shared::kMatmulTileThreads ==
+                              shared::kMatmulTileStep * shared::kMatmulTileStep);
+            const uint32_t row_tiles =
+                uint32_t((w.rows + shared::kMatmulTile - 1) / shared::kMatmulTile);
+            const uint32_t col_tiles =
+                uint32_t((x.rows + shared::kMatmulTile - 1) / shared::kMatmulTile);
+            PushConstants pc;
+            pc.u[0] = uint32_t(w.cols);
+            pc.u[1] = uint32_t(w.rows);
+            pc.u[2] = uint32_t(x.rows);
+            pc.u[3] = uint32_t(out.cols);
+            pc.u[4] = accumulate == Accumulate::kYes ? 1 : 0;
+            pc.u[5] = row_tiles;
+            return dispatch_typed("matmul_tiled", w.type, {&w, &x, &out}, kWrites2, pc,
+                                  row_tiles * col_tiles, {shared::kMatmulTileThreads});
+        }
+        // Otherwise batches wider than the shader's column limit go in slices; each column's
+        // result is computed the same way in any slice, so this keeps batch invariance.
         for (int64_t c0 = 0; c0 < x.rows; c0 += kMaxBatchColumns) {
             const int64_t n = std::min<int64_t>(kMaxBatchColumns, x.rows - c0);
             const Tensor xs = x.row_range(c0, n), os = out.row_range(c0, n);
@@ -1238,6 +1269,7 @@ class VulkanBackend final : public Backend {
     std::vector<VkBuffer> read_since_barrier_, written_since_barrier_;
     bool barrier_every_dispatch_ = false;
     bool fuse_norm_ = true;
+    bool tiled_ = true;  // the many-column matmul (SPECULA_VULKAN_TILED=0: slices of 16)
     bool fuse_rope_ = true;
     Status pending_;
     bool lost_ = false;
