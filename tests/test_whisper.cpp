@@ -175,13 +175,14 @@ namespace {
 
 // A random English-only model with 1.28 s windows (n_audio_ctx 64). Each test writes its own:
 // ctest runs tests as parallel processes, and rewriting a file another has mapped kills it.
-std::string small_whisper(uint64_t seed = 9) {
-    const std::string path = (test::temp_dir() / "asr-small-en-").string() +
-                             testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
-                             std::to_string(seed) + ".bin";
+std::string small_whisper(uint64_t seed = 9, bool english = true) {
+    const std::string path =
+        (test::temp_dir() / (english ? "asr-small-en-" : "asr-small-")).string() +
+        testing::UnitTest::GetInstance()->current_test_info()->name() + "-" + std::to_string(seed) +
+        ".bin";
     if (std::filesystem::exists(path)) return path;
     RandomWhisperSpec spec;
-    EXPECT_TRUE(whisper_shape("tiny", true, &spec.hparams).ok());
+    EXPECT_TRUE(whisper_shape("tiny", english, &spec.hparams).ok());
     spec.hparams.n_audio_ctx = 64;
     spec.hparams.n_text_ctx = 64;
     spec.hparams.n_audio_state = spec.hparams.n_text_state = 64;
@@ -268,6 +269,43 @@ TEST(WhisperTranscribe, VulkanGivesTheCpusSegments) {
         EXPECT_EQ(cpu.segments[i].t1_ms, vulkan.segments[i].t1_ms);
     }
     EXPECT_EQ(cpu.stats.tokens, vulkan.stats.tokens);
+}
+
+// A multilingual model asked to detect the language takes the language token the model finds
+// most likely after <|startoftranscript|> on the first window, computed here from the logits.
+TEST(WhisperTranscribe, TheDetectedLanguageIsTheMostLikelyLanguageToken) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_TRUE(backend) << why;
+    std::unique_ptr<MappedFile> file;
+    ASSERT_TRUE(MappedFile::open(small_whisper(9, false), &file).ok());
+    std::unique_ptr<WhisperModel> model;
+    ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &model).ok());
+    const WhisperTokens& t = model->tokens();
+    ASSERT_TRUE(t.multilingual);
+    std::unique_ptr<WhisperContext> ctx;
+    ASSERT_TRUE(WhisperContext::create(*model, 1, &ctx).ok());
+    const std::vector<float> audio = chirp(1.0);  // shorter than a window
+
+    audio::LogMel mel;
+    ASSERT_TRUE(audio::log_mel(audio, model->mel_filters(), &mel).ok());
+    const int content = mel.n_frames - audio::kWhisperChunkFrames;
+    ASSERT_TRUE(ctx->encode(mel, 0, std::min(content, ctx->window_frames())).ok());
+    std::vector<float> logits, probs;
+    ASSERT_TRUE(ctx->forward(std::span(&t.sot, 1), false, &logits).ok());
+    const auto first = logits.begin() + t.language(0);
+    const int expected = int(std::max_element(first, first + t.n_languages) - first);
+    ASSERT_TRUE(asr::detect_language(*ctx, &probs).ok());
+    ASSERT_EQ(int(probs.size()), t.n_languages);
+    EXPECT_NEAR(std::accumulate(probs.begin(), probs.end(), 0.0), 1.0, 1e-5);
+    EXPECT_EQ(int(std::max_element(probs.begin(), probs.end()) - probs.begin()), expected);
+
+    asr::TranscribeParams p;
+    p.language = -1;
+    std::vector<asr::Segment> segments;
+    asr::TranscribeStats stats;
+    ASSERT_TRUE(asr::transcribe(*ctx, audio, p, &segments, &stats).ok());
+    EXPECT_EQ(stats.language, expected) << kWhisperLanguages[size_t(expected)];
 }
 
 // The Generator drives any Decoder: a Whisper decoder drafted by another (after both encoded

@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "format/quant.h"
+#include "models/buffer_plan.h"
 
 namespace specula {
 
@@ -135,59 +136,30 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     return Status::Ok();
 }
 
-Status LlamaContext::allocate(Tensor* t, GgmlType type, int64_t cols, int64_t rows) {
-    *t = Tensor{nullptr, 0, type, cols, rows};
-    std::unique_ptr<Buffer> buffer;
-    SPECULA_TRY(model_.backend_.allocate(t->bytes(), &buffer));
-    t->buffer = buffer.get();
-    buffers_.push_back(std::move(buffer));
-    return Status::Ok();
-}
-
 Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batch,
                             std::unique_ptr<LlamaContext>* out) {
     if (n_ctx <= 0) return InvalidArgument("context length out of range");
     if (max_batch <= 0 || max_batch > 4096) return InvalidArgument("batch size out of range");
     const LlamaConfig& c = model.config();
     std::unique_ptr<LlamaContext> ctx(new LlamaContext(model));
-    // Every buffer, listed once: summed against what the backend can give, then allocated.
-    struct Planned {
-        Tensor* tensor;
-        GgmlType type;
-        int64_t cols, rows;
-    };
-    std::vector<Planned> plan;
+    BufferPlan plan;
     ctx->k_cache_.resize(size_t(c.n_layer));
     ctx->v_cache_.resize(size_t(c.n_layer));
     for (int l = 0; l < c.n_layer; ++l) {
-        plan.push_back({&ctx->k_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx});
-        plan.push_back({&ctx->v_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx});
+        plan.add(&ctx->k_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx);
+        plan.add(&ctx->v_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx);
     }
     const int64_t b = max_batch;
-    plan.insert(plan.end(), {{&ctx->rope_table_, GgmlType::kF32, c.n_rot, n_ctx},
-                             {&ctx->ids_, GgmlType::kI32, b, 1},
-                             {&ctx->positions_, GgmlType::kI32, b, 1},
-                             {&ctx->x_, GgmlType::kF32, c.n_embd, b},
-                             {&ctx->norm_, GgmlType::kF32, c.n_embd, b},
-                             {&ctx->q_, GgmlType::kF32, c.n_embd, b},
-                             {&ctx->attn_, GgmlType::kF32, c.n_embd, b},
-                             {&ctx->gate_, GgmlType::kF32, c.n_ff, b},
-                             {&ctx->up_, GgmlType::kF32, c.n_ff, b},
-                             {&ctx->logits_, GgmlType::kF32, c.n_vocab, b}});
-    uint64_t need = 0;
-    for (const Planned& t : plan)
-        need += Tensor{nullptr, 0, t.type, t.cols, t.rows}.bytes();
-    const uint64_t available = model.backend_.available_memory();
-    constexpr double kMiB = 1024.0 * 1024.0;
-    if (available != 0 && need > available) {
-        char what[192];
-        std::snprintf(what, sizeof what,
-                      "a context of %lld tokens needs %.1f MiB; the %s backend can give %.1f MiB",
-                      static_cast<long long>(n_ctx), double(need) / kMiB,
-                      specula_backend_kind_name(model.backend_.info().kind),
-                      double(available) / kMiB);
-        return OutOfMemory(what);
-    }
+    plan.add(&ctx->rope_table_, GgmlType::kF32, c.n_rot, n_ctx);
+    plan.add(&ctx->ids_, GgmlType::kI32, b, 1);
+    plan.add(&ctx->positions_, GgmlType::kI32, b, 1);
+    for (Tensor* t : {&ctx->x_, &ctx->norm_, &ctx->q_, &ctx->attn_})
+        plan.add(t, GgmlType::kF32, c.n_embd, b);
+    plan.add(&ctx->gate_, GgmlType::kF32, c.n_ff, b);
+    plan.add(&ctx->up_, GgmlType::kF32, c.n_ff, b);
+    plan.add(&ctx->logits_, GgmlType::kF32, c.n_vocab, b);
+    SPECULA_TRY(
+        plan.check_fits(model.backend_, "a context of " + std::to_string(n_ctx) + " tokens"));
     if (n_ctx > kMaxContext)
         return InvalidArgument("context length " + std::to_string(n_ctx) + " is above the " +
                                std::to_string(kMaxContext) + " positions supported");
@@ -198,9 +170,8 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
                                   ": positions beyond it are untrained");
     ctx->n_ctx_ = int(n_ctx);
     ctx->max_batch_ = max_batch;
-    ctx->memory_bytes_ = need;
-    for (const Planned& t : plan)
-        SPECULA_TRY(ctx->allocate(t.tensor, t.type, t.cols, t.rows));
+    ctx->memory_bytes_ = plan.bytes();
+    SPECULA_TRY(plan.allocate(model.backend_, &ctx->buffers_));
     const std::vector<float> table = rope_table(int(n_ctx), c.n_rot, c.rope_base);
     model.backend_.upload(ctx->rope_table_, table.data());
     *out = std::move(ctx);

@@ -95,7 +95,6 @@ class LlamaContext final : public Decoder {
 
   private:
     explicit LlamaContext(const LlamaModel& model) : model_(model) {}
-    Status allocate(Tensor* t, GgmlType type, int64_t cols, int64_t rows);
 
     const LlamaModel& model_;
     int n_ctx_ = 0, max_batch_ = 0, n_past_ = 0;

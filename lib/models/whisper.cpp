@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "format/quant.h"
+#include "models/buffer_plan.h"
 
 namespace specula {
 
@@ -146,15 +147,6 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     return Status::Ok();
 }
 
-Status WhisperContext::allocate(Tensor* t, int64_t cols, int64_t rows, GgmlType type) {
-    *t = Tensor{nullptr, 0, type, cols, rows};
-    std::unique_ptr<Buffer> buffer;
-    SPECULA_TRY(model_.backend_.allocate(t->bytes(), &buffer));
-    t->buffer = buffer.get();
-    buffers_.push_back(std::move(buffer));
-    return Status::Ok();
-}
-
 Status WhisperContext::create(const WhisperModel& model, int max_logit_rows,
                               std::unique_ptr<WhisperContext>* out) {
     const WhisperHparams& h = model.hparams();
@@ -164,53 +156,35 @@ Status WhisperContext::create(const WhisperModel& model, int max_logit_rows,
     c->max_logit_rows_ = max_logit_rows;
     const int64_t w = h.n_audio_state, frames = 2 * int64_t(h.n_audio_ctx);
     const int64_t audio = h.n_audio_ctx, text = h.n_text_ctx;
-    struct Planned {
-        Tensor* t;
-        int64_t cols, rows;
-        GgmlType type = GgmlType::kF32;
+    BufferPlan plan;
+    const auto f32 = [&](Tensor* t, int64_t cols, int64_t rows) {
+        plan.add(t, GgmlType::kF32, cols, rows);
     };
-    std::vector<Planned> plan = {
-        {&c->mel_, h.n_mels, frames},
-        {&c->cols1_, model.conv1_.w.cols, frames},
-        {&c->conv1_out_, w, frames},
-        {&c->cols2_, model.conv2_.w.cols, audio},
-        {&c->enc_x_, w, audio},
-        {&c->enc_h_, w, audio},
-        {&c->enc_q_, w, audio},
-        {&c->enc_k_, w, audio},
-        {&c->enc_v_, w, audio},
-        {&c->enc_a_, w, audio},
-        {&c->enc_f_, 4 * w, audio},
-        {&c->enc_out_, w, audio},
-        {&c->ids_, text, 1, GgmlType::kI32},
-        {&c->positions_, text, 1, GgmlType::kI32},
-        {&c->x_, w, text},
-        {&c->pos_rows_, w, text},
-        {&c->h_, w, text},
-        {&c->q_, w, text},
-        {&c->a_, w, text},
-        {&c->f_, 4 * w, text},
-        {&c->logits_, h.n_vocab, max_logit_rows},
-    };
+    f32(&c->mel_, h.n_mels, frames);
+    f32(&c->cols1_, model.conv1_.w.cols, frames);
+    f32(&c->conv1_out_, w, frames);
+    f32(&c->cols2_, model.conv2_.w.cols, audio);
+    for (Tensor* t :
+         {&c->enc_x_, &c->enc_h_, &c->enc_q_, &c->enc_k_, &c->enc_v_, &c->enc_a_, &c->enc_out_})
+        f32(t, w, audio);
+    f32(&c->enc_f_, 4 * w, audio);
+    plan.add(&c->ids_, GgmlType::kI32, text, 1);
+    plan.add(&c->positions_, GgmlType::kI32, text, 1);
+    for (Tensor* t : {&c->x_, &c->pos_rows_, &c->h_, &c->q_, &c->a_})
+        f32(t, w, text);
+    f32(&c->f_, 4 * w, text);
+    f32(&c->logits_, h.n_vocab, max_logit_rows);
     const auto layers = size_t(h.n_text_layer);
     for (auto* v : {&c->cross_k_, &c->cross_v_, &c->k_cache_, &c->v_cache_})
         v->resize(layers);
     for (size_t l = 0; l < layers; ++l) {
-        plan.push_back({&c->cross_k_[l], w, audio});
-        plan.push_back({&c->cross_v_[l], w, audio});
-        plan.push_back({&c->k_cache_[l], w, text});
-        plan.push_back({&c->v_cache_[l], w, text});
+        f32(&c->cross_k_[l], w, audio);
+        f32(&c->cross_v_[l], w, audio);
+        f32(&c->k_cache_[l], w, text);
+        f32(&c->v_cache_[l], w, text);
     }
-    uint64_t need = 0;
-    for (const Planned& p : plan)
-        need += Tensor{nullptr, 0, p.type, p.cols, p.rows}.bytes();
-    const uint64_t available = model.backend_.available_memory();
-    if (available != 0 && need > available)
-        return OutOfMemory("a Whisper context needs " + std::to_string(need >> 20) +
-                           " MiB; the backend can give " + std::to_string(available >> 20) +
-                           " MiB");
-    for (const Planned& p : plan)
-        SPECULA_TRY(c->allocate(p.t, p.cols, p.rows, p.type));
+    SPECULA_TRY(plan.check_fits(model.backend_, "a Whisper context"));
+    SPECULA_TRY(plan.allocate(model.backend_, &c->buffers_));
     *out = std::move(c);
     return Status::Ok();
 }

@@ -122,7 +122,6 @@ class WhisperContext final : public Decoder {
 
   private:
     explicit WhisperContext(const WhisperModel& model) : model_(model) {}
-    Status allocate(Tensor* t, int64_t cols, int64_t rows, GgmlType type = GgmlType::kF32);
     void block(const WhisperModel::Block& b, const Tensor& x, int n, bool decoder, int layer);
 
     const WhisperModel& model_;

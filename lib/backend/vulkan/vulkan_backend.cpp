@@ -464,7 +464,10 @@ class VulkanBackend final : public Backend {
         fuse_norm_ = env_is("SPECULA_VULKAN_FUSED_NORM", "1") ||
                      (!env_is("SPECULA_VULKAN_FUSED_NORM", "0") && !info_.is_software);
         fuse_rope_ = !env_is("SPECULA_VULKAN_FUSED_ROPE", "0");
-        tiled_ = !env_is("SPECULA_VULKAN_TILED", "0");
+        // The tiled matmul on GPUs; on llvmpipe (which runs a workgroup's barriers as switches
+        // between its threads) a tiny-shaped encoder took 1.2x as long as with slices of 16.
+        tiled_ = env_is("SPECULA_VULKAN_TILED", "1") ||
+                 (!env_is("SPECULA_VULKAN_TILED", "0") && !info_.is_software);
         if (phys.timestamps) {
             VkQueryPoolCreateInfo qpi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
             qpi.queryType = VK_QUERY_TYPE_TIMESTAMP;
@@ -1269,7 +1272,7 @@ class VulkanBackend final : public Backend {
     std::vector<VkBuffer> read_since_barrier_, written_since_barrier_;
     bool barrier_every_dispatch_ = false;
     bool fuse_norm_ = true;
-    bool tiled_ = true;  // the many-column matmul (SPECULA_VULKAN_TILED=0: slices of 16)
+    bool tiled_ = true;  // the many-column matmul (SPECULA_VULKAN_TILED=0|1 forces)
     bool fuse_rope_ = true;
     Status pending_;
     bool lost_ = false;
