@@ -271,6 +271,51 @@ TEST(WhisperTranscribe, VulkanGivesTheCpusSegments) {
     EXPECT_EQ(cpu.stats.tokens, vulkan.stats.tokens);
 }
 
+// Where the next window starts, and the segments' times, from hand-made token sequences (a
+// timestamp is 2 mel frames = 20 ms; the window starts at frame 300 = 3 s and holds 1000 frames).
+TEST(WhisperTranscribe, SegmentsAndTheSeekFollowTheTimestamps) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_TRUE(backend) << why;
+    std::unique_ptr<MappedFile> file;
+    ASSERT_TRUE(MappedFile::open(small_whisper(), &file).ok());
+    std::unique_ptr<WhisperModel> model;
+    ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &model).ok());
+    const int32_t a = 100, b = 200, c = 300;  // text tokens
+    struct Case {
+        const char* what;
+        std::vector<int32_t> tokens;
+        int advance;
+        std::vector<std::pair<int64_t, int64_t>> times;  // of each segment, in ms
+    };
+    const std::vector<Case> cases = {
+        {"ends in a closed pair: up to its timestamp",
+         {ts(0), a, b, ts(50), ts(50), c, ts(80), ts(80)},
+         160,
+         {{3000, 4000}, {4000, 4600}}},
+        {"ends in a single timestamp: the whole window",
+         {ts(0), a, b, ts(50), ts(50), c, ts(80)},
+         1000,
+         {{3000, 4000}, {4000, 4600}}},
+        {"no pair: one segment to the last timestamp, the whole window",
+         {ts(0), a, b, ts(40)},
+         1000,
+         {{3000, 3800}}},
+        {"no timestamps: one segment over the window", {a, b, c}, 1000, {{3000, 13000}}},
+    };
+    for (const Case& k : cases) {
+        SCOPED_TRACE(k.what);
+        std::vector<asr::Segment> segments;
+        EXPECT_EQ(asr::split_segments(*model, k.tokens, 300, 1000, &segments), k.advance);
+        ASSERT_EQ(segments.size(), k.times.size());
+        for (size_t i = 0; i < segments.size(); ++i) {
+            EXPECT_EQ(segments[i].t0_ms, k.times[i].first) << i;
+            EXPECT_EQ(segments[i].t1_ms, k.times[i].second) << i;
+            EXPECT_FALSE(segments[i].tokens.empty());
+        }
+    }
+}
+
 // A multilingual model asked to detect the language takes the language token the model finds
 // most likely after <|startoftranscript|> on the first window, computed here from the logits.
 TEST(WhisperTranscribe, TheDetectedLanguageIsTheMostLikelyLanguageToken) {

@@ -91,7 +91,7 @@ class Transcriber {
             int advance = count;
             if (!silent) {
                 std::vector<Segment> found;
-                advance = split(a.tokens, seek, count, &found);
+                advance = split_segments(m_, a.tokens, seek, count, &found);
                 for (Segment& s : found) {
                     // A timestamp past the audio's end (the window's padding) ends at its end.
                     s.t0_ms = std::min(s.t0_ms, content_ms);
@@ -187,55 +187,6 @@ class Transcriber {
         return Status::Ok();
     }
 
-    Segment segment(std::span<const int32_t> tokens, int64_t t0_ms, int64_t t1_ms) const {
-        Segment s;
-        s.t0_ms = t0_ms;
-        s.t1_ms = t1_ms;
-        for (int32_t id : tokens)
-            if (id < t_.eot) {
-                s.text += m_.token_text(id);
-                s.tokens.push_back(id);
-            }
-        return s;
-    }
-
-    // OpenAI's segments of a window's tokens: between pairs of consecutive timestamps. Returns
-    // how many frames the window moves: to its last closed timestamp, or all of it.
-    int split(const std::vector<int32_t>& tokens, int seek, int count,
-              std::vector<Segment>* out) const {
-        const int64_t offset_ms = int64_t(seek) * kMsPerFrame;
-        const auto ms = [&](int32_t ts) {
-            return offset_ms + int64_t(ts - t_.timestamp_begin) * kFramesPerTimestamp * kMsPerFrame;
-        };
-        const auto is_ts = [&](size_t i) { return t_.is_timestamp(tokens[i]); };
-        const size_t n = tokens.size();
-        const bool single_ending = n >= 2 && !is_ts(n - 2) && is_ts(n - 1);
-        std::vector<size_t> slices;
-        for (size_t i = 1; i < n; ++i)
-            if (is_ts(i - 1) && is_ts(i)) slices.push_back(i);
-        if (slices.empty()) {
-            int64_t end = offset_ms + int64_t(count) * kMsPerFrame;
-            for (size_t i = n; i-- > 0;)
-                if (is_ts(i)) {
-                    if (tokens[i] != t_.timestamp_begin) end = ms(tokens[i]);
-                    break;
-                }
-            Segment s = segment(tokens, offset_ms, end);
-            if (!s.text.empty()) out->push_back(std::move(s));
-            return count;
-        }
-        if (single_ending) slices.push_back(n);
-        size_t last = 0;
-        for (size_t cut : slices) {
-            const std::span<const int32_t> piece(tokens.data() + last, cut - last);
-            Segment s = segment(piece, ms(piece.front()), ms(piece.back()));
-            if (!s.text.empty()) out->push_back(std::move(s));
-            last = cut;
-        }
-        if (single_ending) return count;
-        return (tokens[last - 1] - t_.timestamp_begin) * kFramesPerTimestamp;
-    }
-
     WhisperContext& ctx_;
     const WhisperModel& m_;
     const WhisperTokens& t_;
@@ -247,6 +198,59 @@ class Transcriber {
 };
 
 }  // namespace
+
+namespace {
+
+Segment segment(const WhisperModel& m, std::span<const int32_t> tokens, int64_t t0_ms,
+                int64_t t1_ms) {
+    Segment s;
+    s.t0_ms = t0_ms;
+    s.t1_ms = t1_ms;
+    for (int32_t id : tokens)
+        if (id < m.tokens().eot) {
+            s.text += m.token_text(id);
+            s.tokens.push_back(id);
+        }
+    return s;
+}
+
+}  // namespace
+
+int split_segments(const WhisperModel& m, std::span<const int32_t> tokens, int seek, int count,
+                   std::vector<Segment>* out) {
+    const WhisperTokens& t = m.tokens();
+    const int64_t offset_ms = int64_t(seek) * kMsPerFrame;
+    const auto ms = [&](int32_t ts) {
+        return offset_ms + int64_t(ts - t.timestamp_begin) * kFramesPerTimestamp * kMsPerFrame;
+    };
+    const auto is_ts = [&](size_t i) { return t.is_timestamp(tokens[i]); };
+    const size_t n = tokens.size();
+    const bool single_ending = n >= 2 && !is_ts(n - 2) && is_ts(n - 1);
+    std::vector<size_t> slices;
+    for (size_t i = 1; i < n; ++i)
+        if (is_ts(i - 1) && is_ts(i)) slices.push_back(i);
+    if (slices.empty()) {
+        int64_t end = offset_ms + int64_t(count) * kMsPerFrame;
+        for (size_t i = n; i-- > 0;)
+            if (is_ts(i)) {
+                if (tokens[i] != t.timestamp_begin) end = ms(tokens[i]);
+                break;
+            }
+        Segment s = segment(m, tokens, offset_ms, end);
+        if (!s.text.empty()) out->push_back(std::move(s));
+        return count;
+    }
+    if (single_ending) slices.push_back(n);
+    size_t last = 0;
+    for (size_t cut : slices) {
+        const std::span<const int32_t> piece = tokens.subspan(last, cut - last);
+        Segment s = segment(m, piece, ms(piece.front()), ms(piece.back()));
+        if (!s.text.empty()) out->push_back(std::move(s));
+        last = cut;
+    }
+    if (single_ending) return count;
+    return (tokens[last - 1] - t.timestamp_begin) * kFramesPerTimestamp;
+}
 
 Status transcribe(WhisperContext& ctx, std::span<const float> samples, const TranscribeParams& p,
                   std::vector<Segment>* segments, TranscribeStats* stats) {

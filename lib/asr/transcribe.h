@@ -49,6 +49,13 @@ struct TranscribeStats {
 Status transcribe(WhisperContext& ctx, std::span<const float> samples, const TranscribeParams& p,
                   std::vector<Segment>* segments, TranscribeStats* stats);
 
+// OpenAI's segments of one window's sampled tokens (text and timestamps, no prompt): cut
+// between consecutive timestamps, times counted from the window's first frame `seek`. Returns
+// the frames the next window starts after this one's: up to its last closed timestamp, or all
+// `count` when the tokens end in a single timestamp or hold no pair of them.
+int split_segments(const WhisperModel& model, std::span<const int32_t> tokens, int seek, int count,
+                   std::vector<Segment>* out);
+
 // The probability of each language at the first window of mel (multilingual models).
 Status detect_language(WhisperContext& ctx, std::vector<float>* probs);
 
