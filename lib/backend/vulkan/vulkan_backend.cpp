@@ -466,8 +466,16 @@ class VulkanBackend final : public Backend {
         fuse_rope_ = !env_is("SPECULA_VULKAN_FUSED_ROPE", "0");
         // The tiled matmul on GPUs; on llvmpipe (which runs a workgroup's barriers as switches
         // between its threads) a tiny-shaped encoder took 1.2x as long as with slices of 16.
-        tiled_ = env_is("SPECULA_VULKAN_TILED", "1") ||
-                 (!env_is("SPECULA_VULKAN_TILED", "0") && !info_.is_software);
+        // Its workgroup and shared memory pass what Vulkan guarantees (128 invocations, 16 KiB):
+        // devices with less keep the slices.
+        const VkPhysicalDeviceLimits& lim = device_->limits;
+        const bool tiles_fit =
+            lim.maxComputeWorkGroupInvocations >= shared::kMatmulTileThreads &&
+            lim.maxComputeWorkGroupSize[0] >= shared::kMatmulTileThreads &&
+            lim.maxComputeSharedMemorySize >=
+                2 * shared::kBlockWeights * (shared::kMatmulTile + 1) * sizeof(float);
+        tiled_ = tiles_fit && (env_is("SPECULA_VULKAN_TILED", "1") ||
+                               (!env_is("SPECULA_VULKAN_TILED", "0") && !info_.is_software));
         if (phys.timestamps) {
             VkQueryPoolCreateInfo qpi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
             qpi.queryType = VK_QUERY_TYPE_TIMESTAMP;
