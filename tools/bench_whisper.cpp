@@ -37,7 +37,8 @@ struct Times {
 Status repetition(WhisperContext& ctx, const audio::LogMel& mel, int decode_tokens,
                   std::vector<double>* out) {
     std::vector<float> logits;
-    const std::vector<int32_t> tokens(256, ctx.model().tokens().sot);
+    // whisper-bench's 256 positions, or the decoder's whole context where it is shorter.
+    const std::vector<int32_t> tokens(size_t(std::min(256, ctx.n_ctx())), ctx.model().tokens().sot);
     auto t0 = Clock::now();
     SPECULA_TRY(ctx.encode(mel, 0, ctx.window_frames()));
     out->push_back(ms_since(t0));
