@@ -33,6 +33,15 @@ class Decoder {
     // The same with host traffic: uploads the tokens, records, and downloads rows * n_vocab
     // logits. Nothing is appended when it fails.
     Status forward(std::span<const int32_t> tokens, bool all_rows, std::vector<float>* logits);
+
+  protected:
+    // Columns [first, first + count) of a one-row I32 tensor of token ids (input_ids()).
+    static Tensor id_columns(const Tensor& ids, int first, int count) {
+        Tensor t = ids;
+        t.offset += size_t(first) * sizeof(int32_t);
+        t.cols = count;
+        return t;
+    }
 };
 
 }  // namespace specula

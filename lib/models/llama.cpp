@@ -178,13 +178,6 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     return Status::Ok();
 }
 
-Tensor LlamaContext::input_ids(int first, int count) const {
-    Tensor t = ids_;
-    t.offset += size_t(first) * sizeof(int32_t);
-    t.cols = count;
-    return t;
-}
-
 Status LlamaContext::record(const Tensor& ids, bool all_rows) {
     const LlamaConfig& c = model_.config();
     const int n = int(ids.cols);

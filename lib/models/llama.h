@@ -90,7 +90,7 @@ class LlamaContext final : public Decoder {
     void truncate(int n) override { n_past_ = std::min(n_past_, std::max(0, n)); }
 
     Status record(const Tensor& ids, bool all_rows) override;
-    Tensor input_ids(int first, int count) const override;
+    Tensor input_ids(int first, int count) const override { return id_columns(ids_, first, count); }
     Tensor logits(int rows) const override { return logits_.row_range(0, rows); }
 
   private:

@@ -108,20 +108,21 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         return bias ? load(p + ".bias", &l->b) : Status::Ok();
     };
     auto block = [&](const std::string& p, bool decoder, Block* b) -> Status {
-        SPECULA_TRY(load(p + "attn_ln.weight", &b->attn_ln_w));
-        SPECULA_TRY(load(p + "attn_ln.bias", &b->attn_ln_b));
-        SPECULA_TRY(linear(p + "attn.query", true, &b->q));
-        SPECULA_TRY(linear(p + "attn.key", false, &b->k));
-        SPECULA_TRY(linear(p + "attn.value", true, &b->v));
-        SPECULA_TRY(linear(p + "attn.out", true, &b->o));
-        if (decoder) {
-            SPECULA_TRY(load(p + "cross_attn_ln.weight", &b->cross_ln_w));
-            SPECULA_TRY(load(p + "cross_attn_ln.bias", &b->cross_ln_b));
-            SPECULA_TRY(linear(p + "cross_attn.query", true, &b->cq));
-            SPECULA_TRY(linear(p + "cross_attn.key", false, &b->ck));
-            SPECULA_TRY(linear(p + "cross_attn.value", true, &b->cv));
-            SPECULA_TRY(linear(p + "cross_attn.out", true, &b->co));
-        }
+        // Self-attention ("attn") and, in the decoder, cross-attention ("cross_attn"): a
+        // LayerNorm and four projections, the key's without a bias.
+        auto attention = [&](const std::string& a, Tensor* ln_w, Tensor* ln_b, Linear* q, Linear* k,
+                             Linear* v, Linear* o) -> Status {
+            SPECULA_TRY(load(p + a + "_ln.weight", ln_w));
+            SPECULA_TRY(load(p + a + "_ln.bias", ln_b));
+            SPECULA_TRY(linear(p + a + ".query", true, q));
+            SPECULA_TRY(linear(p + a + ".key", false, k));
+            SPECULA_TRY(linear(p + a + ".value", true, v));
+            return linear(p + a + ".out", true, o);
+        };
+        SPECULA_TRY(attention("attn", &b->attn_ln_w, &b->attn_ln_b, &b->q, &b->k, &b->v, &b->o));
+        if (decoder)
+            SPECULA_TRY(attention("cross_attn", &b->cross_ln_w, &b->cross_ln_b, &b->cq, &b->ck,
+                                  &b->cv, &b->co));
         SPECULA_TRY(load(p + "mlp_ln.weight", &b->mlp_ln_w));
         SPECULA_TRY(load(p + "mlp_ln.bias", &b->mlp_ln_b));
         SPECULA_TRY(linear(p + "mlp.0", true, &b->mlp0));
@@ -293,13 +294,6 @@ Status WhisperContext::encode(const audio::LogMel& mel, int first, int count) {
     SPECULA_TRY(be.flush());
     encoded_ = true;
     return Status::Ok();
-}
-
-Tensor WhisperContext::input_ids(int first, int count) const {
-    Tensor t = ids_;
-    t.offset += size_t(first) * sizeof(int32_t);
-    t.cols = count;
-    return t;
 }
 
 Status WhisperContext::record(const Tensor& ids, bool all_rows) {

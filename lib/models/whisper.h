@@ -116,7 +116,7 @@ class WhisperContext final : public Decoder {
     int n_past() const override { return n_past_; }
     void truncate(int n) override { n_past_ = std::min(n_past_, std::max(0, n)); }
     Status record(const Tensor& ids, bool all_rows) override;
-    Tensor input_ids(int first, int count) const override;
+    Tensor input_ids(int first, int count) const override { return id_columns(ids_, first, count); }
     Tensor logits(int rows) const override { return logits_.row_range(0, rows); }
     uint64_t forward_calls() const { return forward_calls_; }
 
