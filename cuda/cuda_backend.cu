@@ -84,6 +84,11 @@ class CudaBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
+    // The other weight types' kernels wait for a device to test them on.
+    bool supports_weights(GgmlType type) const override {
+        return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kQ8_0 ||
+               type == GgmlType::kQ4_0;
+    }
 
     uint64_t available_memory() const override {
         size_t free = 0, total = 0;

@@ -11,10 +11,10 @@ void main() {
     if (i >= pc.u1) return;
     const uint cols = pc.u0;
     const uint id = min(b1[pc.off1 / 4u + i], pc.u2 - 1u);  // ids are validated on the host; never read out of bounds
-    const uint row_bytes = cols / kBlockWeights * BLOCK_BYTES;
+    const uint row_bytes = row_bytes_of(cols);
     for (uint g = gl_LocalInvocationID.x; g < cols / 8u; g += WG) {  // g: quarter g % 4 of block g / 4
         float w[8];
-        load_quarter(0u, pc.off0 + id * row_bytes + g / 4u * BLOCK_BYTES, g % 4u, w);
+        load_quarter(0u, pc.off0 + id * row_bytes, g / 4u, g % 4u, w);
         [[unroll]] for (uint j = 0u; j < 8u; ++j) b2[pc.off2 / 4u + i * cols + g * 8u + j] = floatBitsToUint(w[j]);
     }
 }

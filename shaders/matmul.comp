@@ -101,7 +101,7 @@ void main() {
     const uint t = gl_LocalInvocationID.x, l = t % T, q = l % 4u;
     const uint g = t / T, r0 = (group_index() * GROUPS + g) * R;
     const uint cols = pc.u0, rows = pc.u1, n = pc.u2;
-    const uint blocks = cols / kBlockWeights, row_bytes = blocks * BLOCK_BYTES;
+    const uint blocks = cols / kBlockWeights, row_bytes = row_bytes_of(cols);
     float acc[SUMS];
     [[unroll]] for (uint i = 0u; i < SUMS; ++i) acc[i] = 0.0;
     for (uint b = l / 4u; b < blocks; b += T / 4u) {
@@ -111,7 +111,7 @@ void main() {
             const uint off = mr < R ? pc.off0 : pc.off3;
             float w8[8];
             if (r0 + r < rows) {
-                load_quarter(which, off + (r0 + r) * row_bytes + b * BLOCK_BYTES, q, w8);
+                load_quarter(which, off + (r0 + r) * row_bytes, b, q, w8);
             } else {
                 [[unroll]] for (uint j = 0u; j < 8u; ++j) w8[j] = 0.0;
             }

@@ -33,7 +33,7 @@ void main() {
     const uint r0 = (tile % row_tiles) * TILE, c0 = (tile / row_tiles) * TILE;
     const uint tr = t % STEP, tc = t / STEP;
     const uint lr = t / 4u, q = t % 4u;
-    const uint blocks = cols / kBlockWeights, row_bytes = blocks * BLOCK_BYTES;
+    const uint blocks = cols / kBlockWeights, row_bytes = row_bytes_of(cols);
 
     float acc[PER][PER];
     [[unroll]] for (uint i = 0u; i < PER; ++i)
@@ -42,7 +42,7 @@ void main() {
     for (uint b = 0u; b < blocks; ++b) {
         float w8[8];
         if (r0 + lr < rows) {
-            load_quarter(0u, pc.off0 + (r0 + lr) * row_bytes + b * BLOCK_BYTES, q, w8);
+            load_quarter(0u, pc.off0 + (r0 + lr) * row_bytes, b, q, w8);
         } else {
             [[unroll]] for (uint k = 0u; k < 8u; ++k) w8[k] = 0.0;
         }

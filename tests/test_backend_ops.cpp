@@ -92,6 +92,36 @@ std::vector<float> read_floats(Backend& be, const Tensor& t) {
     return v;
 }
 
+// The weight types the backend under test runs (the cpu runs every one).
+std::vector<GgmlType> weight_types(const Backend& gpu) {
+    std::vector<GgmlType> types;
+    for (GgmlType t : kWeightTypes)
+        if (gpu.supports_weights(t)) types.push_back(t);
+    return types;
+}
+
+// The types of the tests of fused matmuls (norm, rope): what the fusion adds does not depend on
+// the weight type, and llvmpipe compiles a pipeline per type and variant (seconds each), so
+// the types the models were first made of and one K-quant (super-block addressing).
+std::vector<GgmlType> fused_test_types(const Backend& gpu) {
+    std::vector<GgmlType> types;
+    for (GgmlType t :
+         {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ6_K})
+        if (gpu.supports_weights(t)) types.push_back(t);
+    return types;
+}
+
+// The row lengths of `wanted` that are whole blocks of `type`; the K-quants' super-blocks of 256
+// take 256 and 768 (768: Q6_K rows that start 2-byte aligned) where none is.
+std::vector<int64_t> row_lengths(GgmlType type, std::initializer_list<int64_t> wanted) {
+    std::vector<int64_t> lengths;
+    const int64_t block = ggml_type_traits(type)->block_size;
+    for (int64_t cols : wanted)
+        if (cols % block == 0) lengths.push_back(cols);
+    if (lengths.empty()) lengths = {block, 3 * block};
+    return lengths;
+}
+
 std::string case_name(GgmlType type, int64_t cols, int64_t n) {
     return std::string(ggml_type_name(type)) + " cols " + std::to_string(cols) + " n " +
            std::to_string(n);
@@ -132,8 +162,9 @@ class BackendOps : public ::testing::TestWithParam<specula_backend_kind> {
 };
 
 TEST_P(BackendOps, MatmulEveryTypeAndBatch) {
-    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
-        for (int64_t cols : {32, 96, 256}) {       // 96: Q4_0/Q8_0 rows that start 2-byte aligned
+    for (GgmlType type : weight_types(*p.gpu)) {
+        for (int64_t cols :
+             row_lengths(type, {32, 96, 256})) {   // 96: Q4_0/Q8_0 rows that start 2-byte aligned
             for (int64_t n : {1, 3, 8, 16, 19}) {  // 19: wider than one shader pass
                 SCOPED_TRACE(case_name(type, cols, n));
                 const int64_t rows = 45;
@@ -187,8 +218,8 @@ TEST_P(BackendOps, MatmulOfManyColumns) {
         p.gpu = test::try_backend_with(GetParam(), "SPECULA_VULKAN_TILED", "1", &why);
         ASSERT_TRUE(p.gpu) << why;
     }
-    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
-        for (int64_t cols : {96, 256}) {
+    for (GgmlType type : weight_types(*p.gpu)) {
+        for (int64_t cols : row_lengths(type, {96, 256})) {
             for (int64_t n : {18, 150}) {  // 18: one more than a verification batch
                 SCOPED_TRACE(case_name(type, cols, n));
                 const int64_t rows = 130;
@@ -211,13 +242,13 @@ TEST_P(BackendOps, MatmulOfManyColumns) {
 }
 
 TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
-    const std::vector<std::pair<GgmlType, GgmlType>> types = {{GgmlType::kF32, GgmlType::kF32},
-                                                              {GgmlType::kF16, GgmlType::kF16},
-                                                              {GgmlType::kQ8_0, GgmlType::kQ8_0},
-                                                              {GgmlType::kQ4_0, GgmlType::kQ4_0},
-                                                              {GgmlType::kQ8_0, GgmlType::kQ4_0}};
+    const std::vector<std::pair<GgmlType, GgmlType>> types = {
+        {GgmlType::kF32, GgmlType::kF32},   {GgmlType::kF16, GgmlType::kF16},
+        {GgmlType::kQ8_0, GgmlType::kQ8_0}, {GgmlType::kQ4_0, GgmlType::kQ4_0},
+        {GgmlType::kQ8_0, GgmlType::kQ4_0}, {GgmlType::kQ4_K, GgmlType::kQ6_K}};
     for (auto [gate_type, up_type] : types) {
-        for (int64_t cols : {96, 256}) {
+        if (!p.gpu->supports_weights(gate_type) || !p.gpu->supports_weights(up_type)) continue;
+        for (int64_t cols : row_lengths(gate_type, {96, 256})) {
             for (int64_t n : {1, 8, 19}) {  // 19: a pass of 16 columns, then one of 3
                 SCOPED_TRACE(case_name(gate_type, cols, n) + " up " + ggml_type_name(up_type));
                 const int64_t rows = 45;
@@ -250,8 +281,8 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
 TEST_P(BackendOps, MatmulOfANormedInput) {
     const bool fused = GetParam() == SPECULA_BACKEND_VULKAN;
     fuse_norms_on_vulkan();
-    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
-        for (int64_t cols : {96, 256}) {
+    for (GgmlType type : fused_test_types(*p.gpu)) {
+        for (int64_t cols : row_lengths(type, {96, 256})) {
             for (int64_t n : {1, 8, 19}) {
                 SCOPED_TRACE(case_name(type, cols, n));
                 const int64_t rows = 45;
@@ -297,10 +328,10 @@ TEST_P(BackendOps, MatmulRopeIsMatmulThenRope) {
     std::vector<int32_t> positions(19);
     for (size_t i = 0; i < positions.size(); ++i)
         positions[i] = int32_t(i * 37 % 100);
-    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    for (GgmlType type : fused_test_types(*p.gpu)) {
         for (int64_t n : {1, 8, 19}) {
             for (bool with_norm : {false, true}) {
-                const int64_t cols = 96;
+                const int64_t cols = row_lengths(type, {96}).front();
                 SCOPED_TRACE(case_name(type, cols, n) + (with_norm ? " normed" : ""));
                 auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 31));
                 auto x = p.tensor(GgmlType::kF32, cols, n,
@@ -331,10 +362,11 @@ TEST_P(BackendOps, MatmulRopeIsMatmulThenRope) {
 }
 
 TEST_P(BackendOps, GetRowsEveryType) {
-    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
-        auto table = p.tensor(type, 96, 50, random_bytes(type, 96, 50, 3));
+    for (GgmlType type : weight_types(*p.gpu)) {
+        const int64_t cols = row_lengths(type, {96}).back();
+        auto table = p.tensor(type, cols, 50, random_bytes(type, cols, 50, 3));
         auto ids = p.tensor(GgmlType::kI32, 5, 1, as_bytes(std::vector<int32_t>{0, 49, 7, 7, 21}));
-        auto out = p.tensor(GgmlType::kF32, 96, 5, {});
+        auto out = p.tensor(GgmlType::kF32, cols, 5, {});
         p.cpu->get_rows(table.first, ids.first, out.first);
         p.gpu->get_rows(table.second, ids.second, out.second);
         expect_close(p, out, 0.0);  // a copy: exact

@@ -80,9 +80,46 @@ TEST_P(WeightTypeTest, ThreadCountDoesNotChangeLogits) {
     EXPECT_EQ(la, lb);
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, WeightTypeTest,
-                         ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0,
-                                           GgmlType::kQ4_0),
+// The cpu kernels read every weight exactly as dequantize_row() gives it (each SIMD target:
+// test_llama_<target> runs this suite), and a product of one row is that row's dot product in
+// the kernels' one order (dot_f32), whatever the type.
+TEST_P(WeightTypeTest, CpuKernelsReadEachWeightAsDequantizeRow) {
+    const GgmlType type = GetParam();
+    const int64_t cols = 768, rows = 5;  // 768: Q6_K rows that start 2-byte aligned
+    const size_t row_bytes = Tensor{nullptr, 0, type, cols, 1}.row_bytes();
+    std::mt19937 rng(5);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> values(static_cast<size_t>(cols * rows)), x(static_cast<size_t>(cols));
+    for (float& v : values)
+        v = dist(rng);
+    for (float& v : x)
+        v = dist(rng);
+    std::vector<uint8_t> w(row_bytes * size_t(rows));
+    for (int64_t r = 0; r < rows; ++r)
+        quantize_row(type, values.data() + r * cols, w.data() + size_t(r) * row_bytes,
+                     size_t(cols));
+    std::vector<float> products(static_cast<size_t>(rows));
+    cpu::MatmulArgs a;
+    a.type = type;
+    a.w = w.data();
+    a.row_bytes = row_bytes;
+    a.cols = cols;
+    a.x = x.data();
+    a.n = 1;
+    a.out = products.data();
+    a.out_stride = rows;
+    cpu::matmul_rows(a, 0, rows);
+    for (int64_t r = 0; r < rows; ++r) {
+        SCOPED_TRACE("row " + std::to_string(r));
+        std::vector<float> expected(static_cast<size_t>(cols)), decoded(expected.size());
+        dequantize_row(type, w.data() + size_t(r) * row_bytes, expected.data(), size_t(cols));
+        cpu::decode_row(type, w.data() + size_t(r) * row_bytes, cols, decoded.data());
+        ASSERT_EQ(std::memcmp(decoded.data(), expected.data(), decoded.size() * sizeof(float)), 0);
+        EXPECT_EQ(products[size_t(r)], cpu::dot_f32(expected.data(), x.data(), cols));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, WeightTypeTest, ::testing::ValuesIn(kWeightTypes),
                          [](const auto& info) { return std::string(ggml_type_name(info.param)); });
 
 TEST(Llama, RollbackThenReevaluateGivesTheSameLogits) {

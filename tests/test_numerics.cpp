@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <map>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -81,6 +83,34 @@ TEST(Quant, Q4_0RoundTripError) {
     EXPECT_EQ(y[0], -20.0f);  // the extreme value maps exactly to -8 d
     for (size_t i = 0; i < 32; ++i)
         EXPECT_LE(std::fabs(y[i] - x[i]), d * 0.5f + 1e-4f) << i;
+}
+
+// Every quantized type reconstructs normal data to within its precision: the root-mean-square
+// error relative to the data's (measured: Q8_0 0.005, Q4_0 0.086, Q4_1 0.073, Q5_0 0.043, Q5_1
+// 0.034, Q4_K 0.073, Q5_K 0.035, Q6_K 0.019); elements decoded from the wrong places are far off.
+TEST(Quant, EveryTypeReconstructsWithinItsPrecision) {
+    const std::map<GgmlType, double> bound = {{GgmlType::kQ8_0, 0.008}, {GgmlType::kQ4_0, 0.13},
+                                              {GgmlType::kQ4_1, 0.11},  {GgmlType::kQ5_0, 0.065},
+                                              {GgmlType::kQ5_1, 0.05},  {GgmlType::kQ4_K, 0.11},
+                                              {GgmlType::kQ5_K, 0.05},  {GgmlType::kQ6_K, 0.03}};
+    std::mt19937 rng(9);
+    std::normal_distribution<float> dist(0.5f, 1.0f);  // off-centre: the Q*_1 / K mins matter
+    std::vector<float> x(1024), y(x.size());
+    for (float& v : x)
+        v = dist(rng);
+    for (auto [type, max_error] : bound) {
+        SCOPED_TRACE(ggml_type_name(type));
+        const GgmlTypeTraits* traits = ggml_type_traits(type);
+        std::vector<uint8_t> q(x.size() / traits->block_size * traits->block_bytes);
+        quantize_row(type, x.data(), q.data(), x.size());
+        dequantize_row(type, q.data(), y.data(), y.size());
+        double err = 0, norm = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+            err += double(y[i] - x[i]) * double(y[i] - x[i]);
+            norm += double(x[i]) * double(x[i]);
+        }
+        EXPECT_LE(std::sqrt(err / norm), max_error);
+    }
 }
 
 // Known-answer vectors of the Random123 reference implementation (kat_vectors).

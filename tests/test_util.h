@@ -37,6 +37,10 @@ inline RandomLlamaSpec small_spec(GgmlType type, uint64_t seed) {
     spec.n_head_kv = 2;
     spec.n_ff = 256;
     spec.n_ctx = 256;
+    if (ggml_type_traits(type)->block_size > 128) {  // K-quant rows: super-blocks of 256
+        spec.n_embd = 256;
+        spec.n_ff = 512;
+    }
     spec.weight_type = type;
     spec.seed = seed;
     return spec;

@@ -79,13 +79,14 @@ TEST(WhisperFile, WhisperCppTestFilesHaveTheirHeaderFiltersAndVocabulary) {
 }
 
 TEST(WhisperFile, WrittenModelsHaveEveryTensorInItsShapeAndType) {
-    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0,
+                          GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
         const Bytes bytes = written(type);
         WhisperGgmlFile f;
         const Status s = WhisperGgmlFile::parse(u8(bytes), &f);
         ASSERT_TRUE(s.ok()) << s.message();
         EXPECT_EQ(f.weight_type(), type);
-        const bool quantized = type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
+        const bool quantized = type != GgmlType::kF32 && type != GgmlType::kF16;
         EXPECT_EQ(f.quantization_version(), quantized ? 2 : 0);
         const auto specs = whisper_tensor_specs(f.hparams());
         ASSERT_EQ(f.tensors().size(), specs.size());

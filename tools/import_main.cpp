@@ -78,7 +78,9 @@ int main(int argc, char** argv) {
     app.add_option("manifest", manifest, "the .manifest.json written by tools/train/train.py")
         ->required();
     app.add_option("-o,--output", out, "output GGUF path")->required();
-    app.add_option("--type", type, "type of the weight matrices: f32, f16, q8_0, q4_0");
+    app.add_option(
+        "--type", type,
+        "type of the weight matrices: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k");
     CLI11_PARSE(app, argc, argv);
     GgmlType t{};
     Status s = parse_weight_type(type, &t);

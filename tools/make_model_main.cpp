@@ -18,7 +18,9 @@ int main(int argc, char** argv) {
     app.add_option("--n-ff", spec.n_ff);
     app.add_option("--n-ctx", spec.n_ctx);
     app.add_option("--n-vocab", spec.n_vocab, "truncate the vocabulary (0 keeps all)");
-    app.add_option("--type", type, "weight type: f32, f16, q8_0, q4_0");
+    app.add_option("--type", type,
+                   "weight type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k "
+                   "(K-quants: widths multiples of 256)");
     app.add_option("--seed", spec.seed);
     app.add_option("--name", spec.name);
     app.add_flag("--tied", spec.tied_output, "share token_embd as the output head");

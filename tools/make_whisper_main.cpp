@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     app.add_option("-o,--output", out, "output path")->required();
     app.add_option("--shape", shape, "tiny, base, small or medium");
     app.add_flag("--en", english, "the English-only vocabulary (51864 tokens)");
-    app.add_option("--type", type, "matrix type: f32, f16, q8_0, q4_0");
+    app.add_option("--type", type, "matrix type: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1");
     app.add_option("--n-audio-ctx", n_audio_ctx, "encoder positions (default 1500)");
     // Smaller than any released shape: fuzzing seeds and quick tests (without --header).
     app.add_option("--n-text-ctx", n_text_ctx, "decoder positions (default 448)");

@@ -52,7 +52,8 @@ std::vector<uint8_t> random_matrix(Gaussian& g, GgmlType type, int64_t cols, int
 }  // namespace
 
 Status parse_weight_type(const std::string& name, GgmlType* out) {
-    for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    std::string names;
+    for (GgmlType t : kWeightTypes) {
         std::string n = ggml_type_name(t);
         for (char& c : n)
             c = char(std::tolower(c));
@@ -60,8 +61,9 @@ Status parse_weight_type(const std::string& name, GgmlType* out) {
             *out = t;
             return Status::Ok();
         }
+        names += (names.empty() ? "" : ", ") + n;
     }
-    return InvalidArgument("unknown weight type '" + name + "' (f32, f16, q8_0, q4_0)");
+    return InvalidArgument("unknown weight type '" + name + "' (" + names + ")");
 }
 
 Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
@@ -75,6 +77,10 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     if (s.n_embd % s.n_head != 0 || s.n_head % s.n_head_kv != 0 || s.n_embd % 32 != 0 ||
         s.n_ff % 32 != 0)
         return InvalidArgument("n_embd and n_ff must be multiples of 32 and of the head counts");
+    const uint32_t block = ggml_type_traits(s.weight_type)->block_size;
+    if (s.n_embd % block != 0 || s.n_ff % block != 0)
+        return InvalidArgument(std::string(ggml_type_name(s.weight_type)) + " rows are blocks of " +
+                               std::to_string(block) + ": n_embd and n_ff must be multiples");
 
     GgufWriter w;
     w.set_string("general.architecture", "llama");
@@ -171,13 +177,14 @@ Status whisper_shape(const std::string& name, bool english, WhisperHparams* out)
 Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path) {
     WhisperHparams h = s.hparams;
     int32_t ftype = -1;
-    for (int32_t f : {0, 1, 2, 7}) {
+    for (int32_t f : {0, 1, 2, 3, 7, 8, 9}) {
         GgmlType t = GgmlType::kF32;
         if (whisper_ftype_weight_type(f, &t) && t == s.weight_type) ftype = f;
     }
     if (ftype < 0)
         return InvalidArgument(std::string("cannot write Whisper weights of type ") +
-                               ggml_type_name(s.weight_type) + " (F32, F16, Q8_0, Q4_0)");
+                               ggml_type_name(s.weight_type) +
+                               " (F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)");
     h.ftype = ftype;
     std::vector<float> filters;
     std::vector<std::string> vocab;
@@ -211,7 +218,7 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
     };
     const auto put_i32 = [&](int32_t v) { put(&v, 4); };
     put_i32(int32_t(kWhisperGgmlMagic));
-    const bool quantized = s.weight_type == GgmlType::kQ8_0 || s.weight_type == GgmlType::kQ4_0;
+    const bool quantized = s.weight_type != GgmlType::kF32 && s.weight_type != GgmlType::kF16;
     for (int32_t v : {h.n_vocab, h.n_audio_ctx, h.n_audio_state, h.n_audio_head, h.n_audio_layer,
                       h.n_text_ctx, h.n_text_state, h.n_text_head, h.n_text_layer, h.n_mels,
                       h.ftype + (quantized ? 2000 : 0)})

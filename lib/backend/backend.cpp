@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/log.h"
+#include "format/quant.h"
 #ifdef SPECULA_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -20,6 +21,17 @@ namespace specula {
 size_t Tensor::row_bytes() const {
     const GgmlTypeTraits* t = ggml_type_traits(type);
     return size_t(cols) / t->block_size * t->block_bytes;
+}
+
+Status check_weight_type(const Backend& backend, const std::string& tensor, GgmlType type) {
+    if (backend.supports_weights(type)) return Status::Ok();
+    std::string runs;
+    for (GgmlType t : kWeightTypes)
+        if (backend.supports_weights(t))
+            runs += (runs.empty() ? "" : ", ") + std::string(ggml_type_name(t));
+    return Unsupported("tensor '" + tensor + "' has type " + ggml_type_name(type) + ", which the " +
+                       specula_backend_kind_name(backend.info().kind) +
+                       " backend does not run (it runs " + runs + ")");
 }
 
 Tensor Tensor::row_range(int64_t first, int64_t count) const {

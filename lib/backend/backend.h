@@ -67,6 +67,9 @@ class Backend {
     virtual ~Backend() = default;
 
     virtual const specula_device_info& info() const = 0;
+    // Whether this backend computes with weights of `type` (one of kWeightTypes); a model
+    // loader refuses a tensor of another type before anything of it is loaded.
+    virtual bool supports_weights(GgmlType type) const = 0;
     // Bytes this backend can still allocate, as far as it can tell (0: unknown). What a large
     // allocation made of many buffers (a context's caches) needs is checked against it first,
     // since on a host that overcommits, each buffer succeeds and touching them kills the process.
@@ -201,6 +204,10 @@ std::vector<float> rope_table(int n_ctx, int n_rot, float base);
 // first) among a backend's devices, best first.
 Status choose_device(std::span<const specula_device_info> devices,
                      const specula_backend_params& params, const char* api, size_t* index);
+
+// Ok where `backend` computes with `type`; else SPECULA_ERR_UNSUPPORTED naming the tensor,
+// its type and the types the backend runs.
+Status check_weight_type(const Backend& backend, const std::string& tensor, GgmlType type);
 
 // Devices of every compiled-in backend; the cpu is always first.
 std::vector<specula_device_info> enumerate_devices();

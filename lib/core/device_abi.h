@@ -114,13 +114,24 @@ SPECULA_ABI_FN uint verify_scratch_words(uint rows, uint tiles, uint batch) {
 }
 
 // Weight blocks as GGUF stores them: every type is read in blocks of kBlockWeights weights
-// (F32 and F16 too); Q8_0 and Q4_0 blocks begin with an fp16 scale (kBlockScaleBytes).
+// (F32 and F16 too); Q8_0 and Q4_0 blocks begin with an fp16 scale (kBlockScaleBytes). The
+// K-quants store super-blocks of kSuperBlockWeights weights (8 blocks of 32 with their own
+// scales); their bytes per block of 32 are not whole (Q6_K: 26.25), so a row's blocks are
+// found through its super-blocks.
 SPECULA_ABI_UINT(kBlockWeights, 32u)
 SPECULA_ABI_UINT(kBlockScaleBytes, 2u)
 SPECULA_ABI_UINT(kF32BlockBytes, 128u)
 SPECULA_ABI_UINT(kF16BlockBytes, 64u)
 SPECULA_ABI_UINT(kQ8_0BlockBytes, 34u)
 SPECULA_ABI_UINT(kQ4_0BlockBytes, 18u)
+SPECULA_ABI_UINT(kQ4_1BlockBytes, 20u)
+SPECULA_ABI_UINT(kQ5_0BlockBytes, 22u)
+SPECULA_ABI_UINT(kQ5_1BlockBytes, 24u)
+SPECULA_ABI_UINT(kSuperBlockWeights, 256u)
+SPECULA_ABI_UINT(kKScaleBytes, 12u)  // Q4_K / Q5_K: 8 scales and 8 mins of 6 bits
+SPECULA_ABI_UINT(kQ4_KBlockBytes, 144u)
+SPECULA_ABI_UINT(kQ5_KBlockBytes, 176u)
+SPECULA_ABI_UINT(kQ6_KBlockBytes, 210u)
 
 // The many-column matmul (shaders/matmul_tiled.comp): tiles of kMatmulTile rows x kMatmulTile
 // columns, kMatmulTileThreads threads each computing (kMatmulTile / kMatmulTileStep)^2 outputs.

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <limits>
 
+#include "core/device_abi.h"
+
 namespace specula {
 
 namespace {
@@ -19,16 +21,26 @@ constexpr uint32_t kMaxArrayDepth = 8;
 
 const GgmlTypeTraits* ggml_type_traits(GgmlType type) {
     static const std::map<GgmlType, GgmlTypeTraits> table = {
-        {GgmlType::kF32, {"F32", 1, 4}},       {GgmlType::kF16, {"F16", 1, 2}},
-        {GgmlType::kQ4_0, {"Q4_0", 32, 18}},   {GgmlType::kQ4_1, {"Q4_1", 32, 20}},
-        {GgmlType::kQ5_0, {"Q5_0", 32, 22}},   {GgmlType::kQ5_1, {"Q5_1", 32, 24}},
-        {GgmlType::kQ8_0, {"Q8_0", 32, 34}},   {GgmlType::kQ8_1, {"Q8_1", 32, 36}},
-        {GgmlType::kQ2_K, {"Q2_K", 256, 84}},  {GgmlType::kQ3_K, {"Q3_K", 256, 110}},
-        {GgmlType::kQ4_K, {"Q4_K", 256, 144}}, {GgmlType::kQ5_K, {"Q5_K", 256, 176}},
-        {GgmlType::kQ6_K, {"Q6_K", 256, 210}}, {GgmlType::kQ8_K, {"Q8_K", 256, 292}},
-        {GgmlType::kI8, {"I8", 1, 1}},         {GgmlType::kI16, {"I16", 1, 2}},
-        {GgmlType::kI32, {"I32", 1, 4}},       {GgmlType::kI64, {"I64", 1, 8}},
-        {GgmlType::kF64, {"F64", 1, 8}},       {GgmlType::kBF16, {"BF16", 1, 2}},
+        {GgmlType::kF32, {"F32", 1, 4}},
+        {GgmlType::kF16, {"F16", 1, 2}},
+        {GgmlType::kQ4_0, {"Q4_0", shared::kBlockWeights, shared::kQ4_0BlockBytes}},
+        {GgmlType::kQ4_1, {"Q4_1", shared::kBlockWeights, shared::kQ4_1BlockBytes}},
+        {GgmlType::kQ5_0, {"Q5_0", shared::kBlockWeights, shared::kQ5_0BlockBytes}},
+        {GgmlType::kQ5_1, {"Q5_1", shared::kBlockWeights, shared::kQ5_1BlockBytes}},
+        {GgmlType::kQ8_0, {"Q8_0", shared::kBlockWeights, shared::kQ8_0BlockBytes}},
+        {GgmlType::kQ8_1, {"Q8_1", 32, 36}},
+        {GgmlType::kQ2_K, {"Q2_K", 256, 84}},
+        {GgmlType::kQ3_K, {"Q3_K", 256, 110}},
+        {GgmlType::kQ4_K, {"Q4_K", shared::kSuperBlockWeights, shared::kQ4_KBlockBytes}},
+        {GgmlType::kQ5_K, {"Q5_K", shared::kSuperBlockWeights, shared::kQ5_KBlockBytes}},
+        {GgmlType::kQ6_K, {"Q6_K", shared::kSuperBlockWeights, shared::kQ6_KBlockBytes}},
+        {GgmlType::kQ8_K, {"Q8_K", 256, 292}},
+        {GgmlType::kI8, {"I8", 1, 1}},
+        {GgmlType::kI16, {"I16", 1, 2}},
+        {GgmlType::kI32, {"I32", 1, 4}},
+        {GgmlType::kI64, {"I64", 1, 8}},
+        {GgmlType::kF64, {"F64", 1, 8}},
+        {GgmlType::kBF16, {"BF16", 1, 2}},
     };
     auto it = table.find(type);
     return it == table.end() ? nullptr : &it->second;

@@ -97,10 +97,10 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
                                std::to_string(info->shape[0]) + ", " + std::to_string(info_rows) +
                                "], expected [" + std::to_string(cols) + ", " +
                                std::to_string(rows) + "]");
-        if (norm ? info->type != GgmlType::kF32 : !is_runnable_weight_type(info->type))
+        if (norm && info->type != GgmlType::kF32)
             return Unsupported("tensor '" + name + "' has type " + ggml_type_name(info->type) +
-                               (norm ? " (norm weights must be F32)"
-                                     : " (supported: " + runnable_weight_type_names() + ")"));
+                               " (norm weights must be F32)");
+        SPECULA_TRY(check_weight_type(backend, name, info->type));
         std::unique_ptr<Buffer> buffer;
         SPECULA_TRY(backend.load_weights(info->data, info->type, cols, rows, &buffer));
         *t = Tensor{buffer.get(), 0, info->type, cols, rows};

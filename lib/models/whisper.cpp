@@ -69,9 +69,7 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     auto load = [&](const std::string& name, Tensor* t) -> Status {
         const GgufTensorInfo* info = g.find_tensor(name);
         if (info == nullptr) return FormatError("the whisper model lacks tensor '" + name + "'");
-        if (!is_runnable_weight_type(info->type))
-            return Unsupported("tensor '" + name + "' has type " + ggml_type_name(info->type) +
-                               " (supported: " + runnable_weight_type_names() + ")");
+        SPECULA_TRY(check_weight_type(backend, name, info->type));
         // Rows are the last dimension (a convolution's output channels), except for the
         // convolutions' biases (1 x width), which are one row.
         const auto n = int64_t(info->n_elements);

@@ -10,7 +10,36 @@ import numpy as np
 
 GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 # ggml type -> (block size, bytes per block)
-GGML_TYPES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34)}
+GGML_TYPES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+              12: (256, 144), 13: (256, 176), 14: (256, 210)}
+
+
+def _f16(blocks, at):
+    """The fp16 at byte `at` of every block, as a (n_blocks, 1) column."""
+    return blocks[:, at:at + 2].copy().view(np.float16).astype(np.float64)
+
+
+def _nibbles(qs):
+    """Bytes (n_blocks, 16) -> 32 values: low nibbles are elements 0..15, high ones 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int64)
+
+
+def _fifth_bits(blocks, at):
+    """Bit j of the little-endian uint32 at byte `at`, for j < 32: (n_blocks, 32)."""
+    qh = blocks[:, at:at + 4].copy().view("<u4").astype(np.int64)
+    return (qh >> np.arange(32)) & 1
+
+
+def _k_scales_mins(sc):
+    """Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins -> (n_blocks, 8) each."""
+    sc = sc.astype(np.int64)
+    scale = np.empty((sc.shape[0], 8), np.int64)
+    mins = np.empty_like(scale)
+    scale[:, :4] = sc[:, 0:4] & 63
+    mins[:, :4] = sc[:, 4:8] & 63
+    scale[:, 4:] = (sc[:, 8:12] & 0x0F) | ((sc[:, 0:4] >> 6) << 4)
+    mins[:, 4:] = (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)
+    return scale, mins
 
 
 def dequantize(buf, offset, ttype, n):
@@ -22,13 +51,42 @@ def dequantize(buf, offset, ttype, n):
     if ttype == 1:
         return raw.view(np.float16).astype(np.float64)
     blocks = raw.reshape(-1, block_bytes)
-    d = blocks[:, :2].copy().view(np.float16).astype(np.float64)  # (n_blocks, 1)
     if ttype == 8:  # Q8_0: x = d * q
-        q = blocks[:, 2:].view(np.int8).astype(np.float64)
-    else:  # Q4_0: low nibbles are elements 0..15, high nibbles 16..31, offset by 8
-        nib = blocks[:, 2:]
-        q = np.concatenate([nib & 0x0F, nib >> 4], axis=1).astype(np.float64) - 8.0
-    return (d * q).reshape(-1)
+        return (_f16(blocks, 0) * blocks[:, 2:].view(np.int8)).reshape(-1)
+    if ttype == 2:  # Q4_0: x = d * (q - 8)
+        return (_f16(blocks, 0) * (_nibbles(blocks[:, 2:]) - 8)).reshape(-1)
+    if ttype == 3:  # Q4_1: x = d * q + m
+        return (_f16(blocks, 0) * _nibbles(blocks[:, 4:]) + _f16(blocks, 2)).reshape(-1)
+    if ttype == 6:  # Q5_0: x = d * (q - 16), q = nibble | fifth bit << 4
+        q = _nibbles(blocks[:, 6:]) | (_fifth_bits(blocks, 2) << 4)
+        return (_f16(blocks, 0) * (q - 16)).reshape(-1)
+    if ttype == 7:  # Q5_1: x = d * q + m
+        q = _nibbles(blocks[:, 8:]) | (_fifth_bits(blocks, 4) << 4)
+        return (_f16(blocks, 0) * q + _f16(blocks, 2)).reshape(-1)
+    if ttype in (12, 13):  # Q4_K / Q5_K: sub-block j of 32: d * scale_j * q - dmin * min_j
+        scale, mins = _k_scales_mins(blocks[:, 4:16])
+        qs = blocks[:, 16:144] if ttype == 12 else blocks[:, 48:176]
+        q = np.empty((blocks.shape[0], 8, 32), np.int64)
+        for j in range(8):  # 32 bytes per pair of sub-blocks: low nibbles first, then high
+            q[:, j, :] = (qs[:, 32 * (j // 2):32 * (j // 2) + 32] >> (4 * (j % 2))) & 0x0F
+            if ttype == 13:
+                q[:, j, :] |= ((blocks[:, 16:48].astype(np.int64) >> j) & 1) << 4
+        x = _f16(blocks, 0)[:, :, None] * scale[:, :, None] * q - _f16(blocks, 2)[:, :, None] * mins[:, :, None]
+        return x.reshape(-1)
+    if ttype == 14:  # Q6_K: halves of 128, each four runs of 32 from ql (128 B) and qh (64 B)
+        ql, qh = blocks[:, 0:128].astype(np.int64), blocks[:, 128:192].astype(np.int64)
+        sc = blocks[:, 192:208].view(np.int8).astype(np.int64)
+        d = _f16(blocks, 208)
+        x = np.empty((blocks.shape[0], 256))
+        l = np.arange(32)
+        for h in range(2):
+            lo, hi, high = ql[:, 64 * h:64 * h + 32], ql[:, 64 * h + 32:64 * h + 64], qh[:, 32 * h:32 * h + 32]
+            runs = [(lo & 0x0F) | ((high & 3) << 4), (hi & 0x0F) | (((high >> 2) & 3) << 4),
+                    (lo >> 4) | (((high >> 4) & 3) << 4), (hi >> 4) | (((high >> 6) & 3) << 4)]
+            for k, q in enumerate(runs):
+                x[:, 128 * h + 32 * k + l] = d * sc[:, 8 * h + 2 * k + l // 16] * (q - 32)
+        return x.reshape(-1)
+    raise ValueError(f"ggml type {ttype} has no dequantizer here")
 
 
 class Gguf:

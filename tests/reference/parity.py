@@ -19,7 +19,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_ref  # noqa: E402
 
-TOLERANCE = {"f32": 1e-5, "f16": 1e-5, "q8_0": 1e-5, "q4_0": 1e-5}
+TOLERANCE = {t: 1e-5 for t in ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
+# Rows of the K-quants are super-blocks of 256 weights.
+WIDTHS = {t: ("256", "512") if t.endswith("_k") else ("128", "256") for t in TOLERANCE}
 TOKENS = [1, 15043, 3186, 29892, 920, 526, 366, 29973, 306, 626, 2691, 29889]
 
 ap = argparse.ArgumentParser()
@@ -35,8 +37,8 @@ with tempfile.TemporaryDirectory() as tmp:
     model = os.path.join(tmp, "model.gguf")
     out = os.path.join(tmp, "logits.f32")
     run = args.emulator.split()
-    subprocess.run(run + [args.make_model, "--vocab", args.vocab, "-o", model, "--type", args.type, "--n-embd", "128",
-                    "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--n-ff", "256", "--seed", "3"], check=True)
+    subprocess.run(run + [args.make_model, "--vocab", args.vocab, "-o", model, "--type", args.type, "--n-embd", WIDTHS[args.type][0],
+                    "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--n-ff", WIDTHS[args.type][1], "--seed", "3"], check=True)
     dump = subprocess.run(run + [args.dump_logits, model, out, args.backend] + [str(t) for t in TOKENS])
     if dump.returncode == 77:  # no device for this backend here
         sys.exit(77)

@@ -28,7 +28,7 @@ TOKENS = [50257, 50362, 464, 2068, 7586, 21831, 18045, 625, 50363, 262, 16931, 5
 ap = argparse.ArgumentParser()
 ap.add_argument("--make-whisper", required=True)
 ap.add_argument("--dump-whisper", required=True)
-ap.add_argument("--type", required=True, choices=["f32", "f16", "q8_0", "q4_0"])
+ap.add_argument("--type", required=True, choices=["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
 ap.add_argument("--backend", default="cpu")
 ap.add_argument("--emulator", default="")
 args = ap.parse_args()

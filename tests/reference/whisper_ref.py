@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 
-from llama_ref import dequantize
+from llama_ref import GGML_TYPES, dequantize
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -41,7 +41,7 @@ class WhisperFile:
             pos += name_len
             n = int(np.prod(dims))
             self.tensors[name] = (dims, ttype, pos)
-            block, block_bytes = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34)}[ttype]
+            block, block_bytes = GGML_TYPES[ttype]
             pos += n // block * block_bytes
 
     def __call__(self, name):

@@ -83,6 +83,7 @@ class CpuBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
+    bool supports_weights(GgmlType type) const override { return is_runnable_weight_type(type); }
 
     // Linux's MemAvailable (what can be allocated without swapping), else the free pages.
     uint64_t available_memory() const override {

@@ -44,6 +44,9 @@ constexpr int kTileRows = 2, kTileCols = 2, kRowCols = 4;
 #endif
 static_assert(kRowTile % kTileRows == 0);
 
+template <GgmlType T>
+constexpr bool kQuantized = T != GgmlType::kF32&& T != GgmlType::kF16;
+
 // Weights of one type read as floats, each exactly as dequantize_row() gives it: F32 and F16
 // rows as whole vectors at element j (a multiple of kLanes) and single elements past the last
 // whole vector; quantized rows (whole blocks) a block at a time.
@@ -79,8 +82,7 @@ struct Weights {
                 out[k] = hn::Mul(
                     hn::ConvertTo(d, hn::PromoteTo(d32, hn::LoadU(d8, blk.quants + k * kLanes))),
                     scale);
-        } else {
-            static_assert(T == GgmlType::kQ4_0);
+        } else if constexpr (T == GgmlType::kQ4_0) {
             const hn::Rebind<uint8_t, DF> d8;
             const auto& blk = reinterpret_cast<const BlockQ4_0*>(row(r))[b];
             const VF scale = hn::Set(d, halves[blk.scale]);
@@ -89,7 +91,75 @@ struct Weights {
                 out[k] = hn::Mul(nibble_values(d, hn::And(bytes, hn::Set(d32, 15))), scale);
                 out[k + kPerBlock / 2] = hn::Mul(nibble_values(d, hn::ShiftRight<4>(bytes)), scale);
             }
+        } else if constexpr (T == GgmlType::kQ4_1) {
+            const auto& blk = reinterpret_cast<const BlockQ4_1*>(row(r))[b];
+            const VF scale = hn::Set(d, halves[blk.scale]), min = hn::Set(d, halves[blk.min]);
+            for (int k = 0; k < kPerBlock; ++k) {
+                const int l = k * int(kLanes);  // elements l .. l + kLanes - 1 of the block
+                const VI q = Nibbles(blk.quants + l % 16, l < 16 ? 0 : 4);
+                out[k] = hn::Add(hn::Mul(hn::ConvertTo(d, q), scale), min);
+            }
+        } else if constexpr (T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1) {
+            using Block = std::conditional_t<T == GgmlType::kQ5_0, BlockQ5_0, BlockQ5_1>;
+            const auto& blk = reinterpret_cast<const Block*>(row(r))[b];
+            int32_t mask;
+            std::memcpy(&mask, blk.high, 4);
+            const VF scale = hn::Set(d, halves[blk.scale]);
+            for (int k = 0; k < kPerBlock; ++k) {
+                const int l = k * int(kLanes);
+                const VI fifth =
+                    hn::And(hn::Shr(hn::Set(d32, mask), hn::Iota(d32, l)), hn::Set(d32, 1));
+                const VI q =
+                    hn::Or(Nibbles(blk.quants + l % 16, l < 16 ? 0 : 4), hn::ShiftLeft<4>(fifth));
+                if constexpr (T == GgmlType::kQ5_0) {
+                    out[k] = hn::Mul(hn::ConvertTo(d, hn::Sub(q, hn::Set(d32, 16))), scale);
+                } else {
+                    out[k] =
+                        hn::Add(hn::Mul(hn::ConvertTo(d, q), scale), hn::Set(d, halves[blk.min]));
+                }
+            }
+        } else if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
+            using Block = std::conditional_t<T == GgmlType::kQ4_K, BlockQ4_K, BlockQ5_K>;
+            const auto& blk = reinterpret_cast<const Block*>(row(r))[b / 8];
+            const int s = int(b % 8);
+            uint8_t sc = 0, m = 0;
+            k_scale_min(s, blk.scales, &sc, &m);
+            const VF d1 = hn::Set(d, halves[blk.d] * float(sc));
+            const VF m1 = hn::Set(d, halves[blk.dmin] * float(m));
+            for (int k = 0; k < kPerBlock; ++k) {
+                const int l = k * int(kLanes);
+                VI q = Nibbles(blk.quants + 32 * (s / 2) + l, 4 * (s % 2));
+                if constexpr (T == GgmlType::kQ5_K)
+                    q = hn::Or(q,
+                               hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(Bytes(blk.high + l), s),
+                                                        hn::Set(d32, 1))));
+                out[k] = hn::Sub(hn::Mul(d1, hn::ConvertTo(d, q)), m1);
+            }
+        } else {
+            static_assert(T == GgmlType::kQ6_K);
+            const auto& blk = reinterpret_cast<const BlockQ6_K*>(row(r))[b / 8];
+            const int h = int(b % 8) / 4, part = int(b % 4);
+            const float scale = halves[blk.d];
+            for (int k = 0; k < kPerBlock; ++k) {
+                const int l = k * int(kLanes);
+                const VI low = Nibbles(blk.low + 64 * h + 32 * (part % 2) + l, 4 * (part / 2));
+                const VI high = hn::And(hn::ShiftRightSame(Bytes(blk.high + 32 * h + l), 2 * part),
+                                        hn::Set(d32, 3));
+                const VI q = hn::Sub(hn::Or(low, hn::ShiftLeft<4>(high)), hn::Set(d32, 32));
+                const float sl = scale * float(blk.scales[8 * h + 2 * part + l / 16]);
+                out[k] = hn::Mul(hn::Set(d, sl), hn::ConvertTo(d, q));
+            }
         }
+    }
+    using VI = hn::Vec<hn::Rebind<int32_t, DF>>;
+    // kLanes bytes as 32-bit lanes.
+    static VI Bytes(const uint8_t* p) {
+        const hn::Rebind<uint8_t, DF> d8;
+        return hn::PromoteTo(hn::Rebind<int32_t, DF>(), hn::LoadU(d8, p));
+    }
+    // The nibbles of kLanes bytes at bit `shift` (0 or 4).
+    static VI Nibbles(const uint8_t* p, int shift) {
+        return hn::And(hn::ShiftRightSame(Bytes(p), shift), hn::Set(hn::Rebind<int32_t, DF>(), 15));
     }
     // float(q - 8) for nibbles q: one permute of a 16-entry table where a vector has 16
     // lanes, else the subtraction and conversion (the same floats).
@@ -115,7 +185,7 @@ template <GgmlType T>
 void DecodeRowOf(const uint8_t* src, int64_t cols, float* dst) {
     const DF d;
     const Weights<T> w{src, 0};
-    if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0) {
+    if constexpr (kQuantized<T>) {
         for (int64_t b = 0; b < cols / 32; ++b) {
             VF v[Weights<T>::kPerBlock];
             w.block(d, 0, b, v);
@@ -143,6 +213,18 @@ void WithType(GgmlType type, F&& f) {
             return f(std::integral_constant<GgmlType, GgmlType::kQ8_0>());
         case GgmlType::kQ4_0:
             return f(std::integral_constant<GgmlType, GgmlType::kQ4_0>());
+        case GgmlType::kQ4_1:
+            return f(std::integral_constant<GgmlType, GgmlType::kQ4_1>());
+        case GgmlType::kQ5_0:
+            return f(std::integral_constant<GgmlType, GgmlType::kQ5_0>());
+        case GgmlType::kQ5_1:
+            return f(std::integral_constant<GgmlType, GgmlType::kQ5_1>());
+        case GgmlType::kQ4_K:
+            return f(std::integral_constant<GgmlType, GgmlType::kQ4_K>());
+        case GgmlType::kQ5_K:
+            return f(std::integral_constant<GgmlType, GgmlType::kQ5_K>());
+        case GgmlType::kQ6_K:
+            return f(std::integral_constant<GgmlType, GgmlType::kQ6_K>());
         default:
             return;  // the loader refuses other types (is_runnable_weight_type)
     }
@@ -181,7 +263,7 @@ void Tile(const Weights<T>& w, const float* x, int64_t cols, float* out, int64_t
             for (int k = 0; k < kChains; ++k)
                 acc[r][c][k] = hn::Zero(d);
     float tail[R][C] = {};
-    if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0) {
+    if constexpr (kQuantized<T>) {
         // Block by block (quantized rows are whole blocks): vector q of the row is added into
         // chain q % kChains, in order, as below.
         constexpr int kPer = Weights<T>::kPerBlock;

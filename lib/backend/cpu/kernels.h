@@ -39,7 +39,7 @@ struct QuantizedInputs {
 void quantize_inputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum);
 
 struct MatmulArgs {
-    GgmlType type = GgmlType::kF32;  // F32, F16, Q8_0 or Q4_0
+    GgmlType type = GgmlType::kF32;  // one of kWeightTypes (format/quant.h)
     const uint8_t* w = nullptr;      // rows of `cols` weights, row_bytes apart
     size_t row_bytes = 0;
     int64_t cols = 0;

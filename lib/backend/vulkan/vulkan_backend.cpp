@@ -363,6 +363,18 @@ const char* weight_suffix(GgmlType t) {
             return "q8_0";
         case GgmlType::kQ4_0:
             return "q4_0";
+        case GgmlType::kQ4_1:
+            return "q4_1";
+        case GgmlType::kQ5_0:
+            return "q5_0";
+        case GgmlType::kQ5_1:
+            return "q5_1";
+        case GgmlType::kQ4_K:
+            return "q4_k";
+        case GgmlType::kQ5_K:
+            return "q5_k";
+        case GgmlType::kQ6_K:
+            return "q6_k";
         default:
             return nullptr;
     }
@@ -519,6 +531,7 @@ class VulkanBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
+    bool supports_weights(GgmlType type) const override { return weight_suffix(type) != nullptr; }
     // The device-local heaps' size: an upper bound (what others use of them is not known
     // without VK_EXT_memory_budget), enough to refuse a context that can never fit.
     uint64_t available_memory() const override { return info_.memory_bytes; }
@@ -1154,7 +1167,10 @@ class VulkanBackend final : public Backend {
         const char* suffix = weight_suffix(type);
         if (suffix == nullptr)
             return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
-        const bool small = phys_.small_storage && type != GgmlType::kF32;
+        // The types with 8/16-bit storage variants (shaders/CMakeLists.txt).
+        const bool small =
+            phys_.small_storage &&
+            (type == GgmlType::kF16 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0);
         dispatch(std::string(op) + "_" + suffix + (small ? "_small" : ""), t, writes, pc, groups,
                  spec);
     }
