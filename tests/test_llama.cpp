@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -11,6 +12,7 @@
 #include "core/fp16.h"
 #include "format/quant.h"
 #include "models/llama.h"
+#include "quantizer.h"
 #include "test_util.h"
 
 using namespace specula;
@@ -276,6 +278,102 @@ TEST(CpuBackend, OutOfMemoryIsAStatus) {
     auto backend = create_cpu_backend(1);
     std::unique_ptr<Buffer> huge;
     EXPECT_EQ(backend->allocate(size_t(1) << 42, &huge).code(), SPECULA_ERR_OUT_OF_MEMORY);
+}
+
+}  // namespace
+
+namespace {
+
+// llama.cpp's Q4_K_M of a 32-block Llama (Llama 2 7B's shape): its loader reports 193 Q4_K and
+// 33 Q6_K matrices (output, and attn_v and ffn_down in 16 blocks each).
+TEST(Quantize, TheKMixesAreLlamaCpps) {
+    std::map<GgmlType, int> counts;
+    const char* per_block[] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                               "ffn_gate", "ffn_up", "ffn_down"};
+    auto count = [&](const std::string& name) {
+        GgmlType t{};
+        ASSERT_TRUE(quantized_type("q4_k_m", name, 32, 4096, &t).ok());
+        ++counts[t];
+    };
+    count("token_embd.weight");
+    count("output.weight");
+    for (int l = 0; l < 32; ++l)
+        for (const char* m : per_block)
+            count("blk." + std::to_string(l) + "." + m + ".weight");
+    EXPECT_EQ(counts[GgmlType::kQ4_K], 193);
+    EXPECT_EQ(counts[GgmlType::kQ6_K], 33);
+    // Rows that are not whole super-blocks take llama.cpp's fallbacks.
+    GgmlType t{};
+    ASSERT_TRUE(quantized_type("q4_k_m", "blk.5.attn_q.weight", 32, 4096 + 32, &t).ok());
+    EXPECT_EQ(t, GgmlType::kQ5_0);
+    ASSERT_TRUE(quantized_type("q5_k_m", "blk.5.attn_q.weight", 32, 4096 + 32, &t).ok());
+    EXPECT_EQ(t, GgmlType::kQ5_1);
+    ASSERT_TRUE(quantized_type("q4_k_m", "output.weight", 32, 4096 + 32, &t).ok());
+    EXPECT_EQ(t, GgmlType::kQ8_0);
+    EXPECT_EQ(quantized_type("q3_k_xl", "output.weight", 32, 4096, &t).code(),
+              SPECULA_ERR_INVALID_ARGUMENT);
+}
+
+// An F16 model quantized to Q4_K_M loads and predicts what the F16 model predicts, nearly:
+// closer than Q4_0 (4 bits, one scale per 32) and farther than Q8_0. A quantized model is
+// requantized only when asked.
+TEST(Quantize, AQuantizedModelLoadsAndStaysCloseToItsSource) {
+    RandomLlamaSpec spec = test::small_spec(GgmlType::kF16, 21);
+    spec.n_embd = 256;
+    spec.n_ff = 512;
+    spec.n_layer = 3;
+    const std::string f16 = test::make_model("quantize-source-f16", spec);
+    auto quantized = [&](const std::string& scheme, QuantizeReport* report) {
+        const std::string path = (test::temp_dir() / ("quantize-" + scheme + ".gguf")).string();
+        const Status s = quantize_gguf(f16, path, {scheme, false}, report);
+        EXPECT_TRUE(s.ok()) << s.message();
+        return path;
+    };
+    QuantizeReport report;
+    const std::string q4 = quantized("q4_k_m", &report);
+    EXPECT_EQ(report.types.at("output.weight"), GgmlType::kQ6_K);
+    EXPECT_EQ(report.types.at("blk.2.ffn_down.weight"), GgmlType::kQ6_K);  // the last eighth
+    EXPECT_EQ(report.types.at("blk.0.attn_q.weight"), GgmlType::kQ4_K);
+    EXPECT_EQ(report.types.at("blk.0.attn_norm.weight"), GgmlType::kF32);
+    EXPECT_LT(report.bytes_out * 2, report.bytes_in);
+
+    auto logits_of = [](const std::string& path) {
+        auto backend = create_cpu_backend(2);
+        std::unique_ptr<MappedFile> file;
+        EXPECT_TRUE(MappedFile::open(path, &file).ok());
+        std::unique_ptr<LlamaModel> model;
+        const Status st = LlamaModel::load(*backend, std::move(file), nullptr, &model);
+        EXPECT_TRUE(st.ok()) << st.message();
+        std::unique_ptr<LlamaContext> ctx;
+        EXPECT_TRUE(LlamaContext::create(*model, 32, 16, &ctx).ok());
+        std::vector<float> logits;
+        EXPECT_TRUE(ctx->forward(kTokens, true, &logits).ok());
+        return logits;
+    };
+    const std::vector<float> reference = logits_of(f16);
+    auto error = [&](const std::string& path) {  // relative root-mean-square
+        const std::vector<float> b = logits_of(path);
+        EXPECT_EQ(b.size(), reference.size());
+        double err = 0, norm = 0;
+        for (size_t i = 0; i < reference.size() && i < b.size(); ++i) {
+            err += double(reference[i] - b[i]) * double(reference[i] - b[i]);
+            norm += double(reference[i]) * double(reference[i]);
+        }
+        return std::sqrt(err / norm);
+    };
+    const double e_q4_k_m = error(q4), e_q4_0 = error(quantized("q4_0", nullptr)),
+                 e_q8_0 = error(quantized("q8_0", nullptr));
+    std::printf("logits' relative rms error: q8_0 %.4f, q4_k_m %.4f, q4_0 %.4f\n", e_q8_0, e_q4_k_m,
+                e_q4_0);
+    EXPECT_LT(e_q8_0, e_q4_k_m);
+    EXPECT_LT(e_q4_k_m, e_q4_0);
+
+    const std::string again = (test::temp_dir() / "quantize-requantized.gguf").string();
+    EXPECT_EQ(quantize_gguf(q4, again, {"q8_0", false}, nullptr).code(),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    const Status s = quantize_gguf(q4, again, {"q8_0", true}, &report);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(report.types.at("output.weight"), GgmlType::kQ8_0);
 }
 
 }  // namespace
