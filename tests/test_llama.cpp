@@ -182,7 +182,8 @@ TEST(CpuBackend, RunsTheInstructionSetTheEnvironmentNames) {
 
 // kernels.h's definition of the integer matmul, restated with plain integers and std::fma:
 // inputs quantized per block (nearest even of x * (1 / dx)), then per weight row and input
-// acc = fma(sum qw * qx, dw * dx, acc) over the blocks in order. Compared for a row count
+// acc = fma(sum qw * qx, dw * dx, acc) over the blocks in order (Q4_K, Q5_K: acc = fma(sum q *
+// qx, d1 * dx, acc), then acc = fma(sum qx, -(m1 * dx), acc)). Compared for a row count
 // that is no whole number of groups and more inputs than one tile, with the weights packed
 // beforehand and as they are used.
 class IntegerMatmul : public ::testing::TestWithParam<GgmlType> {};
@@ -190,7 +191,9 @@ class IntegerMatmul : public ::testing::TestWithParam<GgmlType> {};
 TEST_P(IntegerMatmul, IsTheDefinedSum) {
     const GgmlType type = GetParam();
     create_cpu_backend(1);  // applies SPECULA_CPU_SIMD to the kernels called below
-    constexpr int64_t kRows = 40, kCols = 96, kN = 11, kBlocks = kCols / 32;
+    const bool with_min = cpu::has_block_min(type);
+    constexpr int64_t kRows = 40, kN = 11;
+    const int64_t kCols = with_min ? 512 : 96, kBlocks = kCols / 32;
     std::mt19937 rng(7);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     const size_t row_bytes = Tensor{nullptr, 0, type, kCols, 1}.row_bytes();
@@ -224,9 +227,28 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
         ASSERT_EQ(sums[b], sum) << "block " << b;
     }
 
-    // Weight (r, j) as an integer and the block's scale.
+    // Weight (r, j) as an integer, and the block's scale and min (x = scale * q - min).
+    auto k_block = [&](int64_t r, int64_t b, uint8_t* sc, uint8_t* m) {
+        const uint8_t* p =
+            w.data() + size_t(r) * row_bytes + size_t(b / 8) * row_bytes / (kCols / 256);
+        k_scale_min(int(b % 8), reinterpret_cast<const BlockQ4_K*>(p)->scales, sc,
+                    m);  // Q5_K: same head
+        return p;
+    };
     auto weight = [&](int64_t r, int64_t j) {
         const uint8_t* p = w.data() + size_t(r) * row_bytes;
+        if (with_min) {
+            uint8_t sc = 0, m = 0;
+            const int s = int(j / 32 % 8), l = int(j % 32);
+            p = k_block(r, j / 32, &sc, &m);
+            const uint8_t* quants = type == GgmlType::kQ4_K
+                                        ? reinterpret_cast<const BlockQ4_K*>(p)->quants
+                                        : reinterpret_cast<const BlockQ5_K*>(p)->quants;
+            int q = (quants[32 * (s / 2) + l] >> (4 * (s % 2))) & 15;
+            if (type == GgmlType::kQ5_K)
+                q |= ((reinterpret_cast<const BlockQ5_K*>(p)->high[l] >> s) & 1) << 4;
+            return q;
+        }
         if (type == GgmlType::kQ8_0)
             return int(reinterpret_cast<const BlockQ8_0*>(p)[j / 32].quants[j % 32]);
         const auto& blk = reinterpret_cast<const BlockQ4_0*>(p)[j / 32];
@@ -235,6 +257,11 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
     };
     auto scale = [&](int64_t r, int64_t b) {
         const uint8_t* p = w.data() + size_t(r) * row_bytes;
+        if (with_min) {
+            uint8_t sc = 0, m = 0;
+            p = k_block(r, b, &sc, &m);
+            return half_to_float(reinterpret_cast<const BlockQ4_K*>(p)->d) * float(sc);
+        }
         return half_to_float(type == GgmlType::kQ8_0
                                  ? reinterpret_cast<const BlockQ8_0*>(p)[b].scale
                                  : reinterpret_cast<const BlockQ4_0*>(p)[b].scale);
@@ -248,7 +275,15 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
                 int32_t isum = 0;
                 for (int64_t j = b * 32; j < b * 32 + 32; ++j)
                     isum += weight(r, j) * q[size_t(c * kCols + j)];
-                acc = std::fma(float(isum), scale(r, b) * d[size_t(c * kBlocks + b)], acc);
+                const float dx = d[size_t(c * kBlocks + b)];
+                acc = std::fma(float(isum), scale(r, b) * dx, acc);
+                if (with_min) {
+                    uint8_t sc = 0, m = 0;
+                    const uint8_t* p = k_block(r, b, &sc, &m);
+                    const float m1 =
+                        half_to_float(reinterpret_cast<const BlockQ4_K*>(p)->dmin) * float(m);
+                    acc = std::fma(float(sums[size_t(c * kBlocks + b)]), -(m1 * dx), acc);
+                }
             }
             expected[size_t(c * kRows + r)] = acc;
             max_ref = std::max(max_ref, double(std::fabs(acc)));
@@ -271,7 +306,9 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, IntegerMatmul, ::testing::Values(GgmlType::kQ8_0, GgmlType::kQ4_0),
+INSTANTIATE_TEST_SUITE_P(Cpu, IntegerMatmul,
+                         ::testing::Values(GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K,
+                                           GgmlType::kQ5_K),
                          [](const auto& info) { return std::string(ggml_type_name(info.param)); });
 
 TEST(CpuBackend, OutOfMemoryIsAStatus) {

@@ -352,23 +352,66 @@ constexpr auto kRowByRow = RowByRowTable<T>(std::make_integer_sequence<int, kRow
 
 // ---- Q8_0 / Q4_0 weights times 8-bit inputs (kernels.h) ----
 
-// A packed group-block: the kGroupRows rows' scales (f16), then kChunks chunks of kGroupRows
-// rows x 4 bytes. Q8_0: chunk k holds columns 4k..4k+3 as unsigned bytes, the weight + 128;
-// Q4_0: chunk k holds the rows' bytes 4k..4k+3 as they are, columns 4k + i in the low
-// nibbles and 16 + 4k + i in the high ones (values q - 8). kOffset: the unsigned value minus
-// the weight.
+// A packed group-block: the kGroupRows rows' scales (f16; Q4_K / Q5_K: their f32 d1, then
+// their f32 m1), then kChunks chunks of kGroupRows rows x 4 bytes. Q8_0: chunk k holds columns
+// 4k..4k+3 as unsigned bytes, the weight + 128; Q4_0: chunk k holds the rows' bytes
+// 4k..4k+3 as they are, columns 4k + i in the low nibbles and 16 + 4k + i in the high ones
+// (values q - 8); Q4_K: the same nibbles (values q); Q5_K: columns 4k..4k+3 as bytes (values
+// q). kOffset: the unsigned value minus the weight's integer.
 template <GgmlType T>
 struct Packed {
     static constexpr int kChunks = packed_chunks(T);
-    static constexpr int32_t kOffset = T == GgmlType::kQ8_0 ? 128 : 8;
+    static constexpr int32_t kOffset = T == GgmlType::kQ8_0 ? 128 : T == GgmlType::kQ4_0 ? 8 : 0;
+    static constexpr size_t kScaleBytes = packed_scale_bytes(T);
     static constexpr size_t kBytes = packed_block_bytes(T);
+    static constexpr bool kNibbles = kChunks == 4;
 };
+
+template <GgmlType T>
+constexpr bool kInteger = T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 || has_block_min(T);
+
+// Block b of a row as it is packed: its scale bytes and its 4 * kChunks stored bytes.
+template <GgmlType T>
+void PackedBlock(const uint8_t* row, int64_t b, uint8_t* scale, uint8_t* bytes) {
+    if constexpr (T == GgmlType::kQ8_0) {
+        const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
+        std::memcpy(scale, &blk.scale, 2);
+        for (int j = 0; j < 32; ++j)
+            bytes[j] = uint8_t(blk.quants[j] ^ 0x80);
+    } else if constexpr (T == GgmlType::kQ4_0) {
+        const auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
+        std::memcpy(scale, &blk.scale, 2);
+        std::memcpy(bytes, blk.quants, 16);
+    } else {
+        static_assert(has_block_min(T));
+        using Block = std::conditional_t<T == GgmlType::kQ4_K, BlockQ4_K, BlockQ5_K>;
+        const auto& blk = reinterpret_cast<const Block*>(row)[b / 8];
+        const int s = int(b % 8);
+        uint8_t sc = 0, m = 0;
+        k_scale_min(s, blk.scales, &sc, &m);
+        const float* halves = half_table();
+        // The same floats as dequantize_block32's d1 and m1.
+        const float d1 = halves[blk.d] * float(sc), m1 = halves[blk.dmin] * float(m);
+        std::memcpy(scale, &d1, 4);
+        std::memcpy(scale + kGroupRows * 4, &m1, 4);  // the m1 of every row after the d1s
+        uint8_t q[32];
+        for (int l = 0; l < 32; ++l) {
+            q[l] = uint8_t((blk.quants[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF);
+            if constexpr (T == GgmlType::kQ5_K) q[l] |= uint8_t(((blk.high[l] >> s) & 1) << 4);
+        }
+        if constexpr (T == GgmlType::kQ4_K) {
+            for (int j = 0; j < 16; ++j)
+                bytes[j] = uint8_t(q[j] | (q[j + 16] << 4));
+        } else {
+            std::memcpy(bytes, q, 32);
+        }
+    }
+}
 
 template <GgmlType T>
 void PackRowsOf(const uint8_t* src, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0,
                 int64_t g1, uint8_t* dst) {
     using P = Packed<T>;
-    using Block = std::conditional_t<T == GgmlType::kQ8_0, BlockQ8_0, BlockQ4_0>;
     const int64_t nb = cols / 32;
     for (int64_t g = g0; g < g1; ++g) {
         for (int64_t b = 0; b < nb; ++b) {
@@ -377,14 +420,14 @@ void PackRowsOf(const uint8_t* src, size_t row_bytes, int64_t rows, int64_t cols
             for (int r = 0; r < int(kGroupRows); ++r) {
                 const int64_t row = g * kGroupRows + r;
                 if (row >= rows) break;
-                const auto& blk = reinterpret_cast<const Block*>(src + size_t(row) * row_bytes)[b];
-                std::memcpy(out + 2 * r, &blk.scale, 2);
-                uint8_t* chunks = out + kGroupRows * 2 + 4 * r;
+                uint8_t bytes[32];
+                // Scales: f16 at 2 r, or f32 at 4 r (d1) and 4 (kGroupRows + r) (m1).
+                PackedBlock<T>(src + size_t(row) * row_bytes, b,
+                               out + r * (has_block_min(T) ? 4 : 2), bytes);
+                uint8_t* chunks = out + kGroupRows * P::kScaleBytes + 4 * r;
                 for (int k = 0; k < P::kChunks; ++k)
                     for (int i = 0; i < 4; ++i)
-                        chunks[k * kGroupRows * 4 + i] = T == GgmlType::kQ8_0
-                                                             ? uint8_t(blk.quants[4 * k + i] ^ 0x80)
-                                                             : uint8_t(blk.quants[4 * k + i]);
+                        chunks[k * kGroupRows * 4 + i] = bytes[4 * k + i];
             }
         }
     }
@@ -392,10 +435,9 @@ void PackRowsOf(const uint8_t* src, size_t row_bytes, int64_t rows, int64_t cols
 
 void PackRows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows, int64_t cols,
               int64_t g0, int64_t g1, uint8_t* dst) {
-    if (type == GgmlType::kQ8_0)
-        PackRowsOf<GgmlType::kQ8_0>(src, row_bytes, rows, cols, g0, g1, dst);
-    if (type == GgmlType::kQ4_0)
-        PackRowsOf<GgmlType::kQ4_0>(src, row_bytes, rows, cols, g0, g1, dst);
+    WithType(type, [&](auto t) {
+        if constexpr (kInteger<t()>) PackRowsOf<t()>(src, row_bytes, rows, cols, g0, g1, dst);
+    });
 }
 
 using DI = hn::Rebind<int32_t, DF>;
@@ -516,7 +558,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
             acc[c] = hn::Zero(df);
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t* blk = group + size_t(b) * P::kBytes;
-            const uint8_t* chunks = blk + kGroupRows * 2 + h * kLanes * 4;
+            const uint8_t* chunks = blk + kGroupRows * P::kScaleBytes + h * kLanes * 4;
             const int8_t* xq = x.q + c0 * x.cols + b * 32;  // input c0 + c at xq + c * x.cols
             VI isum[C];
 #if HWY_TARGET == HWY_SCALAR
@@ -526,7 +568,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
                     for (int i = 0; i < 4; ++i) {
                         const int w = chunks[k * kGroupRows * 4 + i];
                         const int8_t* xc = xq + c * x.cols;
-                        if constexpr (T == GgmlType::kQ8_0) {
+                        if constexpr (!P::kNibbles) {
                             s += w * xc[4 * k + i];
                         } else {
                             s += (w & 15) * xc[4 * k + i] + (w >> 4) * xc[16 + 4 * k + i];
@@ -540,7 +582,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
             IntSums sums[C];  // zero
             for (int k = 0; k < P::kChunks; ++k) {
                 const VU8 bytes = hn::LoadU(du8, chunks + k * kGroupRows * 4);
-                if constexpr (T == GgmlType::kQ8_0) {
+                if constexpr (!P::kNibbles) {
                     for (int c = 0; c < C; ++c)
                         sums[c].add(bytes, IntSums::input(Load4(xq + c * x.cols + 4 * k)));
                 } else {
@@ -555,13 +597,26 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
             for (int c = 0; c < C; ++c)
                 isum[c] = sums[c].get();
 #endif
-            const VF dw = hn::PromoteTo(
-                df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(blk) + h * kLanes));
-            for (int c = 0; c < C; ++c) {
-                const int64_t i = (c0 + c) * nb + b;
-                const VI exact = hn::Sub(isum[c], hn::Set(di, P::kOffset * x.sum[i]));
-                acc[c] =
-                    hn::MulAdd(hn::ConvertTo(df, exact), hn::Mul(dw, hn::Set(df, x.d[i])), acc[c]);
+            if constexpr (has_block_min(T)) {
+                const auto* scales = reinterpret_cast<const float*>(blk);
+                const VF d1 = hn::LoadU(df, scales + h * kLanes);
+                const VF m1 = hn::LoadU(df, scales + kGroupRows + h * kLanes);
+                for (int c = 0; c < C; ++c) {
+                    const int64_t i = (c0 + c) * nb + b;
+                    const VF dx = hn::Set(df, x.d[i]);
+                    acc[c] = hn::MulAdd(hn::ConvertTo(df, isum[c]), hn::Mul(d1, dx), acc[c]);
+                    acc[c] =
+                        hn::MulAdd(hn::Set(df, float(x.sum[i])), hn::Neg(hn::Mul(m1, dx)), acc[c]);
+                }
+            } else {
+                const VF dw = hn::PromoteTo(
+                    df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(blk) + h * kLanes));
+                for (int c = 0; c < C; ++c) {
+                    const int64_t i = (c0 + c) * nb + b;
+                    const VI exact = hn::Sub(isum[c], hn::Set(di, P::kOffset * x.sum[i]));
+                    acc[c] = hn::MulAdd(hn::ConvertTo(df, exact), hn::Mul(dw, hn::Set(df, x.d[i])),
+                                        acc[c]);
+                }
             }
         }
         const int valid = std::min<int>(int(kLanes), rows - h * int(kLanes));
@@ -623,7 +678,7 @@ void IntegerMatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end) 
 // (the same values) and register tiles of rows x inputs read those.
 template <GgmlType T>
 void MatmulRowsOf(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
-    if constexpr (T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0) {
+    if constexpr (kInteger<T>) {
         if (a.qx != nullptr) return IntegerMatmulRows<T>(a, row_begin, row_end);
     }
     if (a.n <= kRowCols) {
@@ -806,7 +861,7 @@ HWY_EXPORT(PackRows);
 HWY_EXPORT(QuantizeInputs);
 
 bool has_integer_kernel(GgmlType type) {
-    return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0;
+    return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 || has_block_min(type);
 }
 size_t packed_bytes(GgmlType type, int64_t rows, int64_t cols) {
     const size_t groups = size_t((rows + kGroupRows - 1) / kGroupRows);

@@ -48,22 +48,35 @@ struct MatmulArgs {
     float* out = nullptr;  // out[i * out_stride + r]
     int64_t out_stride = 0;
     bool accumulate = false;  // out += product (one addition) instead of out = product
-    // Q8_0 / Q4_0 weights with 8-bit inputs: x quantized by quantize_inputs(), and the
-    // weights packed by pack_rows() (nullptr: each group is packed as it is used).
+    // Q8_0 / Q4_0 / Q4_K / Q5_K weights with 8-bit inputs: x quantized by quantize_inputs(), and
+    // the weights packed by pack_rows() (nullptr: each group is packed as it is used).
     const QuantizedInputs* qx = nullptr;
     const uint8_t* packed = nullptr;
 };
 
 // Rows of a packed quantized matrix per group; the threads split matrices in whole groups.
 constexpr int64_t kGroupRows = 16;
-// Chunks of kGroupRows x 4 bytes per block in a packed group (kernels.cpp has the layout).
+// Q4_K and Q5_K blocks of 32 have a scale and a min: x = d1 * q - m1 with q >= 0. Their
+// product with an input block is, by the same definition with the min's term added,
+//     acc = fma(float(sum_j q[j] * qx[j]), d1 * dx, acc)
+//     acc = fma(float(sum_j qx[j]), -(m1 * dx), acc)
+constexpr bool has_block_min(GgmlType type) {
+    return type == GgmlType::kQ4_K || type == GgmlType::kQ5_K;
+}
+// Chunks of kGroupRows x 4 bytes per block in a packed group (kernels.cpp has the layout):
+// nibbles (Q4_0, Q4_K) or bytes (Q8_0, Q5_K).
 constexpr int packed_chunks(GgmlType type) {
-    return type == GgmlType::kQ8_0 ? 8 : 4;
+    return type == GgmlType::kQ8_0 || type == GgmlType::kQ5_K ? 8 : 4;
+}
+// Per row and block: an f16 scale, or f32 d1 and m1.
+constexpr size_t packed_scale_bytes(GgmlType type) {
+    return has_block_min(type) ? 8 : 2;
 }
 constexpr size_t packed_block_bytes(GgmlType type) {
-    return size_t(kGroupRows) * 2 + size_t(packed_chunks(type)) * size_t(kGroupRows) * 4;
+    return size_t(kGroupRows) * packed_scale_bytes(type) +
+           size_t(packed_chunks(type)) * size_t(kGroupRows) * 4;
 }
-// Whether `type` is multiplied with 8-bit inputs (Q8_0, Q4_0).
+// Whether `type` is multiplied with 8-bit inputs (Q8_0, Q4_0, Q4_K, Q5_K).
 bool has_integer_kernel(GgmlType type);
 // Bytes of a packed matrix of `type` (rows padded to whole groups, cols a multiple of 32).
 size_t packed_bytes(GgmlType type, int64_t rows, int64_t cols);
