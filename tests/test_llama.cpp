@@ -183,7 +183,9 @@ TEST(CpuBackend, RunsTheInstructionSetTheEnvironmentNames) {
 // kernels.h's definition of the integer matmul, restated with plain integers and std::fma:
 // inputs quantized per block (nearest even of x * (1 / dx)), then per weight row and input
 // acc = fma(sum qw * qx, dw * dx, acc) over the blocks in order (Q4_K, Q5_K: acc = fma(sum q *
-// qx, d1 * dx, acc), then acc = fma(sum qx, -(m1 * dx), acc)). Compared for a row count
+// qx, d1 * dx, acc), then acc = fma(sum qx, -(m1 * dx), acc); Q6_K: acc = fma(s_lo * sum_lo
+// (q - 32) * qx + s_hi * sum_hi (q - 32) * qx, d * dx, acc) over the halves of the block, all
+// integers). Compared for a row count
 // that is no whole number of groups and more inputs than one tile, with the weights packed
 // beforehand and as they are used.
 class IntegerMatmul : public ::testing::TestWithParam<GgmlType> {};
@@ -191,9 +193,9 @@ class IntegerMatmul : public ::testing::TestWithParam<GgmlType> {};
 TEST_P(IntegerMatmul, IsTheDefinedSum) {
     const GgmlType type = GetParam();
     create_cpu_backend(1);  // applies SPECULA_CPU_SIMD to the kernels called below
-    const bool with_min = cpu::has_block_min(type);
+    const bool with_min = cpu::has_block_min(type), q6_k = type == GgmlType::kQ6_K;
     constexpr int64_t kRows = 40, kN = 11;
-    const int64_t kCols = with_min ? 512 : 96, kBlocks = kCols / 32;
+    const int64_t kCols = with_min || q6_k ? 512 : 96, kBlocks = kCols / 32;
     std::mt19937 rng(7);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     const size_t row_bytes = Tensor{nullptr, 0, type, kCols, 1}.row_bytes();
@@ -210,8 +212,8 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
 
     std::vector<int8_t> q(x.size());
     std::vector<float> d(x.size() / 32);
-    std::vector<int32_t> sums(d.size());
-    cpu::quantize_inputs(x.data(), kN, kCols, q.data(), d.data(), sums.data());
+    std::vector<int32_t> sums(d.size()), sums_lo(d.size());
+    cpu::quantize_inputs(x.data(), kN, kCols, q.data(), d.data(), sums.data(), sums_lo.data());
     for (size_t b = 0; b < d.size(); ++b) {
         float amax = 0.0f;
         for (int j = 0; j < 32; ++j)
@@ -223,6 +225,9 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
             const size_t i = b * 32 + size_t(j);
             ASSERT_EQ(q[i], int8_t(std::nearbyint(x[i] * inv))) << "input " << i;
             sum += q[i];
+            if (j == 15) {
+                ASSERT_EQ(sums_lo[b], sum) << "block " << b;
+            }
         }
         ASSERT_EQ(sums[b], sum) << "block " << b;
     }
@@ -235,8 +240,22 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
                     m);  // Q5_K: same head
         return p;
     };
+    // Q6_K: element j's q - 32, and the scale of its half times d.
+    auto q6 = [&](int64_t r, int64_t j, float* half_scale) {
+        const auto& blk =
+            reinterpret_cast<const BlockQ6_K*>(w.data() + size_t(r) * row_bytes)[j / 256];
+        const int i = int(j % 256), h = i / 128, k = i % 128 / 32, l = i % 32;
+        const int low = (blk.low[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15;
+        const int high = (blk.high[32 * h + l] >> (2 * k)) & 3;
+        *half_scale = float(blk.scales[8 * h + 2 * k + l / 16]);
+        return (low | high << 4) - 32;
+    };
     auto weight = [&](int64_t r, int64_t j) {
         const uint8_t* p = w.data() + size_t(r) * row_bytes;
+        if (q6_k) {
+            float unused = 0.0f;
+            return q6(r, j, &unused);
+        }
         if (with_min) {
             uint8_t sc = 0, m = 0;
             const int s = int(j / 32 % 8), l = int(j % 32);
@@ -272,10 +291,23 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
         for (int64_t r = 0; r < kRows; ++r) {
             float acc = 0.0f;
             for (int64_t b = 0; b < kBlocks; ++b) {
+                const float dx = d[size_t(c * kBlocks + b)];
+                if (q6_k) {
+                    int32_t half[2] = {0, 0};
+                    float s[2] = {0.0f, 0.0f};
+                    for (int64_t j = b * 32; j < b * 32 + 32; ++j)
+                        half[(j % 32) / 16] +=
+                            q6(r, j, &s[(j % 32) / 16]) * q[size_t(c * kCols + j)];
+                    const auto exact = int32_t(s[0]) * half[0] + int32_t(s[1]) * half[1];
+                    const float dw = half_to_float(
+                        reinterpret_cast<const BlockQ6_K*>(w.data() + size_t(r) * row_bytes)[b / 8]
+                            .d);
+                    acc = std::fma(float(exact), dw * dx, acc);
+                    continue;
+                }
                 int32_t isum = 0;
                 for (int64_t j = b * 32; j < b * 32 + 32; ++j)
                     isum += weight(r, j) * q[size_t(c * kCols + j)];
-                const float dx = d[size_t(c * kBlocks + b)];
                 acc = std::fma(float(isum), scale(r, b) * dx, acc);
                 if (with_min) {
                     uint8_t sc = 0, m = 0;
@@ -292,7 +324,7 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
 
     std::vector<uint8_t> packed(cpu::packed_bytes(type, kRows, kCols));
     cpu::pack_rows(type, w.data(), row_bytes, kRows, kCols, 0, (kRows + 15) / 16, packed.data());
-    const cpu::QuantizedInputs qx{q.data(), d.data(), sums.data(), kCols};
+    const cpu::QuantizedInputs qx{q.data(), d.data(), sums.data(), kCols, sums_lo.data()};
     for (const uint8_t* p : {static_cast<const uint8_t*>(packed.data()), (const uint8_t*)nullptr}) {
         std::vector<float> out(expected.size(), -1.0f);
         cpu::MatmulArgs a{type, w.data(), row_bytes, kCols, x.data(), kN, out.data(), kRows, false};
@@ -308,7 +340,7 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
 
 INSTANTIATE_TEST_SUITE_P(Cpu, IntegerMatmul,
                          ::testing::Values(GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K,
-                                           GgmlType::kQ5_K),
+                                           GgmlType::kQ5_K, GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(ggml_type_name(info.param)); });
 
 TEST(CpuBackend, OutOfMemoryIsAStatus) {

@@ -430,8 +430,10 @@ class CpuBackend final : public Backend {
         q_.resize(n);
         d_.resize(n / 32);
         sums_.resize(n / 32);
-        cpu::quantize_inputs(f32(x), x.rows, x.cols, q_.data(), d_.data(), sums_.data());
-        qx_ = {q_.data(), d_.data(), sums_.data(), x.cols};
+        sums_lo_.resize(n / 32);
+        cpu::quantize_inputs(f32(x), x.rows, x.cols, q_.data(), d_.data(), sums_.data(),
+                             sums_lo_.data());
+        qx_ = {q_.data(), d_.data(), sums_.data(), x.cols, sums_lo_.data()};
         return &qx_;
     }
 
@@ -471,7 +473,7 @@ class CpuBackend final : public Backend {
     CpuInputs inputs_;
     std::vector<int8_t> q_;  // quantized(): the inputs of the current matmul
     std::vector<float> d_;
-    std::vector<int32_t> sums_;
+    std::vector<int32_t> sums_, sums_lo_;
     cpu::QuantizedInputs qx_;
     Status pending_;
     uint64_t host_waits_ = 0;

@@ -350,38 +350,55 @@ constexpr std::array<void (*)(const MatmulArgs&, int64_t, int64_t), sizeof...(Cs
 template <GgmlType T>
 constexpr auto kRowByRow = RowByRowTable<T>(std::make_integer_sequence<int, kRowCols>());
 
-// ---- Q8_0 / Q4_0 weights times 8-bit inputs (kernels.h) ----
+// ---- Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights times 8-bit inputs (kernels.h) ----
 
 // A packed group-block: the kGroupRows rows' scales (f16; Q4_K / Q5_K: their f32 d1, then
 // their f32 m1), then kChunks chunks of kGroupRows rows x 4 bytes. Q8_0: chunk k holds columns
 // 4k..4k+3 as unsigned bytes, the weight + 128; Q4_0: chunk k holds the rows' bytes
 // 4k..4k+3 as they are, columns 4k + i in the low nibbles and 16 + 4k + i in the high ones
-// (values q - 8); Q4_K: the same nibbles (values q); Q5_K: columns 4k..4k+3 as bytes (values
-// q). kOffset: the unsigned value minus the weight's integer.
+// (values q - 8); Q4_K: the same nibbles (values q); Q5_K, Q6_K: columns 4k..4k+3 as bytes
+// (values q; Q6_K's scales: the rows' f16 d, then their int8 s_lo, then their s_hi). kOffset:
+// the unsigned value minus the weight's integer.
 template <GgmlType T>
 struct Packed {
     static constexpr int kChunks = packed_chunks(T);
-    static constexpr int32_t kOffset = T == GgmlType::kQ8_0 ? 128 : T == GgmlType::kQ4_0 ? 8 : 0;
+    static constexpr int32_t kOffset = T == GgmlType::kQ8_0   ? 128
+                                       : T == GgmlType::kQ4_0 ? 8
+                                       : T == GgmlType::kQ6_K ? 32
+                                                              : 0;
     static constexpr size_t kScaleBytes = packed_scale_bytes(T);
     static constexpr size_t kBytes = packed_block_bytes(T);
     static constexpr bool kNibbles = kChunks == 4;
 };
 
 template <GgmlType T>
-constexpr bool kInteger = T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 || has_block_min(T);
+constexpr bool kInteger = T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 ||
+                          has_block_min(T) || T == GgmlType::kQ6_K;
 
-// Block b of a row as it is packed: its scale bytes and its 4 * kChunks stored bytes.
+// Block b of a row as it is packed: row r's scales into the block's scale area `scales`, and
+// its 4 * kChunks stored bytes.
 template <GgmlType T>
-void PackedBlock(const uint8_t* row, int64_t b, uint8_t* scale, uint8_t* bytes) {
+void PackedBlock(const uint8_t* row, int64_t b, uint8_t* scales, int r, uint8_t* bytes) {
     if constexpr (T == GgmlType::kQ8_0) {
         const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
-        std::memcpy(scale, &blk.scale, 2);
+        std::memcpy(scales + 2 * r, &blk.scale, 2);
         for (int j = 0; j < 32; ++j)
             bytes[j] = uint8_t(blk.quants[j] ^ 0x80);
     } else if constexpr (T == GgmlType::kQ4_0) {
         const auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
-        std::memcpy(scale, &blk.scale, 2);
+        std::memcpy(scales + 2 * r, &blk.scale, 2);
         std::memcpy(bytes, blk.quants, 16);
+    } else if constexpr (T == GgmlType::kQ6_K) {
+        const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+        const int h = int(b % 8) / 4, part = int(b % 4);
+        std::memcpy(scales + 2 * r, &blk.d, 2);
+        scales[2 * kGroupRows + r] = uint8_t(blk.scales[8 * h + 2 * part]);
+        scales[3 * kGroupRows + r] = uint8_t(blk.scales[8 * h + 2 * part + 1]);
+        for (int l = 0; l < 32; ++l) {
+            const int low = (blk.low[64 * h + 32 * (part % 2) + l] >> (4 * (part / 2))) & 0xF;
+            const int high = (blk.high[32 * h + l] >> (2 * part)) & 3;
+            bytes[l] = uint8_t(low | high << 4);
+        }
     } else {
         static_assert(has_block_min(T));
         using Block = std::conditional_t<T == GgmlType::kQ4_K, BlockQ4_K, BlockQ5_K>;
@@ -392,8 +409,8 @@ void PackedBlock(const uint8_t* row, int64_t b, uint8_t* scale, uint8_t* bytes) 
         const float* halves = half_table();
         // The same floats as dequantize_block32's d1 and m1.
         const float d1 = halves[blk.d] * float(sc), m1 = halves[blk.dmin] * float(m);
-        std::memcpy(scale, &d1, 4);
-        std::memcpy(scale + kGroupRows * 4, &m1, 4);  // the m1 of every row after the d1s
+        std::memcpy(scales + 4 * r, &d1, 4);
+        std::memcpy(scales + 4 * (kGroupRows + r), &m1, 4);  // every row's m1 after the d1s
         uint8_t q[32];
         for (int l = 0; l < 32; ++l) {
             q[l] = uint8_t((blk.quants[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF);
@@ -421,9 +438,7 @@ void PackRowsOf(const uint8_t* src, size_t row_bytes, int64_t rows, int64_t cols
                 const int64_t row = g * kGroupRows + r;
                 if (row >= rows) break;
                 uint8_t bytes[32];
-                // Scales: f16 at 2 r, or f32 at 4 r (d1) and 4 (kGroupRows + r) (m1).
-                PackedBlock<T>(src + size_t(row) * row_bytes, b,
-                               out + r * (has_block_min(T) ? 4 : 2), bytes);
+                PackedBlock<T>(src + size_t(row) * row_bytes, b, out, r, bytes);
                 uint8_t* chunks = out + kGroupRows * P::kScaleBytes + 4 * r;
                 for (int k = 0; k < P::kChunks; ++k)
                     for (int i = 0; i < 4; ++i)
@@ -443,7 +458,8 @@ void PackRows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows,
 using DI = hn::Rebind<int32_t, DF>;
 using VI = hn::Vec<DI>;
 
-void QuantizeInputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum) {
+void QuantizeInputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum,
+                    int32_t* sum_lo) {
     const DF df;
     const DI di;
     const hn::Rebind<int8_t, DF> d8;
@@ -465,6 +481,7 @@ void QuantizeInputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d
 #endif
             hn::StoreU(hn::DemoteTo(d8, qi), d8, q + blk * 32 + k * kLanes);
             s = hn::Add(s, qi);
+            if ((k + 1) * kLanes == 16) sum_lo[blk] = hn::GetLane(hn::SumOfLanes(di, s));
         }
         d[blk] = dx;
         sum[blk] = hn::GetLane(hn::SumOfLanes(di, s));
@@ -544,6 +561,50 @@ constexpr int kIntCols = 4;
 constexpr int kRowVecs = int(kGroupRows / kLanes);
 
 // The rows of one packed group (the first `rows` of them stored) for inputs c0 .. c0 + C - 1.
+// isum[c] = the integer sums of chunks [k0, k1) of a packed block's rows (its chunks at
+// `chunks`) with input c0 + c of the block (its quantized values at xq + c * stride).
+template <GgmlType T, int C>
+SPECULA_INT_KERNEL HWY_INLINE void ChunkSums(const uint8_t* chunks, const int8_t* xq,
+                                             int64_t stride, int k0, int k1, VI* isum) {
+    using P = Packed<T>;
+#if HWY_TARGET == HWY_SCALAR
+    for (int c = 0; c < C; ++c) {
+        int32_t s = 0;
+        for (int k = k0; k < k1; ++k) {
+            for (int i = 0; i < 4; ++i) {
+                const int w = chunks[k * kGroupRows * 4 + i];
+                const int8_t* xc = xq + c * stride;
+                if constexpr (!P::kNibbles) {
+                    s += w * xc[4 * k + i];
+                } else {
+                    s += (w & 15) * xc[4 * k + i] + (w >> 4) * xc[16 + 4 * k + i];
+                }
+            }
+        }
+        isum[c] = hn::Set(DI(), s);
+    }
+#else
+    const DU8 du8;
+    IntSums sums[C];  // zero
+    for (int k = k0; k < k1; ++k) {
+        const VU8 bytes = hn::LoadU(du8, chunks + k * kGroupRows * 4);
+        if constexpr (!P::kNibbles) {
+            for (int c = 0; c < C; ++c)
+                sums[c].add(bytes, IntSums::input(Load4(xq + c * stride + 4 * k)));
+        } else {
+            const VU8 low = hn::And(bytes, hn::Set(du8, 15));
+            const VU8 high = hn::ShiftRight<4>(bytes);
+            for (int c = 0; c < C; ++c) {
+                sums[c].add(low, IntSums::input(Load4(xq + c * stride + 4 * k)));
+                sums[c].add(high, IntSums::input(Load4(xq + c * stride + 16 + 4 * k)));
+            }
+        }
+    }
+    for (int c = 0; c < C; ++c)
+        isum[c] = sums[c].get();
+#endif
+}
+
 template <GgmlType T, int C>
 SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x, int64_t c0,
                                   int rows, float* out, int64_t out_stride, bool accumulate) {
@@ -561,42 +622,28 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
             const uint8_t* chunks = blk + kGroupRows * P::kScaleBytes + h * kLanes * 4;
             const int8_t* xq = x.q + c0 * x.cols + b * 32;  // input c0 + c at xq + c * x.cols
             VI isum[C];
-#if HWY_TARGET == HWY_SCALAR
-            for (int c = 0; c < C; ++c) {
-                int32_t s = 0;
-                for (int k = 0; k < P::kChunks; ++k) {
-                    for (int i = 0; i < 4; ++i) {
-                        const int w = chunks[k * kGroupRows * 4 + i];
-                        const int8_t* xc = xq + c * x.cols;
-                        if constexpr (!P::kNibbles) {
-                            s += w * xc[4 * k + i];
-                        } else {
-                            s += (w & 15) * xc[4 * k + i] + (w >> 4) * xc[16 + 4 * k + i];
-                        }
-                    }
+            if constexpr (T == GgmlType::kQ6_K) {
+                VI hi[C];
+                ChunkSums<T, C>(chunks, xq, x.cols, 0, P::kChunks / 2, isum);
+                ChunkSums<T, C>(chunks, xq, x.cols, P::kChunks / 2, P::kChunks, hi);
+                const hn::Rebind<int8_t, DF> d8;
+                const auto* s8 = reinterpret_cast<const int8_t*>(blk) + h * kLanes;
+                const VI s_lo = hn::PromoteTo(di, hn::LoadU(d8, s8 + 2 * kGroupRows));
+                const VI s_hi = hn::PromoteTo(di, hn::LoadU(d8, s8 + 3 * kGroupRows));
+                const VF dw = hn::PromoteTo(
+                    df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(blk) + h * kLanes));
+                for (int c = 0; c < C; ++c) {
+                    const int64_t i = (c0 + c) * nb + b;
+                    const int32_t lo = x.sum_lo[i], high = x.sum[i] - x.sum_lo[i];
+                    const VI exact =
+                        hn::Add(hn::Mul(s_lo, hn::Sub(isum[c], hn::Set(di, P::kOffset * lo))),
+                                hn::Mul(s_hi, hn::Sub(hi[c], hn::Set(di, P::kOffset * high))));
+                    acc[c] = hn::MulAdd(hn::ConvertTo(df, exact), hn::Mul(dw, hn::Set(df, x.d[i])),
+                                        acc[c]);
                 }
-                isum[c] = hn::Set(di, s);
+                continue;
             }
-#else
-            const DU8 du8;
-            IntSums sums[C];  // zero
-            for (int k = 0; k < P::kChunks; ++k) {
-                const VU8 bytes = hn::LoadU(du8, chunks + k * kGroupRows * 4);
-                if constexpr (!P::kNibbles) {
-                    for (int c = 0; c < C; ++c)
-                        sums[c].add(bytes, IntSums::input(Load4(xq + c * x.cols + 4 * k)));
-                } else {
-                    const VU8 low = hn::And(bytes, hn::Set(du8, 15));
-                    const VU8 high = hn::ShiftRight<4>(bytes);
-                    for (int c = 0; c < C; ++c) {
-                        sums[c].add(low, IntSums::input(Load4(xq + c * x.cols + 4 * k)));
-                        sums[c].add(high, IntSums::input(Load4(xq + c * x.cols + 16 + 4 * k)));
-                    }
-                }
-            }
-            for (int c = 0; c < C; ++c)
-                isum[c] = sums[c].get();
-#endif
+            ChunkSums<T, C>(chunks, xq, x.cols, 0, P::kChunks, isum);
             if constexpr (has_block_min(T)) {
                 const auto* scales = reinterpret_cast<const float*>(blk);
                 const VF d1 = hn::LoadU(df, scales + h * kLanes);
@@ -861,7 +908,8 @@ HWY_EXPORT(PackRows);
 HWY_EXPORT(QuantizeInputs);
 
 bool has_integer_kernel(GgmlType type) {
-    return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 || has_block_min(type);
+    return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 || has_block_min(type) ||
+           type == GgmlType::kQ6_K;
 }
 size_t packed_bytes(GgmlType type, int64_t rows, int64_t cols) {
     const size_t groups = size_t((rows + kGroupRows - 1) / kGroupRows);
@@ -871,8 +919,9 @@ void pack_rows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows
                int64_t group_begin, int64_t group_end, uint8_t* dst) {
     HWY_DYNAMIC_DISPATCH(PackRows)(type, src, row_bytes, rows, cols, group_begin, group_end, dst);
 }
-void quantize_inputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum) {
-    HWY_DYNAMIC_DISPATCH(QuantizeInputs)(x, n, cols, q, d, sum);
+void quantize_inputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum,
+                     int32_t* sum_lo) {
+    HWY_DYNAMIC_DISPATCH(QuantizeInputs)(x, n, cols, q, d, sum, sum_lo);
 }
 
 void matmul_rows(const MatmulArgs& args, int64_t row_begin, int64_t row_end) {

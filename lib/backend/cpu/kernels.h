@@ -28,15 +28,17 @@
 
 namespace specula::cpu {
 
-// n rows of cols inputs quantized per block of 32: q (n * cols), the blocks' scales dx and
-// the sums of their qx (n * cols / 32 each).
+// n rows of cols inputs quantized per block of 32: q (n * cols), the blocks' scales dx, the
+// sums of their qx and the sums of their first 16 qx (n * cols / 32 each).
 struct QuantizedInputs {
     const int8_t* q = nullptr;
     const float* d = nullptr;
     const int32_t* sum = nullptr;
     int64_t cols = 0;
+    const int32_t* sum_lo = nullptr;
 };
-void quantize_inputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum);
+void quantize_inputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum,
+                     int32_t* sum_lo);
 
 struct MatmulArgs {
     GgmlType type = GgmlType::kF32;  // one of kWeightTypes (format/quant.h)
@@ -63,20 +65,24 @@ constexpr int64_t kGroupRows = 16;
 constexpr bool has_block_min(GgmlType type) {
     return type == GgmlType::kQ4_K || type == GgmlType::kQ5_K;
 }
+// Q6_K blocks of 32 have a scale per half (int8 s_lo, s_hi) times the super-block's d: with q
+// in 0..63 and the sums over each half of the block,
+//     I = s_lo * (sum_lo q * qx - 32 sum_lo qx) + s_hi * (sum_hi q * qx - 32 sum_hi qx)
+//     acc = fma(float(I), d * dx, acc)
 // Chunks of kGroupRows x 4 bytes per block in a packed group (kernels.cpp has the layout):
-// nibbles (Q4_0, Q4_K) or bytes (Q8_0, Q5_K).
+// nibbles (Q4_0, Q4_K) or bytes (Q8_0, Q5_K, Q6_K).
 constexpr int packed_chunks(GgmlType type) {
-    return type == GgmlType::kQ8_0 || type == GgmlType::kQ5_K ? 8 : 4;
+    return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K ? 4 : 8;
 }
-// Per row and block: an f16 scale, or f32 d1 and m1.
+// Per row and block: an f16 scale; Q4_K / Q5_K f32 d1 and m1; Q6_K an f16 d and two int8.
 constexpr size_t packed_scale_bytes(GgmlType type) {
-    return has_block_min(type) ? 8 : 2;
+    return has_block_min(type) ? 8 : type == GgmlType::kQ6_K ? 4 : 2;
 }
 constexpr size_t packed_block_bytes(GgmlType type) {
     return size_t(kGroupRows) * packed_scale_bytes(type) +
            size_t(packed_chunks(type)) * size_t(kGroupRows) * 4;
 }
-// Whether `type` is multiplied with 8-bit inputs (Q8_0, Q4_0, Q4_K, Q5_K).
+// Whether `type` is multiplied with 8-bit inputs (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K).
 bool has_integer_kernel(GgmlType type);
 // Bytes of a packed matrix of `type` (rows padded to whole groups, cols a multiple of 32).
 size_t packed_bytes(GgmlType type, int64_t rows, int64_t cols);
