@@ -181,11 +181,10 @@ TEST(CpuBackend, RunsTheInstructionSetTheEnvironmentNames) {
 }
 
 // kernels.h's definition of the integer matmul, restated with plain integers and std::fma:
-// inputs quantized per block (nearest even of x * (1 / dx)), then per weight row and input
-// acc = fma(sum qw * qx, dw * dx, acc) over the blocks in order (Q4_K, Q5_K: acc = fma(sum q *
-// qx, d1 * dx, acc), then acc = fma(sum qx, -(m1 * dx), acc); Q6_K: acc = fma(s_lo * sum_lo
-// (q - 32) * qx + s_hi * sum_hi (q - 32) * qx, d * dx, acc) over the halves of the block, all
-// integers). Compared for a row count
+// inputs quantized per block (nearest even of x * (1 / dx)), then per weight row and input,
+// over the blocks in order, acc = fma(sum qw * qx, dw * dx, acc); for the types with a min
+// (x = d1 * q - m1) then also acc = fma(sum qx, -(m1 * dx), acc); Q6_K's sum is s_lo * sum_lo
+// (q - 32) qx + s_hi * sum_hi (q - 32) qx over the halves of the block. Compared for a row count
 // that is no whole number of groups and more inputs than one tile, with the weights packed
 // beforehand and as they are used.
 class IntegerMatmul : public ::testing::TestWithParam<GgmlType> {};
@@ -193,9 +192,11 @@ class IntegerMatmul : public ::testing::TestWithParam<GgmlType> {};
 TEST_P(IntegerMatmul, IsTheDefinedSum) {
     const GgmlType type = GetParam();
     create_cpu_backend(1);  // applies SPECULA_CPU_SIMD to the kernels called below
-    const bool with_min = cpu::has_block_min(type), q6_k = type == GgmlType::kQ6_K;
+    const bool k_min = type == GgmlType::kQ4_K || type == GgmlType::kQ5_K;
+    const bool q6_k = type == GgmlType::kQ6_K;
+    const bool with_min = cpu::has_block_min(type);
     constexpr int64_t kRows = 40, kN = 11;
-    const int64_t kCols = with_min || q6_k ? 512 : 96, kBlocks = kCols / 32;
+    const int64_t kCols = k_min || q6_k ? 512 : 96, kBlocks = kCols / 32;
     std::mt19937 rng(7);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     const size_t row_bytes = Tensor{nullptr, 0, type, kCols, 1}.row_bytes();
@@ -240,6 +241,32 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
                     m);  // Q5_K: same head
         return p;
     };
+    // Q4_1, Q5_0, Q5_1: element j's integer (Q5_0: q - 16) and the block's d and m (x = d * q +
+    // m).
+    auto small_block = [&](int64_t r, int64_t j, float* d, float* m) {
+        const uint8_t* p =
+            w.data() + size_t(r) * row_bytes + size_t(j / 32) * row_bytes / size_t(kCols / 32);
+        const int l = int(j % 32);
+        int q = 0;
+        if (type == GgmlType::kQ4_1) {
+            const auto& blk = *reinterpret_cast<const BlockQ4_1*>(p);
+            q = l < 16 ? blk.quants[l] & 15 : blk.quants[l - 16] >> 4;
+            *d = half_to_float(blk.scale);
+            *m = half_to_float(blk.min);
+        } else {
+            const bool q5_0 = type == GgmlType::kQ5_0;
+            const uint8_t* high = q5_0 ? reinterpret_cast<const BlockQ5_0*>(p)->high
+                                       : reinterpret_cast<const BlockQ5_1*>(p)->high;
+            const uint8_t* quants = q5_0 ? reinterpret_cast<const BlockQ5_0*>(p)->quants
+                                         : reinterpret_cast<const BlockQ5_1*>(p)->quants;
+            q = (l < 16 ? quants[l] & 15 : quants[l - 16] >> 4) | ((high[l / 8] >> (l % 8)) & 1)
+                                                                      << 4;
+            *d = half_to_float(reinterpret_cast<const BlockQ5_0*>(p)->scale);
+            *m = q5_0 ? 0.0f : half_to_float(reinterpret_cast<const BlockQ5_1*>(p)->min);
+            if (q5_0) q -= 16;
+        }
+        return q;
+    };
     // Q6_K: element j's q - 32, and the scale of its half times d.
     auto q6 = [&](int64_t r, int64_t j, float* half_scale) {
         const auto& blk =
@@ -255,6 +282,10 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
         if (q6_k) {
             float unused = 0.0f;
             return q6(r, j, &unused);
+        }
+        if (!k_min && (with_min || type == GgmlType::kQ5_0)) {
+            float d = 0.0f, m = 0.0f;
+            return small_block(r, j, &d, &m);
         }
         if (with_min) {
             uint8_t sc = 0, m = 0;
@@ -276,6 +307,11 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
     };
     auto scale = [&](int64_t r, int64_t b) {
         const uint8_t* p = w.data() + size_t(r) * row_bytes;
+        if (!k_min && (with_min || type == GgmlType::kQ5_0)) {
+            float d = 0.0f, m = 0.0f;
+            small_block(r, b * 32, &d, &m);
+            return d;
+        }
         if (with_min) {
             uint8_t sc = 0, m = 0;
             p = k_block(r, b, &sc, &m);
@@ -310,10 +346,16 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
                     isum += weight(r, j) * q[size_t(c * kCols + j)];
                 acc = std::fma(float(isum), scale(r, b) * dx, acc);
                 if (with_min) {
-                    uint8_t sc = 0, m = 0;
-                    const uint8_t* p = k_block(r, b, &sc, &m);
-                    const float m1 =
-                        half_to_float(reinterpret_cast<const BlockQ4_K*>(p)->dmin) * float(m);
+                    float m1 = 0.0f;  // x = d1 * q - m1
+                    if (k_min) {
+                        uint8_t sc = 0, m = 0;
+                        const uint8_t* p = k_block(r, b, &sc, &m);
+                        m1 = half_to_float(reinterpret_cast<const BlockQ4_K*>(p)->dmin) * float(m);
+                    } else {
+                        float d = 0.0f, m = 0.0f;
+                        small_block(r, b * 32, &d, &m);
+                        m1 = -m;
+                    }
                     acc = std::fma(float(sums[size_t(c * kBlocks + b)]), -(m1 * dx), acc);
                 }
             }
@@ -339,7 +381,8 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, IntegerMatmul,
-                         ::testing::Values(GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K,
+                         ::testing::Values(GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                                           GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K,
                                            GgmlType::kQ5_K, GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(ggml_type_name(info.param)); });
 

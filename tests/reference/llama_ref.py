@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """An independent NumPy reference of the Llama forward pass, reading the GGUF
 file itself (its own reader: no code shared with the C++ runtime). Computes in
-float64 from the dequantized weights. With quantized_inputs, the inputs of Q8_0, Q4_0,
-Q4_K, Q5_K and Q6_K matmuls are first quantized per block of 32 as specula's cpu backend does
+float64 from the dequantized weights. With quantized_inputs, the inputs of matmuls of
+quantized weights are first quantized per block of 32 as specula's cpu backend does
 (dx = max|x| / 127, qx = x * (1 / dx) rounded to nearest even, in float32)."""
 import struct
 
@@ -183,7 +183,7 @@ def forward(path, tokens, quantized_inputs=False, flip=-1):
     g = Gguf(path)
 
     def mm(x, name):  # x @ W.T
-        if quantized_inputs and g.tensors[name][1] in (2, 8, 12, 13, 14):
+        if quantized_inputs and g.tensors[name][1] not in (0, 1):
             x = quantize_inputs(x, ambiguous)
         return x @ g.tensor(name).T
 

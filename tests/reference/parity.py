@@ -6,7 +6,7 @@ logits of every position, computes the same with llama_ref.py, and checks
 max |specula - reference| / max |reference| against the tolerance of the type.
 The reference uses the same dequantized weights, so the tolerances bound only
 float32 arithmetic (accumulation order, exp, rsqrt), not quantization error. The
-cpu backend quantizes the inputs of Q8_0, Q4_0 and the K-quants' matmuls to 8 bits unless
+cpu backend quantizes the inputs of matmuls of quantized weights to 8 bits unless
 SPECULA_CPU_FLOAT_INPUTS is set; the reference then does the same."""
 import argparse
 import os
@@ -44,7 +44,7 @@ with tempfile.TemporaryDirectory() as tmp:
         sys.exit(77)
     dump.check_returncode()
     ours = np.fromfile(out, dtype=np.float32).reshape(len(TOKENS), -1).astype(np.float64)
-    quantized_inputs = args.backend == "cpu" and args.type in ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k") and os.environ.get("SPECULA_CPU_FLOAT_INPUTS", "0") in ("", "0")
+    quantized_inputs = args.backend == "cpu" and args.type not in ("f32", "f16") and os.environ.get("SPECULA_CPU_FLOAT_INPUTS", "0") in ("", "0")
     ref, n_ambiguous = llama_ref.forward(model, TOKENS, quantized_inputs)
     # An input on a rounding boundary may have gone the other way in specula: the references
     # with each one flipped compete (one flip at a time).

@@ -7,8 +7,8 @@ log-mel (mel_ref.py) from the same samples.
 
 Tolerances (max |delta| / max |ref|): 1e-5 for the encoder's output and the logits: float32
 arithmetic through the convolutions, four LayerNorms per block and GELU against float64 (the
-mel's own float32 error, at most ~1e-5, is inside it). The cpu backend's 8-bit inputs of Q8_0
-/ Q4_0 matmuls are not modelled: those types run with SPECULA_CPU_FLOAT_INPUTS=1."""
+mel's own float32 error, at most ~1e-5, is inside it). The cpu backend's 8-bit inputs of
+quantized matmuls are not modelled: those types run with SPECULA_CPU_FLOAT_INPUTS=1."""
 import argparse
 import os
 import subprocess
@@ -46,7 +46,7 @@ with tempfile.TemporaryDirectory() as tmp:
                           "--n-audio-ctx", "64", "--width", "128", "--heads", "4", "--layers", "2",
                           "--seed", "5"], check=True)
     env = dict(os.environ)
-    if args.backend == "cpu" and args.type in ("q8_0", "q4_0"):
+    if args.backend == "cpu" and args.type not in ("f32", "f16"):
         env["SPECULA_CPU_FLOAT_INPUTS"] = "1"
     dump = subprocess.run(run + [args.dump_whisper, model, wav, args.backend, enc_path, logits_path]
                           + [str(t) for t in TOKENS], env=env)

@@ -364,6 +364,7 @@ struct Packed {
     static constexpr int kChunks = packed_chunks(T);
     static constexpr int32_t kOffset = T == GgmlType::kQ8_0   ? 128
                                        : T == GgmlType::kQ4_0 ? 8
+                                       : T == GgmlType::kQ5_0 ? 16
                                        : T == GgmlType::kQ6_K ? 32
                                                               : 0;
     static constexpr size_t kScaleBytes = packed_scale_bytes(T);
@@ -372,8 +373,7 @@ struct Packed {
 };
 
 template <GgmlType T>
-constexpr bool kInteger = T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 ||
-                          has_block_min(T) || T == GgmlType::kQ6_K;
+constexpr bool kInteger = kQuantized<T>;
 
 // Block b of a row as it is packed: row r's scales into the block's scale area `scales`, and
 // its 4 * kChunks stored bytes.
@@ -388,6 +388,28 @@ void PackedBlock(const uint8_t* row, int64_t b, uint8_t* scales, int r, uint8_t*
         const auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
         std::memcpy(scales + 2 * r, &blk.scale, 2);
         std::memcpy(bytes, blk.quants, 16);
+    } else if constexpr (T == GgmlType::kQ4_1 || T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1) {
+        using Block =
+            std::conditional_t<T == GgmlType::kQ4_1, BlockQ4_1,
+                               std::conditional_t<T == GgmlType::kQ5_0, BlockQ5_0, BlockQ5_1>>;
+        const auto& blk = reinterpret_cast<const Block*>(row)[b];
+        if constexpr (T == GgmlType::kQ4_1) {
+            std::memcpy(bytes, blk.quants, 16);
+        } else {
+            uint32_t mask;
+            std::memcpy(&mask, blk.high, 4);
+            for (int j = 0; j < 32; ++j)
+                bytes[j] = uint8_t(((j < 16 ? blk.quants[j] : blk.quants[j - 16] >> 4) & 0xF) |
+                                   ((mask >> j) & 1) << 4);
+        }
+        if constexpr (T == GgmlType::kQ5_0) {
+            std::memcpy(scales + 2 * r, &blk.scale, 2);
+        } else {
+            const float* halves = half_table();
+            const float d1 = halves[blk.scale], m1 = -halves[blk.min];
+            std::memcpy(scales + 4 * r, &d1, 4);
+            std::memcpy(scales + 4 * (kGroupRows + r), &m1, 4);
+        }
     } else if constexpr (T == GgmlType::kQ6_K) {
         const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
         const int h = int(b % 8) / 4, part = int(b % 4);
@@ -400,7 +422,7 @@ void PackedBlock(const uint8_t* row, int64_t b, uint8_t* scales, int r, uint8_t*
             bytes[l] = uint8_t(low | high << 4);
         }
     } else {
-        static_assert(has_block_min(T));
+        static_assert(T == GgmlType::kQ4_K || T == GgmlType::kQ5_K);
         using Block = std::conditional_t<T == GgmlType::kQ4_K, BlockQ4_K, BlockQ5_K>;
         const auto& blk = reinterpret_cast<const Block*>(row)[b / 8];
         const int s = int(b % 8);
@@ -908,8 +930,7 @@ HWY_EXPORT(PackRows);
 HWY_EXPORT(QuantizeInputs);
 
 bool has_integer_kernel(GgmlType type) {
-    return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0 || has_block_min(type) ||
-           type == GgmlType::kQ6_K;
+    return is_runnable_weight_type(type) && type != GgmlType::kF32 && type != GgmlType::kF16;
 }
 size_t packed_bytes(GgmlType type, int64_t rows, int64_t cols) {
     const size_t groups = size_t((rows + kGroupRows - 1) / kGroupRows);

@@ -58,23 +58,26 @@ struct MatmulArgs {
 
 // Rows of a packed quantized matrix per group; the threads split matrices in whole groups.
 constexpr int64_t kGroupRows = 16;
-// Q4_K and Q5_K blocks of 32 have a scale and a min: x = d1 * q - m1 with q >= 0. Their
-// product with an input block is, by the same definition with the min's term added,
+// Q4_1, Q5_1, Q4_K and Q5_K blocks of 32 have a scale and a min: x = d1 * q - m1 with q >= 0
+// (Q4_1 / Q5_1: d1 = d, m1 = -m). Their product with an input block is, by the same
+// definition with the min's term added,
 //     acc = fma(float(sum_j q[j] * qx[j]), d1 * dx, acc)
 //     acc = fma(float(sum_j qx[j]), -(m1 * dx), acc)
 constexpr bool has_block_min(GgmlType type) {
-    return type == GgmlType::kQ4_K || type == GgmlType::kQ5_K;
+    return type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1 || type == GgmlType::kQ4_K ||
+           type == GgmlType::kQ5_K;
 }
 // Q6_K blocks of 32 have a scale per half (int8 s_lo, s_hi) times the super-block's d: with q
 // in 0..63 and the sums over each half of the block,
 //     I = s_lo * (sum_lo q * qx - 32 sum_lo qx) + s_hi * (sum_hi q * qx - 32 sum_hi qx)
 //     acc = fma(float(I), d * dx, acc)
 // Chunks of kGroupRows x 4 bytes per block in a packed group (kernels.cpp has the layout):
-// nibbles (Q4_0, Q4_K) or bytes (Q8_0, Q5_K, Q6_K).
+// nibbles (Q4_0, Q4_1, Q4_K) or bytes (Q5_0, Q5_1, Q8_0, Q5_K, Q6_K).
 constexpr int packed_chunks(GgmlType type) {
-    return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K ? 4 : 8;
+    return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ4_K ? 4 : 8;
 }
-// Per row and block: an f16 scale; Q4_K / Q5_K f32 d1 and m1; Q6_K an f16 d and two int8.
+// Per row and block: an f16 scale (Q8_0, Q4_0, Q5_0); f32 d1 and m1 (the types with a min); Q6_K
+// an f16 d and two int8.
 constexpr size_t packed_scale_bytes(GgmlType type) {
     return has_block_min(type) ? 8 : type == GgmlType::kQ6_K ? 4 : 2;
 }
@@ -82,7 +85,7 @@ constexpr size_t packed_block_bytes(GgmlType type) {
     return size_t(kGroupRows) * packed_scale_bytes(type) +
            size_t(packed_chunks(type)) * size_t(kGroupRows) * 4;
 }
-// Whether `type` is multiplied with 8-bit inputs (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K).
+// Whether `type` is multiplied with 8-bit inputs (every quantized type).
 bool has_integer_kernel(GgmlType type);
 // Bytes of a packed matrix of `type` (rows padded to whole groups, cols a multiple of 32).
 size_t packed_bytes(GgmlType type, int64_t rows, int64_t cols);
