@@ -14,13 +14,6 @@ bool is_runnable_weight_type(GgmlType type) {
     return false;
 }
 
-std::string runnable_weight_type_names() {
-    std::string names;
-    for (GgmlType t : kWeightTypes)
-        names += (names.empty() ? "" : ", ") + std::string(ggml_type_name(t));
-    return names;
-}
-
 namespace {
 
 void quantize_q8_0(const float* x, BlockQ8_0* out, size_t n_blocks) {

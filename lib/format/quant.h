@@ -100,8 +100,6 @@ inline constexpr GgmlType kWeightTypes[] = {
 
 // Whether the runtime can compute with this weight type.
 bool is_runnable_weight_type(GgmlType type);
-// Their names, for messages: "F32, F16, ...".
-std::string runnable_weight_type_names();
 
 // Block b of a row of a quantized type other than Q8_0 and Q4_0 (elements 32 b .. 32 b + 31)
 // as floats: each is computed as ggml computes it (a product, then the min added or
