@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -92,21 +93,25 @@ std::vector<float> read_floats(Backend& be, const Tensor& t) {
     return v;
 }
 
-// The weight types the backend under test runs (the cpu runs every one).
-std::vector<GgmlType> weight_types(const Backend& gpu) {
+// The types the models were first made of and one K-quant (super-block addressing), which
+// the backend under test runs: what the fused matmuls (norm, rope) and the reruns with other
+// shader paths (tests/CMakeLists.txt sets SPECULA_TEST_REPRESENTATIVE_TYPES=1) add does not
+// depend on the weight type, and llvmpipe compiles a pipeline per type and variant (seconds
+// each).
+std::vector<GgmlType> representative_types(const Backend& gpu) {
     std::vector<GgmlType> types;
-    for (GgmlType t : kWeightTypes)
+    for (GgmlType t :
+         {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ6_K})
         if (gpu.supports_weights(t)) types.push_back(t);
     return types;
 }
 
-// The types of the tests of fused matmuls (norm, rope): what the fusion adds does not depend on
-// the weight type, and llvmpipe compiles a pipeline per type and variant (seconds each), so
-// the types the models were first made of and one K-quant (super-block addressing).
-std::vector<GgmlType> fused_test_types(const Backend& gpu) {
+// Every weight type the backend under test runs (the cpu runs every one).
+std::vector<GgmlType> weight_types(const Backend& gpu) {
+    const char* few = std::getenv("SPECULA_TEST_REPRESENTATIVE_TYPES");
+    if (few != nullptr && std::string(few) == "1") return representative_types(gpu);
     std::vector<GgmlType> types;
-    for (GgmlType t :
-         {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ6_K})
+    for (GgmlType t : kWeightTypes)
         if (gpu.supports_weights(t)) types.push_back(t);
     return types;
 }
@@ -281,7 +286,7 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
 TEST_P(BackendOps, MatmulOfANormedInput) {
     const bool fused = GetParam() == SPECULA_BACKEND_VULKAN;
     fuse_norms_on_vulkan();
-    for (GgmlType type : fused_test_types(*p.gpu)) {
+    for (GgmlType type : representative_types(*p.gpu)) {
         for (int64_t cols : row_lengths(type, {96, 256})) {
             for (int64_t n : {1, 8, 19}) {
                 SCOPED_TRACE(case_name(type, cols, n));
@@ -328,7 +333,7 @@ TEST_P(BackendOps, MatmulRopeIsMatmulThenRope) {
     std::vector<int32_t> positions(19);
     for (size_t i = 0; i < positions.size(); ++i)
         positions[i] = int32_t(i * 37 % 100);
-    for (GgmlType type : fused_test_types(*p.gpu)) {
+    for (GgmlType type : representative_types(*p.gpu)) {
         for (int64_t n : {1, 8, 19}) {
             for (bool with_norm : {false, true}) {
                 const int64_t cols = row_lengths(type, {96}).front();

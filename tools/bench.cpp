@@ -50,16 +50,7 @@ struct Result {
 };
 
 const char* weight_name(specula_weight_type t) {
-    switch (t) {
-        case SPECULA_WEIGHT_Q8_0:
-            return "Q8_0";
-        case SPECULA_WEIGHT_Q4_0:
-            return "Q4_0";
-        case SPECULA_WEIGHT_F16:
-            return "F16";
-        default:
-            return "F32";
-    }
+    return specula::ggml_type_name(specula::GgmlType(t));  // the enum is GGUF's numbering
 }
 
 // Prompt and decode tokens/s through the C API.

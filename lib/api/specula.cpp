@@ -299,6 +299,12 @@ specula_status specula_model_get_info(const specula_model* model, specula_model_
         info->eos_token = m.tokenizer().eos();
         info->n_params = m.n_params();
         info->weight_bytes = m.weight_bytes();
+        static_assert(SPECULA_WEIGHT_Q4_1 == int(GgmlType::kQ4_1) &&
+                      SPECULA_WEIGHT_Q5_0 == int(GgmlType::kQ5_0) &&
+                      SPECULA_WEIGHT_Q5_1 == int(GgmlType::kQ5_1) &&
+                      SPECULA_WEIGHT_Q8_0 == int(GgmlType::kQ8_0) &&
+                      SPECULA_WEIGHT_Q4_K == int(GgmlType::kQ4_K) &&
+                      SPECULA_WEIGHT_Q6_K == int(GgmlType::kQ6_K));  // GGUF's numbering
         info->weight_type = specula_weight_type(m.dominant_weight_type());
         return Status::Ok();
     });

@@ -135,7 +135,13 @@ typedef enum specula_weight_type {
     SPECULA_WEIGHT_F32 = 0, /* values match GGUF's ggml_type numbering */
     SPECULA_WEIGHT_F16 = 1,
     SPECULA_WEIGHT_Q4_0 = 2,
-    SPECULA_WEIGHT_Q8_0 = 8
+    SPECULA_WEIGHT_Q4_1 = 3,
+    SPECULA_WEIGHT_Q5_0 = 6,
+    SPECULA_WEIGHT_Q5_1 = 7,
+    SPECULA_WEIGHT_Q8_0 = 8,
+    SPECULA_WEIGHT_Q4_K = 12,
+    SPECULA_WEIGHT_Q5_K = 13,
+    SPECULA_WEIGHT_Q6_K = 14
 } specula_weight_type;
 
 /* Called during loading with progress in [0, 1]; return false to cancel (SPECULA_ERR_ABORTED). */
