@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "format/quant.h"
 #include "kernels.h"
 
 namespace specula {
@@ -84,10 +85,9 @@ class CudaBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
-    // The other weight types' kernels wait for a device to test them on.
     bool supports_weights(GgmlType type) const override {
-        return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kQ8_0 ||
-               type == GgmlType::kQ4_0;
+        return std::find(std::begin(kWeightTypes), std::end(kWeightTypes), type) !=
+               std::end(kWeightTypes);
     }
 
     uint64_t available_memory() const override {

@@ -4,8 +4,11 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <iterator>
+#include <utility>
 
 #include "core/device_abi.h"
+#include "format/quant.h"
 #include "kernels.h"
 
 namespace specula::cuda {
@@ -24,20 +27,65 @@ __device__ float half_at(const uint8_t* p) {
     return __half2float(*reinterpret_cast<const __half*>(p));
 }
 
-// The bytes of one block of 32 weights (core/device_abi.h).
+// The bytes of one block of 32 weights, or of one super-block of 256 for the K-quants
+// (core/device_abi.h).
 template <GgmlType T>
 constexpr int64_t kBlockBytes = T == GgmlType::kF32    ? shared::kF32BlockBytes
                                 : T == GgmlType::kF16  ? shared::kF16BlockBytes
                                 : T == GgmlType::kQ8_0 ? shared::kQ8_0BlockBytes
-                                                       : shared::kQ4_0BlockBytes;
+                                : T == GgmlType::kQ4_0 ? shared::kQ4_0BlockBytes
+                                : T == GgmlType::kQ4_1 ? shared::kQ4_1BlockBytes
+                                : T == GgmlType::kQ5_0 ? shared::kQ5_0BlockBytes
+                                : T == GgmlType::kQ5_1 ? shared::kQ5_1BlockBytes
+                                : T == GgmlType::kQ4_K ? shared::kQ4_KBlockBytes
+                                : T == GgmlType::kQ5_K ? shared::kQ5_KBlockBytes
+                                                       : shared::kQ6_KBlockBytes;
+template <GgmlType T>
+constexpr bool kSuperBlocks = T == GgmlType::kQ4_K || T == GgmlType::kQ5_K || T == GgmlType::kQ6_K;
+template <GgmlType T>
+constexpr int64_t kBlockWeightsOf =
+    kSuperBlocks<T> ? shared::kSuperBlockWeights : shared::kBlockWeights;
 constexpr int64_t kBlock = shared::kBlockWeights, kScale = shared::kBlockScaleBytes;
 
 template <GgmlType T>
 __host__ __device__ constexpr int64_t row_bytes(int64_t cols) {
-    return cols / kBlock * kBlockBytes<T>;
+    return cols / kBlockWeightsOf<T> * kBlockBytes<T>;
 }
 
-// Eight consecutive weights of a row: quarter q (0..3) of 32-weight block `block`.
+// The first byte of block `block` (of 32 weights): for the K-quants, of its super-block.
+template <GgmlType T>
+__device__ const uint8_t* block_at(const uint8_t* row, int64_t block) {
+    return kSuperBlocks<T> ? row + block / 8 * kBlockBytes<T> : row + block * kBlockBytes<T>;
+}
+
+// Every block size is even and every quant run starts at an even offset: 16-bit loads.
+__device__ uint32_t word_at(const uint8_t* p) {
+    const auto* h = reinterpret_cast<const uint16_t*>(p);
+    return uint32_t(h[0]) | uint32_t(h[1]) << 16;
+}
+
+// Eight 4-bit values from the eight bytes at p, at bit `shift` (0 or 4) of each.
+__device__ void nibbles8(const uint8_t* p, int shift, uint32_t v[8]) {
+    for (int i = 0; i < 2; ++i) {
+        const uint32_t word = word_at(p + 4 * i);
+        for (int k = 0; k < 4; ++k)
+            v[4 * i + k] = (word >> (8 * k + shift)) & 0xFu;
+    }
+}
+
+// Q4_K / Q5_K: the 6-bit scale and min of block j (0..7) from the 12 bytes at p (format/quant.h).
+__device__ void k_scale_min(const uint8_t* p, int j, float* scale, float* min) {
+    if (j < 4) {
+        *scale = float(p[j] & 63);
+        *min = float(p[j + 4] & 63);
+    } else {
+        *scale = float((p[j + 4] & 0xF) | ((p[j - 4] >> 6) << 4));
+        *min = float((p[j + 4] >> 4) | ((p[j] >> 6) << 4));
+    }
+}
+
+// Eight consecutive weights of a row: quarter q (0..3) of 32-weight block `block`, decoded
+// as format/quant.h's dequantize_row() defines them (products and sums rounded apart).
 template <GgmlType T>
 __device__ void load_quarter(const uint8_t* row, int64_t block, int q, float w[8]);
 
@@ -83,6 +131,93 @@ __device__ void load_quarter<GgmlType::kQ4_0>(const uint8_t* row, int64_t block,
         const unsigned v = p[j];
         w[2 * j] = d * float(int((v >> shift) & 0xF) - 8);
         w[2 * j + 1] = d * float(int((v >> (8 + shift)) & 0xF) - 8);
+    }
+}
+
+template <>
+__device__ void load_quarter<GgmlType::kQ4_1>(const uint8_t* row, int64_t block, int q,
+                                              float w[8]) {
+    const uint8_t* b = block_at<GgmlType::kQ4_1>(row, block);
+    const float d = half_at(b), m = half_at(b + 2);
+    uint32_t v[8];
+    nibbles8(b + 4 + (q % 2) * 8, q < 2 ? 0 : 4, v);
+    for (int j = 0; j < 8; ++j)
+        w[j] = __fadd_rn(__fmul_rn(float(v[j]), d), m);
+}
+// Element i: the nibble of byte i % 16 (low for i < 16), and bit i of the 32-bit mask.
+template <GgmlType T>
+__device__ void load_quarter_q5(const uint8_t* row, int64_t block, int q, float w[8]) {
+    constexpr bool kMin = T == GgmlType::kQ5_1;
+    const uint8_t* b = block_at<T>(row, block);
+    const float d = half_at(b), m = kMin ? half_at(b + 2) : 0.0f, offset = kMin ? 0.0f : 16.0f;
+    const uint8_t* mask_at = b + (kMin ? 4 : 2);
+    const uint32_t mask = word_at(mask_at);
+    uint32_t v[8];
+    nibbles8(mask_at + 4 + (q % 2) * 8, q < 2 ? 0 : 4, v);
+    for (int j = 0; j < 8; ++j) {
+        const float x = float(v[j] | ((mask >> (8 * q + j)) & 1u) << 4) - offset;
+        w[j] = kMin ? __fadd_rn(__fmul_rn(x, d), m) : x * d;
+    }
+}
+template <>
+__device__ void load_quarter<GgmlType::kQ5_0>(const uint8_t* row, int64_t block, int q,
+                                              float w[8]) {
+    load_quarter_q5<GgmlType::kQ5_0>(row, block, q, w);
+}
+template <>
+__device__ void load_quarter<GgmlType::kQ5_1>(const uint8_t* row, int64_t block, int q,
+                                              float w[8]) {
+    load_quarter_q5<GgmlType::kQ5_1>(row, block, q, w);
+}
+// Elements 8 q .. 8 q + 7 of block s = block % 8 of the super-block: 4-bit quants (and for
+// Q5_K a fifth bit from the 32 high bytes) with a 6-bit scale and min per block.
+template <GgmlType T>
+__device__ void load_quarter_k(const uint8_t* row, int64_t block, int q, float w[8]) {
+    constexpr bool kFifthBit = T == GgmlType::kQ5_K;
+    const uint8_t* b = block_at<T>(row, block);
+    const int s = int(block % 8);
+    float scale, min;
+    k_scale_min(b + 4, s, &scale, &min);
+    const float d1 = __fmul_rn(half_at(b), scale), m1 = __fmul_rn(half_at(b + 2), min);
+    const uint8_t* high = b + 4 + shared::kKScaleBytes;
+    const uint8_t* quants = kFifthBit ? high + 32 : high;
+    uint32_t v[8];
+    nibbles8(quants + 32 * (s / 2) + 8 * q, 4 * (s % 2), v);
+    if (kFifthBit) {
+        for (int i = 0; i < 2; ++i) {
+            const uint32_t bits = word_at(high + 8 * q + 4 * i);
+            for (int k = 0; k < 4; ++k)
+                v[4 * i + k] |= ((bits >> (8 * k + s)) & 1u) << 4;
+        }
+    }
+    for (int j = 0; j < 8; ++j)
+        w[j] = __fsub_rn(__fmul_rn(d1, float(v[j])), m1);
+}
+template <>
+__device__ void load_quarter<GgmlType::kQ4_K>(const uint8_t* row, int64_t block, int q,
+                                              float w[8]) {
+    load_quarter_k<GgmlType::kQ4_K>(row, block, q, w);
+}
+template <>
+__device__ void load_quarter<GgmlType::kQ5_K>(const uint8_t* row, int64_t block, int q,
+                                              float w[8]) {
+    load_quarter_k<GgmlType::kQ5_K>(row, block, q, w);
+}
+template <>
+__device__ void load_quarter<GgmlType::kQ6_K>(const uint8_t* row, int64_t block, int q,
+                                              float w[8]) {
+    // Block block % 8 is part p of half h: low nibbles at 64 h + 32 (p % 2), top bits 2 p of
+    // the high bytes at 128 + 32 h, a scale per 16 elements at 192 + 8 h + 2 p (format/quant.h).
+    const uint8_t* b = block_at<GgmlType::kQ6_K>(row, block);
+    const int h = int(block % 8) / 4, p = int(block % 4);
+    uint32_t v[8];
+    nibbles8(b + 64 * h + 32 * (p % 2) + 8 * q, 4 * (p / 2), v);
+    const float d = __fmul_rn(half_at(b + 208), float(int8_t(b[192 + 8 * h + 2 * p + q / 2])));
+    for (int i = 0; i < 2; ++i) {
+        const uint32_t bits = word_at(b + 128 + 32 * h + 8 * q + 4 * i);
+        for (int k = 0; k < 4; ++k)
+            w[4 * i + k] =
+                d * float(int(v[4 * i + k] | ((bits >> (8 * k + 2 * p)) & 3u) << 4) - 32);
     }
 }
 
@@ -358,27 +493,29 @@ void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const
     }
 }
 
+// Calls f.template operator()<T>() for the weight type T == type and says whether one of Ts
+// matched (a type without kernels: the caller reports it).
+template <GgmlType... Ts, typename F>
+bool with_one_of(GgmlType type, F&& f) {
+    return ((type == Ts && (f.template operator()<Ts>(), true)) || ...);
+}
+// Every type of kWeightTypes has kernels.
+template <typename F>
+bool with_weight_type(GgmlType type, F&& f) {
+    return [&]<size_t... I>(std::index_sequence<I...>) {
+        return with_one_of<kWeightTypes[I]...>(type, f);
+    }
+    (std::make_index_sequence<std::size(kWeightTypes)>{});
+}
+
 }  // namespace
 
 bool get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, const int32_t* ids,
               int64_t n, float* out) {
-    const auto* t = static_cast<const uint8_t*>(table);
-    switch (type) {
-        case GgmlType::kF32:
-            get_rows_kernel<GgmlType::kF32><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
-            return true;
-        case GgmlType::kF16:
-            get_rows_kernel<GgmlType::kF16><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
-            return true;
-        case GgmlType::kQ8_0:
-            get_rows_kernel<GgmlType::kQ8_0><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
-            return true;
-        case GgmlType::kQ4_0:
-            get_rows_kernel<GgmlType::kQ4_0><<<unsigned(n), 256, 0, s>>>(t, cols, ids, out);
-            return true;
-        default:  // a type without a kernel: the caller reports it
-            return false;
-    }
+    return with_weight_type(type, [&]<GgmlType T>() {
+        get_rows_kernel<T>
+            <<<unsigned(n), 256, 0, s>>>(static_cast<const uint8_t*>(table), cols, ids, out);
+    });
 }
 
 void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t cols, int64_t rows,
@@ -408,24 +545,9 @@ void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64
 
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
             const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate) {
-    switch (type) {
-        case GgmlType::kF32:
-            matmul_typed<GgmlType::kF32>(s, w, in, out_features, x, n, out, out_stride, accumulate);
-            return true;
-        case GgmlType::kF16:
-            matmul_typed<GgmlType::kF16>(s, w, in, out_features, x, n, out, out_stride, accumulate);
-            return true;
-        case GgmlType::kQ8_0:
-            matmul_typed<GgmlType::kQ8_0>(s, w, in, out_features, x, n, out, out_stride,
-                                          accumulate);
-            return true;
-        case GgmlType::kQ4_0:
-            matmul_typed<GgmlType::kQ4_0>(s, w, in, out_features, x, n, out, out_stride,
-                                          accumulate);
-            return true;
-        default:  // a type without a kernel: the caller reports it
-            return false;
-    }
+    return with_weight_type(type, [&]<GgmlType T>() {
+        matmul_typed<T>(s, w, in, out_features, x, n, out, out_stride, accumulate);
+    });
 }
 
 void rope(cudaStream_t s, float* x, int64_t cols, int64_t rows, const int32_t* positions,
