@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -77,6 +78,9 @@ class CudaBackend final : public Backend {
         info_ = info;
         device_ = device;
         SPECULA_TRY(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
+        SPECULA_TRY(cuda_status(
+            cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device),
+            "cudaDeviceGetAttribute"));
         SPECULA_TRY(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                 "cudaStreamCreate"));
         for (cudaEvent_t& e : events_)
@@ -213,8 +217,25 @@ class CudaBackend final : public Backend {
             return fail(
                 Unsupported("CUDA attention needs F32 keys and values and heads up to 256"));
         select();
-        cuda::attention(stream_, dev(a.q), dev(a.k), dev(a.v), dev(a.out), int(a.q.rows), a.n_head,
-                        a.n_head_kv, a.head_dim, a.scale, a.pos0, a.n_keys);
+        // Fewer (row, head) pairs than the device has multiprocessors to spare, and keys in more
+        // than one chunk (a decode step or a verification batch over a long context): split-K.
+        const int rows = int(a.q.rows), max_keys = a.keys_seen(a.q.rows - 1);
+        float* partial = nullptr;
+        if (split_attention_ && rows * a.n_head < 2 * multiprocessors_ &&
+            max_keys > cuda::kAttentionChunkKeys) {
+            const size_t bytes =
+                size_t(cuda::attention_partial_floats(rows, a.n_head, a.head_dim, max_keys)) *
+                sizeof(float);
+            if (!attention_partial_ || attention_partial_->size() < bytes) {
+                attention_partial_.reset();  // cudaFree waits for the work still using it
+                std::unique_ptr<Buffer> b;
+                if (Status s = allocate(bytes, &b); !s.ok()) return fail(std::move(s));
+                attention_partial_.reset(static_cast<CudaBuffer*>(b.release()));
+            }
+            partial = reinterpret_cast<float*>(attention_partial_->data());
+        }
+        cuda::attention(stream_, dev(a.q), dev(a.k), dev(a.v), dev(a.out), rows, a.n_head,
+                        a.n_head_kv, a.head_dim, a.scale, a.pos0, a.n_keys, partial);
         check(cudaGetLastError(), "attention");
     }
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
@@ -304,6 +325,14 @@ class CudaBackend final : public Backend {
     cudaStream_t stream_ = nullptr;
     std::array<cudaEvent_t, kTimeSlots> events_{};
     std::unique_ptr<CudaBuffer> scratch_;
+    std::unique_ptr<CudaBuffer> attention_partial_;  // split-K attention's chunk states
+    int multiprocessors_ = 1;
+    // SPECULA_CUDA_SPLIT_ATTENTION=0 keeps every row's chunks in one block (the same results;
+    // what split-K is measured against).
+    bool split_attention_ = [] {
+        const char* e = std::getenv("SPECULA_CUDA_SPLIT_ATTENTION");
+        return e == nullptr || std::string(e) != "0";
+    }();
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;

@@ -355,64 +355,141 @@ __global__ void rope_kernel(float* x, int64_t cols, int64_t rows, const int32_t*
     p[1] = a * s + b * c;
 }
 
-// One block per (query row, head): keys in tiles of the block size with an online
-// softmax in a fixed order.
-constexpr int kAttnThreads = 128;
+// Attention for one (query row, head) per block, its keys in chunks of kAttnThreads. A chunk's
+// softmax state (its max m, its sum l of exp(s - m), and the sum of exp(s - m) v, two head
+// dimensions per thread) is computed alone, then the states are merged in chunk order. A
+// block either walks all its chunks and merges as it goes, or (few rows, long contexts: split-K)
+// computes one chunk and a second kernel merges them; both merge the same states in the same
+// order with the same arithmetic, so a row's output depends on neither the path nor the batch.
+constexpr int kAttnThreads = kAttentionChunkKeys;
+
+struct SoftmaxState {
+    float m, l, acc0, acc1;
+};
+
+// b merged into a (a holds the earlier chunks). Rounded as written: never contracted.
+__device__ SoftmaxState merge(const SoftmaxState& a, const SoftmaxState& b) {
+    const float m = fmaxf(a.m, b.m), fa = expf(a.m - m), fb = expf(b.m - m);
+    return {m, __fadd_rn(__fmul_rn(a.l, fa), __fmul_rn(b.l, fb)),
+            __fadd_rn(__fmul_rn(a.acc0, fa), __fmul_rn(b.acc0, fb)),
+            __fadd_rn(__fmul_rn(a.acc1, fa), __fmul_rn(b.acc1, fb))};
+}
+
+struct AttnShared {
+    float q[2 * kAttnThreads], p[kAttnThreads], reduce[32];
+};
+
+// Which row and head a block serves, and how many keys the row sees.
+struct AttnRow {
+    int row, head, kv_head, n_keys;
+};
+__device__ AttnRow attn_row(int index, int n_head, int n_head_kv, int pos0, int fixed_keys) {
+    const int row = index / n_head, head = index % n_head;
+    return {row, head, head / (n_head / n_head_kv), fixed_keys > 0 ? fixed_keys : pos0 + row + 1};
+}
+__device__ int attn_chunks(int n_keys) {
+    return (n_keys + kAttnThreads - 1) / kAttnThreads;
+}
+
+__device__ void load_query(const float* q, const AttnRow& r, int n_head, int hd, AttnShared& sh) {
+    const float* qh = q + (int64_t(r.row) * n_head + r.head) * hd;
+    for (int d = threadIdx.x; d < hd; d += kAttnThreads)
+        sh.q[d] = qh[d];
+    __syncthreads();
+}
+
+// The state of keys t0 .. t0 + kAttnThreads - 1 (those below n_keys): each thread scores one key.
+__device__ SoftmaxState attn_chunk(const float* k, const float* v, const AttnRow& r, int n_head_kv,
+                                   int hd, float scale, int t0, AttnShared& sh) {
+    const int tid = threadIdx.x, t = t0 + tid, kv_cols = n_head_kv * hd;
+    const bool k_vectors = hd % 4 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0;
+    float s = -INFINITY;
+    if (t < r.n_keys) {
+        const float* kt = k + int64_t(t) * kv_cols + r.kv_head * hd;
+        float dot = 0.0f;
+        if (k_vectors) {  // the same products in the same order, in 16-byte loads
+            const auto* k4 = reinterpret_cast<const float4*>(kt);
+            for (int d = 0; d < hd / 4; ++d) {
+                const float4 kv = k4[d];
+                dot = fmaf(sh.q[4 * d], kv.x, dot);
+                dot = fmaf(sh.q[4 * d + 1], kv.y, dot);
+                dot = fmaf(sh.q[4 * d + 2], kv.z, dot);
+                dot = fmaf(sh.q[4 * d + 3], kv.w, dot);
+            }
+        } else {
+            for (int d = 0; d < hd; ++d)
+                dot = fmaf(sh.q[d], kt[d], dot);
+        }
+        s = dot * scale;
+    }
+    SoftmaxState st{block_max(s, sh.reduce), 0.0f, 0.0f, 0.0f};
+    const float p = t < r.n_keys ? expf(s - st.m) : 0.0f;
+    sh.p[tid] = p;
+    st.l = block_sum(p, sh.reduce);  // its barriers also publish sh.p
+    const int count = min(kAttnThreads, r.n_keys - t0);
+    for (int j = 0; j < count; ++j) {
+        const float* vt = v + int64_t(t0 + j) * kv_cols + r.kv_head * hd;
+        if (tid < hd) st.acc0 = fmaf(sh.p[j], vt[tid], st.acc0);
+        if (tid + kAttnThreads < hd) st.acc1 = fmaf(sh.p[j], vt[tid + kAttnThreads], st.acc1);
+    }
+    __syncthreads();  // sh.p is rewritten by the next chunk
+    return st;
+}
+
+__device__ void attn_write(float* out, const AttnRow& r, int n_head, int hd,
+                           const SoftmaxState& st) {
+    float* o = out + (int64_t(r.row) * n_head + r.head) * hd;
+    const int tid = threadIdx.x;
+    if (tid < hd) o[tid] = st.acc0 / st.l;
+    if (tid + kAttnThreads < hd) o[tid + kAttnThreads] = st.acc1 / st.l;
+}
 
 __global__ void attention_kernel(const float* q, const float* k, const float* v, float* out,
                                  int n_head, int n_head_kv, int hd, float scale, int pos0,
                                  int fixed_keys) {
-    __shared__ float q_s[2 * kAttnThreads], p_s[kAttnThreads], shared[32];
-    const int row = blockIdx.x / n_head, head = blockIdx.x % n_head;
-    const int kv_head = head / (n_head / n_head_kv), kv_cols = n_head_kv * hd;
-    const int n_keys = fixed_keys > 0 ? fixed_keys : pos0 + row + 1, tid = threadIdx.x;
-    const bool k_vectors = hd % 4 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0;
-    const float* qh = q + (int64_t(row) * n_head + head) * hd;
-    for (int d = tid; d < hd; d += kAttnThreads)
-        q_s[d] = qh[d];
-    __syncthreads();
-    float m = -INFINITY, l = 0.0f, acc0 = 0.0f, acc1 = 0.0f;
-    for (int t0 = 0; t0 < n_keys; t0 += kAttnThreads) {
-        const int t = t0 + tid;
-        float s = -INFINITY;
-        if (t < n_keys) {
-            const float* kt = k + int64_t(t) * kv_cols + kv_head * hd;
-            float dot = 0.0f;
-            if (k_vectors) {  // the same products in the same order, in 16-byte loads
-                const auto* k4 = reinterpret_cast<const float4*>(kt);
-                for (int d = 0; d < hd / 4; ++d) {
-                    const float4 kv = k4[d];
-                    dot = fmaf(q_s[4 * d], kv.x, dot);
-                    dot = fmaf(q_s[4 * d + 1], kv.y, dot);
-                    dot = fmaf(q_s[4 * d + 2], kv.z, dot);
-                    dot = fmaf(q_s[4 * d + 3], kv.w, dot);
-                }
-            } else {
-                for (int d = 0; d < hd; ++d)
-                    dot = fmaf(q_s[d], kt[d], dot);
-            }
-            s = dot * scale;
-        }
-        const float m_new = fmaxf(m, block_max(s, shared));
-        const float p = t < n_keys ? expf(s - m_new) : 0.0f;
-        p_s[tid] = p;
-        const float tile_sum = block_sum(p, shared);  // its barriers also publish p_s
-        const float correction = expf(m - m_new);
-        l = l * correction + tile_sum;
-        acc0 *= correction;
-        acc1 *= correction;
-        const int count = min(kAttnThreads, n_keys - t0);
-        for (int j = 0; j < count; ++j) {
-            const float* vt = v + int64_t(t0 + j) * kv_cols + kv_head * hd;
-            if (tid < hd) acc0 = fmaf(p_s[j], vt[tid], acc0);
-            if (tid + kAttnThreads < hd) acc1 = fmaf(p_s[j], vt[tid + kAttnThreads], acc1);
-        }
-        m = m_new;
-        __syncthreads();
+    __shared__ AttnShared sh;
+    const AttnRow r = attn_row(int(blockIdx.x), n_head, n_head_kv, pos0, fixed_keys);
+    load_query(q, r, n_head, hd, sh);
+    SoftmaxState st = attn_chunk(k, v, r, n_head_kv, hd, scale, 0, sh);
+    for (int c = 1; c < attn_chunks(r.n_keys); ++c)
+        st = merge(st, attn_chunk(k, v, r, n_head_kv, hd, scale, c * kAttnThreads, sh));
+    attn_write(out, r, n_head, hd, st);
+}
+
+// Split-K: block (i, c) writes chunk c's state of row-head i to partial[(i * max_chunks + c)],
+// each a record of m, l and hd sums.
+__global__ void attention_chunk_kernel(const float* q, const float* k, const float* v,
+                                       float* partial, int max_chunks, int n_head, int n_head_kv,
+                                       int hd, float scale, int pos0, int fixed_keys) {
+    __shared__ AttnShared sh;
+    const AttnRow r = attn_row(int(blockIdx.x), n_head, n_head_kv, pos0, fixed_keys);
+    const int c = int(blockIdx.y);
+    if (c >= attn_chunks(r.n_keys)) return;
+    load_query(q, r, n_head, hd, sh);
+    const SoftmaxState st = attn_chunk(k, v, r, n_head_kv, hd, scale, c * kAttnThreads, sh);
+    float* rec = partial + (int64_t(blockIdx.x) * max_chunks + c) * (hd + 2);
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        rec[0] = st.m;
+        rec[1] = st.l;
     }
-    float* o = out + (int64_t(row) * n_head + head) * hd;
-    if (tid < hd) o[tid] = acc0 / l;
-    if (tid + kAttnThreads < hd) o[tid + kAttnThreads] = acc1 / l;
+    if (tid < hd) rec[2 + tid] = st.acc0;
+    if (tid + kAttnThreads < hd) rec[2 + tid + kAttnThreads] = st.acc1;
+}
+
+__global__ void attention_merge_kernel(const float* partial, float* out, int max_chunks, int n_head,
+                                       int n_head_kv, int hd, int pos0, int fixed_keys) {
+    const AttnRow r = attn_row(int(blockIdx.x), n_head, n_head_kv, pos0, fixed_keys);
+    const int tid = threadIdx.x;
+    auto state = [&](int c) {
+        const float* rec = partial + (int64_t(blockIdx.x) * max_chunks + c) * (hd + 2);
+        return SoftmaxState{rec[0], rec[1], tid < hd ? rec[2 + tid] : 0.0f,
+                            tid + kAttnThreads < hd ? rec[2 + tid + kAttnThreads] : 0.0f};
+    };
+    SoftmaxState st = state(0);
+    for (int c = 1; c < attn_chunks(r.n_keys); ++c)
+        st = merge(st, state(c));
+    attn_write(out, r, n_head, hd, st);
 }
 
 __global__ void silu_mul_kernel(const float* g, const float* u, int64_t n, float* out) {
@@ -561,10 +638,25 @@ void copy_f32(cudaStream_t s, const float* src, int64_t n, float* dst) {
     cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, s);
 }
 
+int64_t attention_partial_floats(int rows, int n_head, int head_dim, int max_keys) {
+    return int64_t(rows) * n_head * ((max_keys + kAttnThreads - 1) / kAttnThreads) * (head_dim + 2);
+}
+
 void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
-               int n_head, int n_head_kv, int head_dim, float scale, int pos0, int fixed_keys) {
-    attention_kernel<<<unsigned(rows * n_head), kAttnThreads, 0, s>>>(
-        q, k, v, out, n_head, n_head_kv, head_dim, scale, pos0, fixed_keys);
+               int n_head, int n_head_kv, int head_dim, float scale, int pos0, int fixed_keys,
+               float* partial) {
+    const unsigned blocks_needed = unsigned(rows * n_head);
+    if (partial == nullptr) {
+        attention_kernel<<<blocks_needed, kAttnThreads, 0, s>>>(q, k, v, out, n_head, n_head_kv,
+                                                                head_dim, scale, pos0, fixed_keys);
+        return;
+    }
+    const int max_keys = fixed_keys > 0 ? fixed_keys : pos0 + rows;
+    const int max_chunks = (max_keys + kAttnThreads - 1) / kAttnThreads;
+    attention_chunk_kernel<<<dim3(blocks_needed, unsigned(max_chunks)), kAttnThreads, 0, s>>>(
+        q, k, v, partial, max_chunks, n_head, n_head_kv, head_dim, scale, pos0, fixed_keys);
+    attention_merge_kernel<<<blocks_needed, kAttnThreads, 0, s>>>(
+        partial, out, max_chunks, n_head, n_head_kv, head_dim, pos0, fixed_keys);
 }
 
 void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out) {

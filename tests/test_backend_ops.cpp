@@ -553,6 +553,30 @@ TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {
     }
 }
 
+// A row's attention is the same alone as in a batch, bit for bit, over contexts of several
+// key chunks: a decode step and a verification batch may take another path (CUDA spreads few
+// rows' chunks over blocks) than a prompt of many rows.
+TEST_P(BackendOps, AttentionOfARowIsTheSameAloneAndInABatch) {
+    const int n_head = 8, n_head_kv = 2, head_dim = 64, ctx = 700, pos0 = 600, n = 64;
+    const int width = n_head * head_dim, kv_width = n_head_kv * head_dim;
+    auto q = p.tensor(GgmlType::kF32, width, n, random_bytes(GgmlType::kF32, width, n, 21));
+    auto k =
+        p.tensor(GgmlType::kF32, kv_width, ctx, random_bytes(GgmlType::kF32, kv_width, ctx, 22));
+    auto v =
+        p.tensor(GgmlType::kF32, kv_width, ctx, random_bytes(GgmlType::kF32, kv_width, ctx, 23));
+    auto batch = p.tensor(GgmlType::kF32, width, n, {}),
+         alone = p.tensor(GgmlType::kF32, width, n, {});
+    Backend& gpu = *p.gpu;
+    const float scale = 1.0f / std::sqrt(float(head_dim));
+    gpu.attention(
+        {q.second, k.second, v.second, batch.second, n_head, n_head_kv, head_dim, scale, pos0});
+    for (int i = 0; i < n; ++i)
+        gpu.attention({q.second.row_range(i, 1), k.second, v.second, alone.second.row_range(i, 1),
+                       n_head, n_head_kv, head_dim, scale, pos0 + i});
+    const auto a = read_floats(gpu, batch.second), b = read_floats(gpu, alone.second);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
 TEST_P(BackendOps, AttentionOverAFixedSetOfKeys) {
     // Whisper's: the encoder's over all 1500 positions (here 1500 keys, heads of 64), and the
     // cross-attention of a few decoder rows over the encoder's output.
