@@ -32,7 +32,7 @@ struct Options {
     std::string policy = "fixed";
     int gamma = 4;
     float temperature = 0.0f;
-    int n_prompt = 128, n_decode = 64, reps = 3, threads = 0, context = 256;
+    int n_prompt = 128, n_decode = 64, depth = 0, reps = 3, threads = 0, context = 256;
     std::vector<int> verify_sizes = {1, 4, 8, 16};
 };
 
@@ -66,12 +66,12 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
     specula_device_info dev{};
     if (s == SPECULA_OK) s = specula_backend_get_info(backend, &dev);
     r->backend = dev.name;
-    std::vector<int32_t> prompt(static_cast<size_t>(o.n_prompt));
+    std::vector<int32_t> prompt(static_cast<size_t>(std::max(o.n_prompt, 1 + o.depth)));
     for (size_t i = 0; i < prompt.size() && s == SPECULA_OK; ++i)
         prompt[i] = int32_t((i * 7919 + 13) % size_t(info->n_vocab));
     specula_session_params sp = specula_session_default_params();
     sp.temperature = 0.0f;
-    sp.n_ctx = uint32_t(o.n_prompt + o.n_decode + 8);
+    sp.n_ctx = uint32_t(std::max(o.n_prompt, 1 + o.depth + o.n_decode) + 8);
     specula_generate_params gp = specula_generate_default_params();
     gp.max_tokens = o.n_decode;
     gp.stop_at_eos = false;
@@ -95,17 +95,28 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
                                                       : SPECULA_GAMMA_HEURISTIC;
             p.gamma = o.gamma;
             p.gamma_max = std::max(o.gamma, 8);
+            // As llama-bench's tests: pp N evaluates the prompt in a fresh session, tg N
+            // generates N tokens in another one that holds a single token (and --depth more).
             specula_session* session = nullptr;
-            specula_session_stats st{};
-            s = specula_session_create(model, &p, &session);
-            if (s == SPECULA_OK) s = specula_session_eval(session, prompt.data(), prompt.size());
+            specula_session_stats prompt_stats{}, st{};
+            if (d == nullptr) {
+                s = specula_session_create(model, &p, &session);
+                if (s == SPECULA_OK)
+                    s = specula_session_eval(session, prompt.data(), size_t(o.n_prompt));
+                if (s == SPECULA_OK) s = specula_session_get_stats(session, &prompt_stats);
+                specula_session_free(session);
+                session = nullptr;
+            }
+            if (s == SPECULA_OK) s = specula_session_create(model, &p, &session);
+            if (s == SPECULA_OK)
+                s = specula_session_eval(session, prompt.data(), size_t(1 + o.depth));
             if (s == SPECULA_OK) s = specula_generate(session, &gp, nullptr, 0, nullptr);
             if (s == SPECULA_OK) s = specula_session_get_stats(session, &st);
             specula_session_free(session);
             if (s != SPECULA_OK) break;
             if (rep < 0) continue;
             if (d == nullptr) {
-                pp.push_back(double(st.n_prompt_tokens) / st.prompt_seconds);
+                pp.push_back(double(prompt_stats.n_prompt_tokens) / prompt_stats.prompt_seconds);
                 tg.push_back(double(st.n_generated) / st.generate_seconds);
             } else {
                 spec_tg.push_back(double(st.n_generated) / st.generate_seconds);
@@ -216,6 +227,7 @@ int main(int argc, char** argv) {
     app.add_option("--backend", backends,
                    "one or more of auto, cpu, vulkan, cuda, comma-separated (measured in one run)");
     app.add_option("-p,--n-prompt", o.n_prompt, "prompt tokens (one batched evaluation)");
+    app.add_option("-d,--depth", o.depth, "tokens in the context before the decode runs begin");
     app.add_option("-n,--n-decode", o.n_decode, "generated tokens (greedy, one forward each)");
     app.add_option("-r,--reps", o.reps, "repetitions; the median is reported");
     app.add_option("-c,--context", o.context, "context length before each verification forward");
@@ -309,6 +321,7 @@ int main(int argc, char** argv) {
                             {"weight_type", weight_name(info.weight_type)},
                             {"weight_bytes", info.weight_bytes},
                             {"n_prompt", o.n_prompt},
+                            {"depth", o.depth},
                             {"n_decode", o.n_decode},
                             {"reps", o.reps},
                             {"context", o.context},
