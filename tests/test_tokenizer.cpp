@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -98,14 +99,24 @@ TEST(Tokenizer, LongRunsRoundTrip) {
     EXPECT_EQ(spaced.back(), word.back());
 }
 
-// llama.cpp's vectors for its Llama and GPT-2 vocabularies, and the vectors that the
-// demo models' own trainer (tools/train/bpe.py) wrote for their vocabulary.
+// llama.cpp's vectors (models/ggml-vocab-*.gguf.inp/.out: Hugging Face's ids) for its Llama,
+// GPT-2, StarCoder, Falcon and DeepSeek vocabularies (the last four split by sequences of
+// regexes), and the vectors that the demo models' own trainer (tools/train/bpe.py) wrote for
+// their vocabulary.
 INSTANTIATE_TEST_SUITE_P(
     Vocabularies, VocabTest,
     ::testing::Values(Vocab{"llama_spm", test::data_path("ggml-vocab-llama-spm.gguf"),
                             test::data_path("ggml-vocab-llama-spm.gguf")},
                       Vocab{"gpt2", test::data_path("ggml-vocab-gpt-2.gguf"),
                             test::data_path("ggml-vocab-gpt-2.gguf")},
+                      Vocab{"starcoder", test::data_path("ggml-vocab-starcoder.gguf"),
+                            test::data_path("ggml-vocab-starcoder.gguf")},
+                      Vocab{"falcon", test::data_path("ggml-vocab-falcon.gguf"),
+                            test::data_path("ggml-vocab-falcon.gguf")},
+                      Vocab{"deepseek_coder", test::data_path("ggml-vocab-deepseek-coder.gguf"),
+                            test::data_path("ggml-vocab-deepseek-coder.gguf")},
+                      Vocab{"deepseek_llm", test::data_path("ggml-vocab-deepseek-llm.gguf"),
+                            test::data_path("ggml-vocab-deepseek-llm.gguf")},
                       Vocab{"specula_demo",
                             std::string(SPECULA_MODELS_DIR) + "/specula-demo-target.gguf",
                             test::data_path("specula-demo-vocab")}),
@@ -170,13 +181,18 @@ TEST(Tokenizer, UnknownPreTokenizersAreUnsupported) {
     uint64_t length = 0;
     std::memcpy(&length, bytes.data() + value, 8);
     ASSERT_EQ(bytes.substr(value + 8, length), "gpt-2");
+    const std::vector<std::string> known = {
+        "gpt-2",  "phi-2",     "llama-bpe", "qwen2",  "deepseek-llm",    "deepseek-coder",
+        "falcon", "starcoder", "command-r", "smollm", "deepseek-r1-qwen"};
     for (const std::string pre :
-         {"gpt-2", "phi-2", "llama-bpe", "qwen2", "deepseek-llm", "falcon", "starcoder", ""}) {
+         {"gpt-2", "phi-2", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder", "falcon",
+          "starcoder", "command-r", "smollm", "deepseek-r1-qwen", "default", "tekken", "bloom",
+          "chameleon", ""}) {
         std::string patched = bytes;
         const uint64_t n = pre.size();
         patched.replace(value, 8 + length, std::string(reinterpret_cast<const char*>(&n), 8) + pre);
         const Status s = tokenizer_from_bytes(patched);
-        if (pre == "gpt-2" || pre == "phi-2" || pre == "llama-bpe" || pre == "qwen2") {
+        if (std::find(known.begin(), known.end(), pre) != known.end()) {
             EXPECT_TRUE(s.ok()) << pre << ": " << s.message();
         } else {
             EXPECT_EQ(s.code(), SPECULA_ERR_UNSUPPORTED) << pre;

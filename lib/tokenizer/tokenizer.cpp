@@ -36,29 +36,71 @@ const ByteMapping& byte_mapping() {
     return m;
 }
 
-// A byte-level BPE vocabulary's pre-tokenizer: the regex its tokenizer.json splits text with
-// (the "Isolated" behaviour: matches and the text between them are words), and whether a
-// word that is itself a token skips the merges (tokenizer.json's ignore_merges).
+// A byte-level BPE vocabulary's pre-tokenizer: the regexes its tokenizer.json splits text with,
+// in sequence (each splits every piece the one before left, "Isolated": matches and the text
+// between them are pieces), and whether a word that is itself a token skips the merges
+// (tokenizer.json's ignore_merges). The names and splits are llama.cpp's (llama-vocab.cpp).
 struct PreTokenizer {
     std::vector<std::string_view> names;  // tokenizer.ggml.pre values
-    std::string_view pattern;
+    std::vector<std::string_view> patterns;
     bool ignore_merges;
 };
 
+// Llama 3's tokenizer.json: digits in threes, one symbol may lead a word.
+constexpr std::string_view kLlama3Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Qwen2/2.5/3's: single digits.
+constexpr std::string_view kQwen2Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// DeepSeek's splits (code points as escapes: editors and tools normalize some of these
+// letters to others, which would change the classes).
+constexpr std::string_view kDeepSeekCjk =
+    R"([\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+)";
+constexpr std::string_view kDeepSeekLetters =
+    R"(\s?[)"
+    R"(A-Za-z\x{B5}\x{C0}-\x{D6}\x{D8}-\x{F6}\x{F8}-\x{1BA}\x{1BC}-\x{1BF})"
+    R"(\x{1C4}-\x{293}\x{295}-\x{2AF}\x{370}-\x{373}\x{376}\x{377}\x{37B}-\x{37D})"
+    R"(\x{37F}\x{386}\x{388}-\x{38A}\x{38C}\x{38E}-\x{3A1}\x{3A3}-\x{3F5})"
+    R"(\x{3F7}-\x{481}\x{48A}-\x{52F}\x{531}-\x{556}\x{10A0}-\x{10C5}\x{13A0}-\x{13F5})"
+    R"(\x{13F8}-\x{13FD}\x{1C90}-\x{1CBA}\x{1CBD}-\x{1CBF}\x{1D00}-\x{1D2B})"
+    R"(\x{1D6B}-\x{1D77}\x{1D79}-\x{1D9A}\x{1E00}-\x{1F15}\x{1F18}-\x{1F1D})"
+    R"(\x{1F20}-\x{1F45}\x{1F48}-\x{1F4D}\x{1F50}-\x{1F57}\x{1F59}\x{1F5B}\x{1F5D})"
+    R"(\x{1F5F}-\x{1F7D}\x{1F80}-\x{1FB4}\x{1FB6}-\x{1FBC}\x{1FBE}\x{1FC2}-\x{1FC4})"
+    R"(\x{1FC6}-\x{1FCC}\x{1FD0}-\x{1FD3}\x{1FD6}-\x{1FDB}\x{1FE0}-\x{1FEC})"
+    R"(\x{1FF2}-\x{1FF4}\x{1FF6}-\x{1FFC}\x{2102}\x{2107}\x{210A}-\x{2113}\x{2115})"
+    R"(\x{2119}-\x{211D}\x{2124}\x{2126}\x{2128}\x{212A}-\x{212D}\x{212F}-\x{2134})"
+    R"(\x{2139}\x{213C}-\x{213F}\x{2145}-\x{2149}\x{214E}\x{2183}\x{2184})"
+    R"(\x{2C00}-\x{2C7B}\x{2C7E}-\x{2CE4}\x{2CEB}-\x{2CEE}\x{2CF2}\x{2CF3})"
+    R"(\x{A640}-\x{A66D}\x{A680}-\x{A69B}\x{A722}-\x{A76F}\x{A771}-\x{A787})"
+    R"(\x{A78B}-\x{A78E}\x{AB70}-\x{ABBF}\x{FB00}-\x{FB06}\x{FB13}-\x{FB17})"
+    R"(\x{FF21}-\x{FF3A}\x{FF41}-\x{FF5A}\x{10400}-\x{1044F}\x{104B0}-\x{104D3})"
+    R"(\x{104D8}-\x{104FB}\x{10C80}-\x{10CB2}\x{10CC0}-\x{10CF2}\x{118A0}-\x{118DF})"
+    R"(\x{1E900}-\x{1E943})"
+    R"(]+)";
+
 const std::vector<PreTokenizer>& pre_tokenizers() {
     static const std::vector<PreTokenizer> all = {
-        // GPT-2's encoder.py; llama.cpp gives these names the same split.
+        // GPT-2's encoder.py.
         {{"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v1-en", "jina-v2-es",
           "jina-v2-de", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais"},
-         Tokenizer::kGpt2Regex,
+         {Tokenizer::kGpt2Regex},
          false},
-        // Llama 3's tokenizer.json: digits in threes, one symbol may lead a word.
-        {{"llama-bpe", "llama3", "llama-v3"},
-         R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
-         true},
-        // Qwen2/2.5/3's tokenizer.json: single digits.
-        {{"qwen2"},
-         R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+        {{"llama-bpe", "llama3", "llama-v3", "falcon3"}, {kLlama3Regex}, true},
+        {{"dbrx", "smaug-bpe", "chatglm-bpe"}, {kLlama3Regex}, false},
+        {{"qwen2", "deepseek-r1-qwen", "stablelm2"}, {kQwen2Regex}, false},
+        // Digits one by one, then GPT-2's split.
+        {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"},
+         {R"(\p{N})", Tokenizer::kGpt2Regex},
+         false},
+        // Punctuation runs, GPT-2's split, then digits in threes.
+        {{"falcon"}, {R"([\p{P}\$\+<=>\^~\|`]+)", Tokenizer::kGpt2Regex, "[0-9][0-9][0-9]"}, false},
+        {{"deepseek-coder"},
+         {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kDeepSeekCjk, R"(\p{N})"},
+         false},
+        {{"deepseek-llm"},
+         {R"([\r\n])", kDeepSeekLetters,
+          R"(\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+)",
+          R"(\s+$)", kDeepSeekCjk, R"(\p{N}+)"},
          false},
     };
     return all;
@@ -122,7 +164,11 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
         t->kind_ = Kind::kBytePairGpt2;
         const PreTokenizer* pre = nullptr;  // SentencePiece has none
         SPECULA_TRY(find_pre_tokenizer(gguf, &pre));
-        SPECULA_TRY(RegexSplitter::compile(pre->pattern, &t->pre_split_));
+        for (std::string_view pattern : pre->patterns) {
+            std::unique_ptr<RegexSplitter> split;
+            SPECULA_TRY(RegexSplitter::compile(pattern, &split));
+            t->pre_split_.push_back(std::move(split));
+        }
         t->ignore_merges_ = pre->ignore_merges;
     } else {
         return Unsupported("tokenizer model '" + model + "' (supported: llama, gpt2)");
@@ -157,6 +203,10 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
             if (t->types_[i] == kByte && byte_value(t->tokens_[i]) < 0)
                 return FormatError("byte token " + std::to_string(i) + " is '" +
                                    t->tokens_[i].substr(0, 32) + "', not <0xHH>");
+
+    for (size_t i = 0; i < n; ++i)
+        if (t->types_[i] == kUserDefined && !t->tokens_[i].empty())
+            t->user_defined_.push_back(int32_t(i));
 
     t->token_ids_.reserve(n);
     for (size_t i = 0; i < n; ++i)
@@ -201,7 +251,7 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
 
 std::string_view Tokenizer::pre_tokenizer_for_regex(std::string_view regex) {
     for (const PreTokenizer& p : pre_tokenizers())
-        if (p.pattern == regex) return p.names.front();
+        if (p.patterns.size() == 1 && p.patterns.front() == regex) return p.names.front();
     return {};
 }
 
@@ -221,29 +271,67 @@ int32_t Tokenizer::byte_token(uint8_t byte) const {
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
     std::vector<int32_t> out;
     if (add_bos && bos_ >= 0) out.push_back(bos_);
-    if (text.empty()) return out;
+    // User-defined tokens (a tokenizer.json's added tokens that are not special) are found in
+    // the text first, as Hugging Face's tokenizers and llama.cpp do (the earliest, then the
+    // longest); the text around them is encoded as usual.
+    std::vector<size_t> next(user_defined_.size());
+    for (size_t i = 0; i < next.size(); ++i)
+        next[i] = text.find(tokens_[size_t(user_defined_[i])]);
+    size_t pos = 0;
+    while (pos < text.size()) {
+        size_t at = std::string_view::npos, length = 0;
+        int32_t id = -1;
+        for (size_t i = 0; i < next.size(); ++i) {
+            const std::string& t = tokens_[size_t(user_defined_[i])];
+            if (next[i] != std::string_view::npos && next[i] < pos) next[i] = text.find(t, pos);
+            if (next[i] < at ||
+                (next[i] == at && at != std::string_view::npos && t.size() > length)) {
+                at = next[i];
+                length = t.size();
+                id = user_defined_[i];
+            }
+        }
+        encode_fragment(text.substr(pos, at == std::string_view::npos ? at : at - pos), pos == 0,
+                        &out);
+        if (id < 0) break;
+        out.push_back(id);
+        pos = at + length;
+    }
+    return out;
+}
+
+void Tokenizer::encode_fragment(std::string_view text, bool at_start,
+                                std::vector<int32_t>* out) const {
+    if (text.empty()) return;
     if (kind_ == Kind::kSentencePiece) {
         std::string escaped;
-        if (add_space_prefix_) escaped += kSpaceMarker;
+        if (add_space_prefix_ && at_start) escaped += kSpaceMarker;
         for (char c : text) {
             if (c == ' ')
                 escaped += kSpaceMarker;
             else
                 escaped += c;
         }
-        encode_sentencepiece(escaped, &out);
-    } else {
-        for (std::string_view word : pre_split_->split(text)) {
-            std::string mapped;
-            for (char c : word)
-                mapped += byte_mapping().byte_to_text[uint8_t(c)];
-            if (const int32_t whole = ignore_merges_ ? find(mapped) : -1; whole >= 0)
-                out.push_back(whole);
-            else
-                encode_bpe_word(mapped, &out);
-        }
+        encode_sentencepiece(escaped, out);
+        return;
     }
-    return out;
+    std::vector<std::string_view> words = {text};
+    for (const auto& split : pre_split_) {
+        std::vector<std::string_view> pieces;
+        for (std::string_view w : words)
+            for (std::string_view piece : split->split(w))
+                pieces.push_back(piece);
+        words = std::move(pieces);
+    }
+    for (std::string_view word : words) {
+        std::string mapped;
+        for (char c : word)
+            mapped += byte_mapping().byte_to_text[uint8_t(c)];
+        if (const int32_t whole = ignore_merges_ ? find(mapped) : -1; whole >= 0)
+            out->push_back(whole);
+        else
+            encode_bpe_word(mapped, out);
+    }
 }
 
 namespace {
@@ -365,6 +453,8 @@ std::string Tokenizer::piece(int32_t token) const {
     const int32_t type = types_[size_t(token)];
     const std::string& text = tokens_[size_t(token)];
     if (type == kControl || type == kUnused) return {};
+    // A user-defined token is its text as written (matched so in text by encode()).
+    if (type == kUserDefined) return text;
     if (kind_ == Kind::kSentencePiece) {
         if (type == kByte) return std::string(1, char(byte_value(text)));  // checked at load
         std::string s;

@@ -57,6 +57,9 @@ class Tokenizer {
     bool same_vocabulary(const Tokenizer& other) const;
 
   private:
+    // Text without user-defined tokens; at_start: the beginning of the text (SentencePiece's
+    // space prefix goes there only).
+    void encode_fragment(std::string_view text, bool at_start, std::vector<int32_t>* out) const;
     void encode_sentencepiece(std::string_view text, std::vector<int32_t>* out) const;
     void encode_bpe_word(std::string_view word, std::vector<int32_t>* out) const;
     int32_t find(std::string_view text) const;
@@ -67,8 +70,9 @@ class Tokenizer {
     std::vector<float> scores_;
     std::vector<int32_t> types_;
     std::unordered_map<std::string, int32_t> token_ids_;
-    std::unordered_map<std::string, int32_t> merge_ranks_;  // "left right" -> rank
-    std::unique_ptr<RegexSplitter> pre_split_;              // byte-level BPE only
+    std::vector<int32_t> user_defined_;  // ids of the tokens matched in text before splitting
+    std::unordered_map<std::string, int32_t> merge_ranks_;   // "left right" -> rank
+    std::vector<std::unique_ptr<RegexSplitter>> pre_split_;  // byte-level BPE: in sequence
     bool ignore_merges_ = false;  // a word that is a token is that token (Llama 3)
     int32_t bos_ = -1, eos_ = -1, unk_ = -1;
     bool add_bos_ = false;
