@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     app.add_option("--seed", spec.seed);
     app.add_option("--name", spec.name);
     app.add_flag("--tied", spec.tied_output, "share token_embd as the output head");
+    app.add_option("--arch", spec.arch, "llama, or qwen2 (q/k/v biases, NeoX rotation)");
     CLI11_PARSE(app, argc, argv);
     specula::Status s = specula::parse_weight_type(type, &spec.weight_type);
     if (s.ok()) s = specula::write_random_llama(spec, out);

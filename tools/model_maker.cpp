@@ -82,18 +82,21 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         return InvalidArgument(std::string(ggml_type_name(s.weight_type)) + " rows are blocks of " +
                                std::to_string(block) + ": n_embd and n_ff must be multiples");
 
+    if (s.arch != "llama" && s.arch != "qwen2")
+        return InvalidArgument("architecture '" + s.arch + "': llama or qwen2");
     GgufWriter w;
-    w.set_string("general.architecture", "llama");
+    const std::string a = s.arch + ".";
+    w.set_string("general.architecture", s.arch);
     w.set_string("general.name", s.name);
-    w.set_u32("llama.context_length", uint32_t(s.n_ctx));
-    w.set_u32("llama.embedding_length", uint32_t(s.n_embd));
-    w.set_u32("llama.block_count", uint32_t(s.n_layer));
-    w.set_u32("llama.feed_forward_length", uint32_t(s.n_ff));
-    w.set_u32("llama.attention.head_count", uint32_t(s.n_head));
-    w.set_u32("llama.attention.head_count_kv", uint32_t(s.n_head_kv));
-    w.set_u32("llama.rope.dimension_count", uint32_t(s.n_embd / s.n_head));
-    w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    w.set_f32("llama.rope.freq_base", 10000.0f);
+    w.set_u32(a + "context_length", uint32_t(s.n_ctx));
+    w.set_u32(a + "embedding_length", uint32_t(s.n_embd));
+    w.set_u32(a + "block_count", uint32_t(s.n_layer));
+    w.set_u32(a + "feed_forward_length", uint32_t(s.n_ff));
+    w.set_u32(a + "attention.head_count", uint32_t(s.n_head));
+    w.set_u32(a + "attention.head_count_kv", uint32_t(s.n_head_kv));
+    w.set_u32(a + "rope.dimension_count", uint32_t(s.n_embd / s.n_head));
+    w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
+    w.set_f32(a + "rope.freq_base", 10000.0f);
 
     size_t n_vocab = tokens->size();
     for (const auto& [key, value] : vocab.metadata()) {
@@ -133,6 +136,11 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         SPECULA_TRY(w.add_tensor(p + "attn_q.weight", t, {e, e}, random_matrix(g, t, e, e, se)));
         SPECULA_TRY(w.add_tensor(p + "attn_k.weight", t, {e, kv}, random_matrix(g, t, e, kv, se)));
         SPECULA_TRY(w.add_tensor(p + "attn_v.weight", t, {e, kv}, random_matrix(g, t, e, kv, se)));
+        if (s.arch == "qwen2")
+            for (auto [name, n] :
+                 {std::pair{"attn_q.bias", e}, {"attn_k.bias", kv}, {"attn_v.bias", kv}})
+                SPECULA_TRY(w.add_tensor(p + name, GgmlType::kF32, {n},
+                                         random_matrix(g, GgmlType::kF32, n, 1, 0.5f)));
         SPECULA_TRY(
             w.add_tensor(p + "attn_output.weight", t, {e, e}, random_matrix(g, t, e, e, se)));
         SPECULA_TRY(w.add_tensor(p + "ffn_norm.weight", GgmlType::kF32, {e},

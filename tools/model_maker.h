@@ -14,6 +14,9 @@ namespace specula {
 
 struct RandomLlamaSpec {
     std::string vocab_path;  // a GGUF with tokenizer.ggml.* metadata
+    // "llama", or "qwen2": biases on the q, k and v projections, and q and k rotated as
+    // GPT-NeoX does (each head's first half paired with its second), as Qwen2's GGUF files are.
+    std::string arch = "llama";
     int n_embd = 256;
     int n_layer = 2;
     int n_head = 4;

@@ -285,7 +285,7 @@ specula_status specula_model_get_info(const specula_model* model, specula_model_
         const LlamaModel& m = *model->impl;
         const LlamaConfig& c = m.config();
         *info = specula_model_info{};
-        copy_string(info->architecture, LlamaModel::kArchitecture);
+        copy_string(info->architecture, c.architecture.c_str());
         copy_string(info->name, m.name());
         copy_string(info->tokenizer, m.tokenizer().kind_name());
         info->n_vocab = c.n_vocab;

@@ -1,9 +1,12 @@
 #include "models/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "core/log.h"
 #include "format/quant.h"
@@ -31,6 +34,22 @@ Status read_dim(const GgufFile& g, const std::string& key, bool required, int64_
     return Status::Ok();
 }
 
+// GPT-NeoX's rotation pairs element i of a head with element i + n_rot / 2; Llama's pairs 2i
+// with 2i + 1. Reordering the rows (output features) of the q and k projections so that row 2i
+// is NeoX's row i and row 2i + 1 its row i + n_rot / 2 makes Llama's rotation compute NeoX's;
+// queries and keys are reordered alike, so their dot products are unchanged.
+std::vector<uint8_t> neox_rows_as_pairs(const uint8_t* rows, size_t row_bytes, int64_t n_rows,
+                                        int head_dim, int n_rot) {
+    std::vector<uint8_t> out(row_bytes * size_t(n_rows));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const int64_t head = r / head_dim, j = r % head_dim;
+        const int64_t from = j >= n_rot ? j : j % 2 == 0 ? j / 2 : j / 2 + n_rot / 2;
+        std::memcpy(out.data() + size_t(r) * row_bytes,
+                    rows + size_t(head * head_dim + from) * row_bytes, row_bytes);
+    }
+    return out;
+}
+
 }  // namespace
 
 Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
@@ -39,29 +58,34 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     SPECULA_TRY(GgufFile::parse(file->bytes(), &gguf));
     std::string arch;
     SPECULA_TRY(gguf.get_string("general.architecture", &arch));
-    if (arch != kArchitecture)
-        return Unsupported("model architecture '" + arch + "' (supported: " + kArchitecture + ")");
+    if (std::find(kArchitectures.begin(), kArchitectures.end(), arch) == kArchitectures.end())
+        return Unsupported("model architecture '" + arch.substr(0, 64) +
+                           "' (supported: llama, qwen2)");
 
     std::unique_ptr<LlamaModel> m(new LlamaModel(backend));
     SPECULA_TRY(gguf.get_string("general.name", &m->name_));
     LlamaConfig& c = m->config_;
-    SPECULA_TRY(read_dim(gguf, "llama.embedding_length", true, 0, &c.n_embd));
-    SPECULA_TRY(read_dim(gguf, "llama.block_count", true, 0, &c.n_layer));
-    SPECULA_TRY(read_dim(gguf, "llama.feed_forward_length", true, 0, &c.n_ff));
-    SPECULA_TRY(read_dim(gguf, "llama.attention.head_count", true, 0, &c.n_head));
-    SPECULA_TRY(read_dim(gguf, "llama.attention.head_count_kv", false, c.n_head, &c.n_head_kv));
-    SPECULA_TRY(read_dim(gguf, "llama.context_length", false, 2048, &c.n_ctx_train));
+    c.architecture = arch;
+    c.qkv_bias = arch == "qwen2";
+    const bool neox = arch == "qwen2";
+    const std::string a = arch + ".";
+    SPECULA_TRY(read_dim(gguf, a + "embedding_length", true, 0, &c.n_embd));
+    SPECULA_TRY(read_dim(gguf, a + "block_count", true, 0, &c.n_layer));
+    SPECULA_TRY(read_dim(gguf, a + "feed_forward_length", true, 0, &c.n_ff));
+    SPECULA_TRY(read_dim(gguf, a + "attention.head_count", true, 0, &c.n_head));
+    SPECULA_TRY(read_dim(gguf, a + "attention.head_count_kv", false, c.n_head, &c.n_head_kv));
+    SPECULA_TRY(read_dim(gguf, a + "context_length", false, 2048, &c.n_ctx_train));
     if (c.n_embd > kMaxDim || c.n_ff > kMaxDim || c.n_layer > kMaxLayers || c.n_head > c.n_embd)
         return FormatError("model dimensions are out of range");
     if (c.n_embd % c.n_head != 0 || c.n_head % c.n_head_kv != 0)
         return FormatError("head counts do not divide the embedding width");
     c.head_dim = c.n_embd / c.n_head;
-    SPECULA_TRY(read_dim(gguf, "llama.rope.dimension_count", false, c.head_dim, &c.n_rot));
+    SPECULA_TRY(read_dim(gguf, a + "rope.dimension_count", false, c.head_dim, &c.n_rot));
     if (c.n_rot > c.head_dim || c.n_rot % 2 != 0 || c.head_dim % 2 != 0)
         return FormatError("rope dimension count must be even and at most the head size");
     double eps = c.rms_eps, base = c.rope_base;
-    SPECULA_TRY(gguf.get_float("llama.attention.layer_norm_rms_epsilon", &eps));
-    SPECULA_TRY(gguf.get_float("llama.rope.freq_base", &base));
+    SPECULA_TRY(gguf.get_float(a + "attention.layer_norm_rms_epsilon", &eps));
+    SPECULA_TRY(gguf.get_float(a + "rope.freq_base", &base));
     if (!(eps > 0 && eps < 1) || !(base > 1))
         return FormatError("rms epsilon or rope base out of range");
     c.rms_eps = float(eps);
@@ -79,10 +103,11 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     for (const auto& [type, bytes] : bytes_by_type)
         if (bytes > bytes_by_type[m->dominant_type_]) m->dominant_type_ = type;
 
-    const size_t n_expected = 3 + size_t(c.n_layer) * 9;
+    const size_t n_expected = 3 + size_t(c.n_layer) * (c.qkv_bias ? 12 : 9);
     size_t n_loaded = 0;
+    // norm: an F32 vector; neox_pairs: rows reordered for the rotation (neox_rows_as_pairs).
     auto load = [&](const std::string& name, int64_t cols, int64_t rows, bool norm, Tensor* t,
-                    bool optional = false) -> Status {
+                    bool optional = false, bool neox_pairs = false) -> Status {
         const GgufTensorInfo* info = gguf.find_tensor(name);
         if (info == nullptr) {
             if (optional) return Status::Ok();
@@ -102,7 +127,18 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
                                " (norm weights must be F32)");
         SPECULA_TRY(check_weight_type(backend, name, info->type));
         std::unique_ptr<Buffer> buffer;
-        SPECULA_TRY(backend.load_weights(info->data, info->type, cols, rows, &buffer));
+        if (neox_pairs && neox) {
+            // A vector's elements are its rows here.
+            const int64_t n_rows = rows == 1 ? cols : rows;
+            // Host memory that outlives the buffer, as load_weights() asks (the cpu reads it).
+            m->reordered_.push_back(neox_rows_as_pairs(info->data.data(),
+                                                       info->data.size() / size_t(n_rows), n_rows,
+                                                       c.head_dim, c.n_rot));
+            SPECULA_TRY(
+                backend.load_weights(m->reordered_.back(), info->type, cols, rows, &buffer));
+        } else {
+            SPECULA_TRY(backend.load_weights(info->data, info->type, cols, rows, &buffer));
+        }
         *t = Tensor{buffer.get(), 0, info->type, cols, rows};
         m->buffers_.push_back(std::move(buffer));
         if (progress && !progress(float(++n_loaded) / float(n_expected)))
@@ -116,9 +152,14 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         const std::string p = "blk." + std::to_string(l) + ".";
         Layer& L = m->layers_[size_t(l)];
         SPECULA_TRY(load(p + "attn_norm.weight", c.n_embd, 1, true, &L.attn_norm));
-        SPECULA_TRY(load(p + "attn_q.weight", c.n_embd, c.n_embd, false, &L.wq));
-        SPECULA_TRY(load(p + "attn_k.weight", c.n_embd, c.kv_dim(), false, &L.wk));
+        SPECULA_TRY(load(p + "attn_q.weight", c.n_embd, c.n_embd, false, &L.wq, false, true));
+        SPECULA_TRY(load(p + "attn_k.weight", c.n_embd, c.kv_dim(), false, &L.wk, false, true));
         SPECULA_TRY(load(p + "attn_v.weight", c.n_embd, c.kv_dim(), false, &L.wv));
+        if (c.qkv_bias) {
+            SPECULA_TRY(load(p + "attn_q.bias", c.n_embd, 1, true, &L.bq, false, true));
+            SPECULA_TRY(load(p + "attn_k.bias", c.kv_dim(), 1, true, &L.bk, false, true));
+            SPECULA_TRY(load(p + "attn_v.bias", c.kv_dim(), 1, true, &L.bv));
+        }
         SPECULA_TRY(load(p + "attn_output.weight", c.n_embd, c.n_embd, false, &L.wo));
         SPECULA_TRY(load(p + "ffn_norm.weight", c.n_embd, 1, true, &L.ffn_norm));
         SPECULA_TRY(load(p + "ffn_gate.weight", c.n_embd, c.n_ff, false, &L.w_gate));
@@ -208,9 +249,19 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
         const Tensor k = k_cache_[size_t(l)].row_range(n_past_, n);
         const Tensor v = v_cache_[size_t(l)].row_range(n_past_, n);
         const Backend::Rope rotation{pos_n, rope_table_, c.head_dim, c.n_rot};
-        be.matmul_rope(L.wq, attn_in, q, rotation);
-        be.matmul_rope(L.wk, attn_in, k, rotation);
-        be.matmul(L.wv, attn_in, v, Backend::Accumulate::kNo);
+        if (c.qkv_bias) {  // the bias goes in before the rotation
+            for (auto [w, b, out] : {std::tuple{&L.wq, &L.bq, &q}, {&L.wk, &L.bk, &k}}) {
+                be.matmul(*w, attn_in, *out, Backend::Accumulate::kNo);
+                be.add_bias(*out, *b);
+                be.rope(*out, pos_n, rope_table_, c.head_dim, c.n_rot);
+            }
+            be.matmul(L.wv, attn_in, v, Backend::Accumulate::kNo);
+            be.add_bias(v, L.bv);
+        } else {
+            be.matmul_rope(L.wq, attn_in, q, rotation);
+            be.matmul_rope(L.wk, attn_in, k, rotation);
+            be.matmul(L.wv, attn_in, v, Backend::Accumulate::kNo);
+        }
         be.attention({.q = q,
                       .k = k_cache_[size_t(l)],
                       .v = v_cache_[size_t(l)],

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <memory>
 #include <span>
@@ -29,13 +30,17 @@ struct LlamaConfig {
     int n_rot = 0;
     float rms_eps = 1e-5f;
     float rope_base = 10000.0f;
+    std::string architecture;  // general.architecture: "llama" or "qwen2"
+    bool qkv_bias = false;     // qwen2: biases on the q, k and v projections
     int kv_dim() const { return n_head_kv * head_dim; }
 };
 
 class LlamaModel {
   public:
-    // general.architecture of the GGUF files this model reads.
-    static constexpr const char* kArchitecture = "llama";
+    // general.architecture of the GGUF files this model reads: Llama's, and Qwen2's (biases on
+    // q, k, v; q and k rotated as GPT-NeoX does, which the loader turns into Llama's pairs by
+    // reordering their rows).
+    static constexpr std::array<const char*, 2> kArchitectures = {"llama", "qwen2"};
 
     using Progress = std::function<bool(float)>;  // false cancels
     static Status load(Backend& backend, std::unique_ptr<MappedFile> file, const Progress& progress,
@@ -53,11 +58,13 @@ class LlamaModel {
     friend class LlamaContext;
     struct Layer {
         Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+        Tensor bq, bk, bv;  // qwen2 only (no buffer otherwise)
     };
     explicit LlamaModel(Backend& backend) : backend_(backend) {}
 
     Backend& backend_;
     std::unique_ptr<MappedFile> file_;
+    std::vector<std::vector<uint8_t>> reordered_;  // qwen2's q and k rows (neox_rows_as_pairs)
     std::vector<std::unique_ptr<Buffer>> buffers_;
     LlamaConfig config_;
     std::unique_ptr<Tokenizer> tokenizer_;

@@ -14,10 +14,10 @@ struct Architecture {
     ModelKind kind;
 };
 
-// Every architecture a model class reads. Qwen and other llama variants join "llama"'s class
-// as their differences (biases, norms, rope scaling) are built.
+// Every architecture a model class reads (LlamaModel::kArchitectures: Llama and Qwen2).
 constexpr std::array kArchitectures = {
     Architecture{"GGUF", "llama", ModelKind::kText},
+    Architecture{"GGUF", "qwen2", ModelKind::kText},
     Architecture{"ggml", "whisper", ModelKind::kSpeech},
 };
 

@@ -165,14 +165,17 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, positions, n_head, head_dim, n_rot, base):
+def rope(x, positions, n_head, head_dim, n_rot, base, neox=False):
+    """Llama's rotation pairs elements 2j and 2j + 1 of a head; GPT-NeoX's (Qwen2) pairs
+    element j with element j + n_rot / 2."""
     x = x.reshape(len(positions), n_head, head_dim).copy()
     j = np.arange(n_rot // 2)
     theta = positions[:, None] * base ** (-2.0 * j / n_rot)  # (n, n_rot/2)
     c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    a, b = x[:, :, 0:n_rot:2].copy(), x[:, :, 1:n_rot:2].copy()
-    x[:, :, 0:n_rot:2] = a * c - b * s
-    x[:, :, 1:n_rot:2] = a * s + b * c
+    first, second = (slice(0, n_rot // 2), slice(n_rot // 2, n_rot)) if neox else (slice(0, n_rot, 2), slice(1, n_rot, 2))
+    a, b = x[:, :, first].copy(), x[:, :, second].copy()
+    x[:, :, first] = a * c - b * s
+    x[:, :, second] = a * s + b * c
     return x.reshape(len(positions), n_head * head_dim)
 
 
@@ -188,13 +191,21 @@ def forward(path, tokens, quantized_inputs=False, flip=-1):
         return x @ g.tensor(name).T
 
     m = g.meta
-    n_embd, n_layer = m["llama.embedding_length"], m["llama.block_count"]
-    n_head = m["llama.attention.head_count"]
-    n_head_kv = m.get("llama.attention.head_count_kv", n_head)
+    arch = m["general.architecture"]  # llama, or qwen2: q/k/v biases and NeoX's rotation
+    a = arch + "."
+    qwen2 = arch == "qwen2"
+    n_embd, n_layer = m[a + "embedding_length"], m[a + "block_count"]
+    n_head = m[a + "attention.head_count"]
+    n_head_kv = m.get(a + "attention.head_count_kv", n_head)
     head_dim = n_embd // n_head
-    n_rot = m.get("llama.rope.dimension_count", head_dim)
-    eps = m.get("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    base = m.get("llama.rope.freq_base", 10000.0)
+    n_rot = m.get(a + "rope.dimension_count", head_dim)
+    eps = m.get(a + "attention.layer_norm_rms_epsilon", 1e-5)
+    base = m.get(a + "rope.freq_base", 10000.0)
+
+    def proj(h, name):  # a q/k/v projection, with its bias where the model has one
+        y = mm(h, name + ".weight")
+        return y + g.tensor(name + ".bias")[0] if qwen2 else y
+
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
     x = g.tensor("token_embd.weight")[tokens]
@@ -202,9 +213,9 @@ def forward(path, tokens, quantized_inputs=False, flip=-1):
     for l in range(n_layer):
         p = f"blk.{l}."
         h = rms_norm(x, g.tensor(p + "attn_norm.weight")[0], eps)
-        q = rope(mm(h, p + "attn_q.weight"), pos, n_head, head_dim, n_rot, base)
-        k = rope(mm(h, p + "attn_k.weight"), pos, n_head_kv, head_dim, n_rot, base)
-        v = mm(h, p + "attn_v.weight")
+        q = rope(proj(h, p + "attn_q"), pos, n_head, head_dim, n_rot, base, qwen2)
+        k = rope(proj(h, p + "attn_k"), pos, n_head_kv, head_dim, n_rot, base, qwen2)
+        v = proj(h, p + "attn_v")
         out = np.zeros((n, n_embd))
         for hd in range(n_head):
             kv = hd // (n_head // n_head_kv)
