@@ -73,17 +73,6 @@ __device__ void nibbles8(const uint8_t* p, int shift, uint32_t v[8]) {
     }
 }
 
-// Q4_K / Q5_K: the 6-bit scale and min of block j (0..7) from the 12 bytes at p (format/quant.h).
-__device__ void k_scale_min(const uint8_t* p, int j, float* scale, float* min) {
-    if (j < 4) {
-        *scale = float(p[j] & 63);
-        *min = float(p[j + 4] & 63);
-    } else {
-        *scale = float((p[j + 4] & 0xF) | ((p[j - 4] >> 6) << 4));
-        *min = float((p[j + 4] >> 4) | ((p[j] >> 6) << 4));
-    }
-}
-
 // Eight consecutive weights of a row: quarter q (0..3) of 32-weight block `block`, decoded
 // as format/quant.h's dequantize_row() defines them (products and sums rounded apart).
 template <GgmlType T>
@@ -159,16 +148,6 @@ __device__ void load_quarter_q5(const uint8_t* row, int64_t block, int q, float 
         w[j] = kMin ? __fadd_rn(__fmul_rn(x, d), m) : x * d;
     }
 }
-template <>
-__device__ void load_quarter<GgmlType::kQ5_0>(const uint8_t* row, int64_t block, int q,
-                                              float w[8]) {
-    load_quarter_q5<GgmlType::kQ5_0>(row, block, q, w);
-}
-template <>
-__device__ void load_quarter<GgmlType::kQ5_1>(const uint8_t* row, int64_t block, int q,
-                                              float w[8]) {
-    load_quarter_q5<GgmlType::kQ5_1>(row, block, q, w);
-}
 // Elements 8 q .. 8 q + 7 of block s = block % 8 of the super-block: 4-bit quants (and for
 // Q5_K a fifth bit from the 32 high bytes) with a 6-bit scale and min per block.
 template <GgmlType T>
@@ -176,9 +155,10 @@ __device__ void load_quarter_k(const uint8_t* row, int64_t block, int q, float w
     constexpr bool kFifthBit = T == GgmlType::kQ5_K;
     const uint8_t* b = block_at<T>(row, block);
     const int s = int(block % 8);
-    float scale, min;
-    k_scale_min(b + 4, s, &scale, &min);
-    const float d1 = __fmul_rn(half_at(b), scale), m1 = __fmul_rn(half_at(b + 2), min);
+    uint8_t scale = 0, min = 0;
+    k_scale_min(s, b + 4, &scale, &min);
+    const float d1 = __fmul_rn(half_at(b), float(scale)),
+                m1 = __fmul_rn(half_at(b + 2), float(min));
     const uint8_t* high = b + 4 + shared::kKScaleBytes;
     const uint8_t* quants = kFifthBit ? high + 32 : high;
     uint32_t v[8];
@@ -193,15 +173,16 @@ __device__ void load_quarter_k(const uint8_t* row, int64_t block, int q, float w
     for (int j = 0; j < 8; ++j)
         w[j] = __fsub_rn(__fmul_rn(d1, float(v[j])), m1);
 }
-template <>
-__device__ void load_quarter<GgmlType::kQ4_K>(const uint8_t* row, int64_t block, int q,
-                                              float w[8]) {
-    load_quarter_k<GgmlType::kQ4_K>(row, block, q, w);
-}
-template <>
-__device__ void load_quarter<GgmlType::kQ5_K>(const uint8_t* row, int64_t block, int q,
-                                              float w[8]) {
-    load_quarter_k<GgmlType::kQ5_K>(row, block, q, w);
+// The types that share a reader with another.
+template <GgmlType T>
+__device__ void load_quarter(const uint8_t* row, int64_t block, int q, float w[8]) {
+    static_assert(T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1 || T == GgmlType::kQ4_K ||
+                      T == GgmlType::kQ5_K,
+                  "no reader for this weight type");
+    if constexpr (T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1)
+        load_quarter_q5<T>(row, block, q, w);
+    else
+        load_quarter_k<T>(row, block, q, w);
 }
 template <>
 __device__ void load_quarter<GgmlType::kQ6_K>(const uint8_t* row, int64_t block, int q,

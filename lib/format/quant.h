@@ -82,7 +82,8 @@ static_assert(sizeof(BlockQ6_K) == shared::kQ6_KBlockBytes);
 // Q4_K / Q5_K: the scale and min of block j (0..7) from the 12 packed bytes (ggml's
 // get_scale_min_k4): blocks 0..3 in the low six bits of bytes j and j + 4, blocks 4..7 in the
 // nibbles of byte j + 4 and the top two bits of bytes j - 4 and j.
-inline void k_scale_min(int j, const uint8_t* s, uint8_t* scale, uint8_t* min) {
+// Also the CUDA kernels' (SPECULA_ABI_FN: host and device).
+SPECULA_ABI_FN void k_scale_min(int j, const uint8_t* s, uint8_t* scale, uint8_t* min) {
     if (j < 4) {
         *scale = s[j] & 63;
         *min = s[j + 4] & 63;
