@@ -874,6 +874,41 @@ using Weigher = void (*)(const float*, const float*, int, const float*, int64_t,
 constexpr std::array<Weigher, kWeighQueries> kWeighers = {&WeighValues<1>, &WeighValues<2>,
                                                           &WeighValues<3>, &WeighValues<4>};
 
+// s[t] = exp(scale * s[t] - max) over a query's scores; returns their sum: vectors of keys, the
+// last one padded (its padding not summed), the lanes' sums added in a fixed tree. The same
+// floats for a query whatever the other queries are.
+float SoftmaxNumerators(float* s, int n_keys, float scale) {
+    const DF d;
+    const VF vscale = hn::Set(d, scale);
+    const int whole = n_keys - n_keys % int(kLanes);
+    VF vmax = hn::Set(d, -INFINITY);
+    for (int t = 0; t < whole; t += int(kLanes)) {
+        const VF x = hn::Mul(hn::LoadU(d, s + t), vscale);
+        hn::StoreU(x, d, s + t);
+        vmax = hn::Max(vmax, x);
+    }
+    float max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    for (int t = whole; t < n_keys; ++t)
+        max = std::max(max, s[t] *= scale);
+    const VF vm = hn::Set(d, max);
+    VF sum = hn::Zero(d);
+    for (int t = 0; t < whole; t += int(kLanes)) {
+        const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + t), vm));
+        hn::StoreU(e, d, s + t);
+        sum = hn::Add(sum, e);
+    }
+    if (whole < n_keys) {
+        HWY_ALIGN float tail[kLanes] = {};
+        std::copy(s + whole, s + n_keys, tail);
+        const VF e = hn::IfThenElseZero(hn::FirstN(d, size_t(n_keys - whole)),
+                                        hn::Exp(d, hn::Sub(hn::Load(d, tail), vm)));
+        hn::Store(e, d, tail);
+        std::copy(tail, tail + (n_keys - whole), s + whole);
+        sum = hn::Add(sum, e);
+    }
+    return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
 void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
             int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out) {
     // Scores in tiles of keys x queries: every score is the same dot product whatever the
@@ -890,18 +925,8 @@ void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
     std::array<float, kWeighQueries> sums{};
     for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
         const int queries = std::min(int(kWeighQueries), n_queries - c0);
-        for (int c = 0; c < queries; ++c) {
-            float* s = scores + (c0 + c) * n_keys;
-            float max = -INFINITY;
-            for (int t = 0; t < n_keys; ++t)
-                max = std::max(max, s[t] *= scale);
-            MapPairs(s, s, s, n_keys,
-                     [max](DF dd, VF x, VF) { return hn::Exp(dd, hn::Sub(x, hn::Set(dd, max))); });
-            float sum = 0.0f;
-            for (int t = 0; t < n_keys; ++t)
-                sum += s[t];
-            sums[size_t(c)] = sum;
-        }
+        for (int c = 0; c < queries; ++c)
+            sums[size_t(c)] = SoftmaxNumerators(scores + (c0 + c) * n_keys, n_keys, scale);
         kWeighers[size_t(queries - 1)](scores + c0 * n_keys, sums.data(), n_keys, v, v_stride,
                                        head_dim, out + c0 * head_dim);
     }
