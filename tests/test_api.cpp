@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "specula.h"
 #include "test_util.h"
 #if defined(SPECULA_HAVE_VULKAN)
+#include "format/gguf.h"
 #include "platform/vulkan_loader.h"
 #endif
 
@@ -400,6 +402,45 @@ TEST_F(Api, BadFilesFailCleanlyAndLeaveLoadedModelsWorking) {
     specula_session_params sp = specula_session_default_params();
     sp.temperature = 0.0f;
     EXPECT_EQ(generate(sp, "still works", 4).size(), 4u);
+}
+
+// Rope scaling as llama.cpp reads it (a linear factor, Llama 3's rope_freqs factors) loads and
+// generates; scaling it does not run (YaRN) and factors it cannot use are named, not ignored.
+TEST_F(Api, RopeScalingLoadsOrIsRefusedByName) {
+    auto spec = specula::test::small_spec(specula::GgmlType::kQ8_0, 5);
+    spec.llama3_rope = true;
+    spec.rope_scale = 2.0f;
+    const auto good = read_bytes(specula::test::make_model("rope-scaling", spec));
+    specula_model* m = nullptr;
+    ASSERT_EQ(specula_model_load(backend, write_bytes("rope.gguf", good).c_str(), nullptr, &m),
+              SPECULA_OK)
+        << specula_last_error();
+    specula_model_free(m);
+    m = nullptr;
+
+    auto bytes = good;
+    const std::string linear = "linear";
+    auto at = std::search(bytes.begin(), bytes.end(), linear.begin(), linear.end());
+    ASSERT_NE(at, bytes.end());
+    std::copy_n("yarn_x", 6, at);
+    EXPECT_EQ(specula_model_load(backend, write_bytes("yarn.gguf", bytes).c_str(), nullptr, &m),
+              SPECULA_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(specula_last_error()).find("rope scaling 'yarn_x'"), std::string::npos)
+        << specula_last_error();
+
+    // A factor of zero in rope_freqs.weight.
+    specula::GgufFile gguf;
+    const std::span<const uint8_t> view(reinterpret_cast<const uint8_t*>(good.data()), good.size());
+    ASSERT_TRUE(specula::GgufFile::parse(view, &gguf).ok());
+    const specula::GgufTensorInfo* freqs = gguf.find_tensor("rope_freqs.weight");
+    ASSERT_NE(freqs, nullptr);
+    bytes = good;
+    std::fill_n(bytes.begin() + (freqs->data.data() - view.data()), 4, 0);
+    EXPECT_EQ(specula_model_load(backend, write_bytes("freqs.gguf", bytes).c_str(), nullptr, &m),
+              SPECULA_ERR_FORMAT);
+    EXPECT_NE(std::string(specula_last_error()).find("rope_freqs.weight"), std::string::npos)
+        << specula_last_error();
+    EXPECT_EQ(m, nullptr);
 }
 
 TEST_F(Api, ProgressIsReportedAndCanCancel) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <numbers>
 #include <vector>
 
 #include "format/quant.h"
@@ -97,6 +98,10 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     w.set_u32(a + "rope.dimension_count", uint32_t(s.n_embd / s.n_head));
     w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
     w.set_f32(a + "rope.freq_base", 10000.0f);
+    if (s.rope_scale > 0.0f) {
+        w.set_string(a + "rope.scaling.type", "linear");
+        w.set_f32(a + "rope.scaling.factor", s.rope_scale);
+    }
 
     size_t n_vocab = tokens->size();
     for (const auto& [key, value] : vocab.metadata()) {
@@ -129,6 +134,26 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     const float se = 1.0f / std::sqrt(float(e)), sf = 1.0f / std::sqrt(float(ff));
     const GgmlType t = s.weight_type;
     SPECULA_TRY(w.add_tensor("token_embd.weight", t, {e, V}, random_matrix(g, t, e, V, 1.0f)));
+    if (s.llama3_rope) {
+        // Llama 3.2's rope_scaling (factor 32, low/high frequency factors 1 and 4, original
+        // context 8192), turned into per-pair factors as the GGUF conversion does: wavelengths
+        // under 8192 / 4 keep theirs, over 8192 / 1 are stretched 32 times, between blended.
+        const int n_rot = s.n_embd / s.n_head;
+        const double factor = 32, low = 1, high = 4, original = 8192;
+        std::vector<float> factors(size_t(n_rot / 2));
+        for (int j = 0; j < n_rot / 2; ++j) {
+            const double wavelen = 2 * std::numbers::pi / std::pow(10000.0, -2.0 * j / n_rot);
+            const double smooth = (original / wavelen - low) / (high - low);
+            factors[size_t(j)] =
+                float(wavelen < original / high  ? 1.0
+                      : wavelen > original / low ? factor
+                                                 : 1 / ((1 - smooth) / factor + smooth));
+        }
+        std::vector<uint8_t> bytes(factors.size() * sizeof(float));
+        std::memcpy(bytes.data(), factors.data(), bytes.size());
+        SPECULA_TRY(
+            w.add_tensor("rope_freqs.weight", GgmlType::kF32, {n_rot / 2}, std::move(bytes)));
+    }
     for (int l = 0; l < s.n_layer; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         SPECULA_TRY(w.add_tensor(p + "attn_norm.weight", GgmlType::kF32, {e},

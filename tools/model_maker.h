@@ -26,6 +26,8 @@ struct RandomLlamaSpec {
     int n_vocab = 0;  // 0: the vocabulary's size; smaller truncates it (tests only)
     GgmlType weight_type = GgmlType::kQ8_0;
     bool tied_output = false;
+    float rope_scale = 0.0f;   // > 0: rope.scaling.type linear with this factor
+    bool llama3_rope = false;  // a rope_freqs tensor as Llama 3.2's conversion writes it
     uint64_t seed = 1;
     std::string name = "random-llama";
 };

@@ -197,8 +197,12 @@ class Backend {
     Tensor apply_norm(const MatmulInput& x);
 };
 
-// cos/sin of pos * base^(-2j/n_rot) for pos < n_ctx, j < n_rot/2: n_ctx rows of n_rot floats.
-std::vector<float> rope_table(int n_ctx, int n_rot, float base);
+// n_ctx rows of n_rot floats: cos and sin of pos * freq_scale * base^(-2j / n_rot) /
+// freq_factors[j] for every position and pair j (freq_factors empty: all 1): linear scaling is
+// freq_scale = 1 / factor, Llama 3's frequency-dependent scaling the factors a GGUF file's
+// rope_freqs tensor holds, as llama.cpp reads them.
+std::vector<float> rope_table(int n_ctx, int n_rot, float base, float freq_scale = 1.0f,
+                              std::span<const float> freq_factors = {});
 
 // The device that params asks for (device_index, else a device_name substring, else the
 // first) among a backend's devices, best first.

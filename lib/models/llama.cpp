@@ -90,6 +90,31 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         return FormatError("rms epsilon or rope base out of range");
     c.rms_eps = float(eps);
     c.rope_base = float(base);
+    // Rope scaling as llama.cpp reads it: a factor of linear scaling, and per-pair frequency
+    // factors in a tensor (how Llama 3.1+ files carry their scaling). YaRN and LongRoPE change
+    // the attention too: refused rather than run wrongly.
+    std::string scaling = "linear";
+    SPECULA_TRY(gguf.get_string(a + "rope.scaling.type", &scaling));
+    if (scaling != "none" && scaling != "linear")
+        return Unsupported("rope scaling '" + scaling.substr(0, 32) +
+                           "' (supported: none, linear, and rope_freqs factors)");
+    double factor = 0.0;
+    bool found = false;
+    SPECULA_TRY(gguf.get_float(a + "rope.scaling.factor", &factor, &found));
+    if (!found) SPECULA_TRY(gguf.get_float(a + "rope.scale_linear", &factor));
+    if (!(factor >= 0.0 && factor < 1e6)) return FormatError("rope scaling factor out of range");
+    c.rope_freq_scale = factor == 0.0 ? 1.0f : float(1.0 / factor);
+    if (const GgufTensorInfo* f = gguf.find_tensor("rope_freqs.weight")) {
+        if (f->type != GgmlType::kF32 || f->n_elements != uint64_t(c.n_rot / 2) ||
+            f->data.size() != size_t(c.n_rot / 2) * sizeof(float))
+            return FormatError("tensor 'rope_freqs.weight' must hold " +
+                               std::to_string(c.n_rot / 2) + " F32 factors");
+        c.rope_freq_factors.resize(size_t(c.n_rot / 2));
+        std::memcpy(c.rope_freq_factors.data(), f->data.data(), f->data.size());
+        for (float x : c.rope_freq_factors)
+            if (!(x > 0.0f && x < 1e6f))
+                return FormatError("tensor 'rope_freqs.weight' holds a factor out of range");
+    }
 
     SPECULA_TRY(Tokenizer::from_gguf(gguf, &m->tokenizer_));
     c.n_vocab = m->tokenizer_->n_vocab();
@@ -213,7 +238,8 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     ctx->max_batch_ = max_batch;
     ctx->memory_bytes_ = plan.bytes();
     SPECULA_TRY(plan.allocate(model.backend_, &ctx->buffers_));
-    const std::vector<float> table = rope_table(int(n_ctx), c.n_rot, c.rope_base);
+    const std::vector<float> table =
+        rope_table(int(n_ctx), c.n_rot, c.rope_base, c.rope_freq_scale, c.rope_freq_factors);
     model.backend_.upload(ctx->rope_table_, table.data());
     *out = std::move(ctx);
     return Status::Ok();

@@ -30,8 +30,10 @@ struct LlamaConfig {
     int n_rot = 0;
     float rms_eps = 1e-5f;
     float rope_base = 10000.0f;
-    std::string architecture;  // general.architecture: "llama" or "qwen2"
-    bool qkv_bias = false;     // qwen2: biases on the q, k and v projections
+    float rope_freq_scale = 1.0f;          // 1 / rope.scaling.factor (linear scaling)
+    std::vector<float> rope_freq_factors;  // rope_freqs.weight (Llama 3.1+), else empty
+    std::string architecture;              // general.architecture: "llama" or "qwen2"
+    bool qkv_bias = false;                 // qwen2: biases on the q, k and v projections
     int kv_dim() const { return n_head_kv * head_dim; }
 };
 

@@ -165,12 +165,16 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, positions, n_head, head_dim, n_rot, base, neox=False):
+def rope(x, positions, n_head, head_dim, n_rot, base, neox=False, freq_scale=1.0, factors=None):
     """Llama's rotation pairs elements 2j and 2j + 1 of a head; GPT-NeoX's (Qwen2) pairs
-    element j with element j + n_rot / 2."""
+    element j with element j + n_rot / 2. Pair j turns by pos * freq_scale * base^(-2j/n_rot)
+    divided by factors[j] (Llama 3's rope_freqs), as llama.cpp's rope with frequency factors."""
     x = x.reshape(len(positions), n_head, head_dim).copy()
     j = np.arange(n_rot // 2)
-    theta = positions[:, None] * base ** (-2.0 * j / n_rot)  # (n, n_rot/2)
+    inv = freq_scale * base ** (-2.0 * j / n_rot)
+    if factors is not None:
+        inv = inv / factors
+    theta = positions[:, None] * inv  # (n, n_rot/2)
     c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     first, second = (slice(0, n_rot // 2), slice(n_rot // 2, n_rot)) if neox else (slice(0, n_rot, 2), slice(1, n_rot, 2))
     a, b = x[:, :, first].copy(), x[:, :, second].copy()
@@ -201,6 +205,9 @@ def forward(path, tokens, quantized_inputs=False, flip=-1):
     n_rot = m.get(a + "rope.dimension_count", head_dim)
     eps = m.get(a + "attention.layer_norm_rms_epsilon", 1e-5)
     base = m.get(a + "rope.freq_base", 10000.0)
+    factor = m.get(a + "rope.scaling.factor", 0.0)
+    freq_scale = 1.0 / factor if factor else 1.0
+    factors = g.tensor("rope_freqs.weight")[0].astype(np.float64) if "rope_freqs.weight" in g.tensors else None
 
     def proj(h, name):  # a q/k/v projection, with its bias where the model has one
         y = mm(h, name + ".weight")
@@ -213,8 +220,8 @@ def forward(path, tokens, quantized_inputs=False, flip=-1):
     for l in range(n_layer):
         p = f"blk.{l}."
         h = rms_norm(x, g.tensor(p + "attn_norm.weight")[0], eps)
-        q = rope(proj(h, p + "attn_q"), pos, n_head, head_dim, n_rot, base, qwen2)
-        k = rope(proj(h, p + "attn_k"), pos, n_head_kv, head_dim, n_rot, base, qwen2)
+        q = rope(proj(h, p + "attn_q"), pos, n_head, head_dim, n_rot, base, qwen2, freq_scale, factors)
+        k = rope(proj(h, p + "attn_k"), pos, n_head_kv, head_dim, n_rot, base, qwen2, freq_scale, factors)
         v = proj(h, p + "attn_v")
         out = np.zeros((n, n_embd))
         for hd in range(n_head):

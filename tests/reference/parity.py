@@ -31,6 +31,7 @@ ap.add_argument("--vocab", required=True)
 ap.add_argument("--type", required=True, choices=sorted(TOLERANCE))
 ap.add_argument("--backend", default="cpu")
 ap.add_argument("--arch", default="llama", choices=("llama", "qwen2"))
+ap.add_argument("--model-flags", default="", help="more specula-make-model flags (e.g. rope scaling)")
 ap.add_argument("--emulator", default="", help="runs the programs of a cross build (e.g. qemu-aarch64-static)")
 args = ap.parse_args()
 
@@ -39,7 +40,7 @@ with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "logits.f32")
     run = args.emulator.split()
     subprocess.run(run + [args.make_model, "--vocab", args.vocab, "-o", model, "--type", args.type, "--n-embd", WIDTHS[args.type][0],
-                    "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--n-ff", WIDTHS[args.type][1], "--seed", "3", "--arch", args.arch], check=True)
+                    "--n-layer", "2", "--n-head", "4", "--n-head-kv", "2", "--n-ff", WIDTHS[args.type][1], "--seed", "3", "--arch", args.arch] + args.model_flags.split(), check=True)
     dump = subprocess.run(run + [args.dump_logits, model, out, args.backend] + [str(t) for t in TOKENS])
     if dump.returncode == 77:  # no device for this backend here
         sys.exit(77)
@@ -56,6 +57,6 @@ with tempfile.TemporaryDirectory() as tmp:
 
 err = np.abs(ours - ref).max() / np.abs(ref).max()
 agree = (ours.argmax(axis=1) == ref.argmax(axis=1)).mean()
-print(f"{args.arch} {args.type} on {args.backend}{' (8-bit inputs)' if quantized_inputs else ''}: max |delta| / max |ref| = {err:.3e} (tolerance {TOLERANCE[args.type]:.0e}), "
+print(f"{args.arch} {args.model_flags} {args.type} on {args.backend}{' (8-bit inputs)' if quantized_inputs else ''}: max |delta| / max |ref| = {err:.3e} (tolerance {TOLERANCE[args.type]:.0e}), "
       f"argmax agreement {agree:.3f}, max |ref| = {np.abs(ref).max():.3f}, {n_ambiguous} ambiguous inputs")
 sys.exit(0 if err <= TOLERANCE[args.type] and agree == 1.0 else 1)
