@@ -24,7 +24,9 @@ int main(int argc, char** argv) {
     app.add_option("--seed", spec.seed);
     app.add_option("--name", spec.name);
     app.add_flag("--tied", spec.tied_output, "share token_embd as the output head");
-    app.add_option("--arch", spec.arch, "llama, or qwen2 (q/k/v biases, NeoX rotation)");
+    app.add_option("--arch", spec.arch,
+                   "llama, qwen2 (q/k/v biases, NeoX rotation) or qwen3 (q/k head norms, NeoX)");
+    app.add_option("--head-dim", spec.head_dim, "head width (0: n_embd / n_head)");
     app.add_option("--rope-scale", spec.rope_scale, "linear rope scaling by this factor");
     app.add_flag("--llama3-rope", spec.llama3_rope,
                  "Llama 3.2's rope scaling, as a rope_freqs tensor of per-pair factors");

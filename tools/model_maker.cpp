@@ -83,8 +83,9 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         return InvalidArgument(std::string(ggml_type_name(s.weight_type)) + " rows are blocks of " +
                                std::to_string(block) + ": n_embd and n_ff must be multiples");
 
-    if (s.arch != "llama" && s.arch != "qwen2")
-        return InvalidArgument("architecture '" + s.arch + "': llama or qwen2");
+    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3")
+        return InvalidArgument("architecture '" + s.arch + "': llama, qwen2 or qwen3");
+    const int head_dim = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
     GgufWriter w;
     const std::string a = s.arch + ".";
     w.set_string("general.architecture", s.arch);
@@ -95,7 +96,11 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     w.set_u32(a + "feed_forward_length", uint32_t(s.n_ff));
     w.set_u32(a + "attention.head_count", uint32_t(s.n_head));
     w.set_u32(a + "attention.head_count_kv", uint32_t(s.n_head_kv));
-    w.set_u32(a + "rope.dimension_count", uint32_t(s.n_embd / s.n_head));
+    w.set_u32(a + "rope.dimension_count", uint32_t(head_dim));
+    if (s.head_dim > 0) {
+        w.set_u32(a + "attention.key_length", uint32_t(head_dim));
+        w.set_u32(a + "attention.value_length", uint32_t(head_dim));
+    }
     w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
     w.set_f32(a + "rope.freq_base", 10000.0f);
     if (s.rope_scale > 0.0f) {
@@ -129,8 +134,8 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     if (s.n_vocab > 0 && size_t(s.n_vocab) < n_vocab) n_vocab = size_t(s.n_vocab);
 
     Gaussian g(s.seed);
-    const int64_t e = s.n_embd, kv = int64_t(s.n_embd / s.n_head) * s.n_head_kv, ff = s.n_ff,
-                  V = int64_t(n_vocab);
+    const int64_t e = s.n_embd, qd = int64_t(head_dim) * s.n_head,
+                  kv = int64_t(head_dim) * s.n_head_kv, ff = s.n_ff, V = int64_t(n_vocab);
     const float se = 1.0f / std::sqrt(float(e)), sf = 1.0f / std::sqrt(float(ff));
     const GgmlType t = s.weight_type;
     SPECULA_TRY(w.add_tensor("token_embd.weight", t, {e, V}, random_matrix(g, t, e, V, 1.0f)));
@@ -138,7 +143,7 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         // Llama 3.2's rope_scaling (factor 32, low/high frequency factors 1 and 4, original
         // context 8192), turned into per-pair factors as the GGUF conversion does: wavelengths
         // under 8192 / 4 keep theirs, over 8192 / 1 are stretched 32 times, between blended.
-        const int n_rot = s.n_embd / s.n_head;
+        const int n_rot = head_dim;
         const double factor = 32, low = 1, high = 4, original = 8192;
         std::vector<float> factors(size_t(n_rot / 2));
         for (int j = 0; j < n_rot / 2; ++j) {
@@ -158,16 +163,21 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         const std::string p = "blk." + std::to_string(l) + ".";
         SPECULA_TRY(w.add_tensor(p + "attn_norm.weight", GgmlType::kF32, {e},
                                  random_matrix(g, GgmlType::kF32, e, 1, 0.1f, 1.0f)));
-        SPECULA_TRY(w.add_tensor(p + "attn_q.weight", t, {e, e}, random_matrix(g, t, e, e, se)));
+        SPECULA_TRY(w.add_tensor(p + "attn_q.weight", t, {e, qd}, random_matrix(g, t, e, qd, se)));
         SPECULA_TRY(w.add_tensor(p + "attn_k.weight", t, {e, kv}, random_matrix(g, t, e, kv, se)));
         SPECULA_TRY(w.add_tensor(p + "attn_v.weight", t, {e, kv}, random_matrix(g, t, e, kv, se)));
         if (s.arch == "qwen2")
             for (auto [name, n] :
-                 {std::pair{"attn_q.bias", e}, {"attn_k.bias", kv}, {"attn_v.bias", kv}})
+                 {std::pair{"attn_q.bias", qd}, {"attn_k.bias", kv}, {"attn_v.bias", kv}})
                 SPECULA_TRY(w.add_tensor(p + name, GgmlType::kF32, {n},
                                          random_matrix(g, GgmlType::kF32, n, 1, 0.5f)));
-        SPECULA_TRY(
-            w.add_tensor(p + "attn_output.weight", t, {e, e}, random_matrix(g, t, e, e, se)));
+        if (s.arch == "qwen3")
+            for (const char* name : {"attn_q_norm.weight", "attn_k_norm.weight"})
+                SPECULA_TRY(
+                    w.add_tensor(p + name, GgmlType::kF32, {head_dim},
+                                 random_matrix(g, GgmlType::kF32, head_dim, 1, 0.1f, 1.0f)));
+        SPECULA_TRY(w.add_tensor(p + "attn_output.weight", t, {qd, e},
+                                 random_matrix(g, t, qd, e, 1.0f / std::sqrt(float(qd)))));
         SPECULA_TRY(w.add_tensor(p + "ffn_norm.weight", GgmlType::kF32, {e},
                                  random_matrix(g, GgmlType::kF32, e, 1, 0.1f, 1.0f)));
         SPECULA_TRY(

@@ -16,7 +16,9 @@ struct RandomLlamaSpec {
     std::string vocab_path;  // a GGUF with tokenizer.ggml.* metadata
     // "llama", or "qwen2": biases on the q, k and v projections, and q and k rotated as
     // GPT-NeoX does (each head's first half paired with its second), as Qwen2's GGUF files are.
+    // "qwen3": per-head RMS norms of q and k before the rotation (NeoX's, as Qwen2), no biases.
     std::string arch = "llama";
+    int head_dim = 0;  // 0: n_embd / n_head; else written as attention.key_length/value_length
     int n_embd = 256;
     int n_layer = 2;
     int n_head = 4;

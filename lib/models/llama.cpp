@@ -60,14 +60,15 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     SPECULA_TRY(gguf.get_string("general.architecture", &arch));
     if (std::find(kArchitectures.begin(), kArchitectures.end(), arch) == kArchitectures.end())
         return Unsupported("model architecture '" + arch.substr(0, 64) +
-                           "' (supported: llama, qwen2)");
+                           "' (supported: llama, qwen2, qwen3)");
 
     std::unique_ptr<LlamaModel> m(new LlamaModel(backend));
     SPECULA_TRY(gguf.get_string("general.name", &m->name_));
     LlamaConfig& c = m->config_;
     c.architecture = arch;
     c.qkv_bias = arch == "qwen2";
-    const bool neox = arch == "qwen2";
+    c.qk_norm = arch == "qwen3";
+    const bool neox = arch == "qwen2" || arch == "qwen3";
     const std::string a = arch + ".";
     SPECULA_TRY(read_dim(gguf, a + "embedding_length", true, 0, &c.n_embd));
     SPECULA_TRY(read_dim(gguf, a + "block_count", true, 0, &c.n_layer));
@@ -77,9 +78,14 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     SPECULA_TRY(read_dim(gguf, a + "context_length", false, 2048, &c.n_ctx_train));
     if (c.n_embd > kMaxDim || c.n_ff > kMaxDim || c.n_layer > kMaxLayers || c.n_head > c.n_embd)
         return FormatError("model dimensions are out of range");
-    if (c.n_embd % c.n_head != 0 || c.n_head % c.n_head_kv != 0)
-        return FormatError("head counts do not divide the embedding width");
-    c.head_dim = c.n_embd / c.n_head;
+    if (c.n_head % c.n_head_kv != 0) return FormatError("head counts do not divide each other");
+    // Heads are n_embd / n_head wide unless the file says otherwise (Qwen3: 128 at any width).
+    const int default_head_dim = c.n_embd % c.n_head == 0 ? c.n_embd / c.n_head : 0;
+    int value_dim = 0;
+    SPECULA_TRY(read_dim(gguf, a + "attention.key_length", false, default_head_dim, &c.head_dim));
+    SPECULA_TRY(read_dim(gguf, a + "attention.value_length", false, c.head_dim, &value_dim));
+    if (c.head_dim <= 0 || value_dim != c.head_dim || c.head_dim > 256)
+        return FormatError("head width out of range (key and value lengths must be equal)");
     SPECULA_TRY(read_dim(gguf, a + "rope.dimension_count", false, c.head_dim, &c.n_rot));
     if (c.n_rot > c.head_dim || c.n_rot % 2 != 0 || c.head_dim % 2 != 0)
         return FormatError("rope dimension count must be even and at most the head size");
@@ -128,7 +134,8 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     for (const auto& [type, bytes] : bytes_by_type)
         if (bytes > bytes_by_type[m->dominant_type_]) m->dominant_type_ = type;
 
-    const size_t n_expected = 3 + size_t(c.n_layer) * (c.qkv_bias ? 12 : 9);
+    const size_t n_expected =
+        3 + size_t(c.n_layer) * (9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0));
     size_t n_loaded = 0;
     // norm: an F32 vector; neox_pairs: rows reordered for the rotation (neox_rows_as_pairs).
     auto load = [&](const std::string& name, int64_t cols, int64_t rows, bool norm, Tensor* t,
@@ -177,15 +184,21 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         const std::string p = "blk." + std::to_string(l) + ".";
         Layer& L = m->layers_[size_t(l)];
         SPECULA_TRY(load(p + "attn_norm.weight", c.n_embd, 1, true, &L.attn_norm));
-        SPECULA_TRY(load(p + "attn_q.weight", c.n_embd, c.n_embd, false, &L.wq, false, true));
+        SPECULA_TRY(load(p + "attn_q.weight", c.n_embd, c.q_dim(), false, &L.wq, false, true));
         SPECULA_TRY(load(p + "attn_k.weight", c.n_embd, c.kv_dim(), false, &L.wk, false, true));
         SPECULA_TRY(load(p + "attn_v.weight", c.n_embd, c.kv_dim(), false, &L.wv));
         if (c.qkv_bias) {
-            SPECULA_TRY(load(p + "attn_q.bias", c.n_embd, 1, true, &L.bq, false, true));
+            SPECULA_TRY(load(p + "attn_q.bias", c.q_dim(), 1, true, &L.bq, false, true));
             SPECULA_TRY(load(p + "attn_k.bias", c.kv_dim(), 1, true, &L.bk, false, true));
             SPECULA_TRY(load(p + "attn_v.bias", c.kv_dim(), 1, true, &L.bv));
         }
-        SPECULA_TRY(load(p + "attn_output.weight", c.n_embd, c.n_embd, false, &L.wo));
+        if (c.qk_norm) {  // reordered as the rows of one head are
+            SPECULA_TRY(
+                load(p + "attn_q_norm.weight", c.head_dim, 1, true, &L.q_norm, false, true));
+            SPECULA_TRY(
+                load(p + "attn_k_norm.weight", c.head_dim, 1, true, &L.k_norm, false, true));
+        }
+        SPECULA_TRY(load(p + "attn_output.weight", c.q_dim(), c.n_embd, false, &L.wo));
         SPECULA_TRY(load(p + "ffn_norm.weight", c.n_embd, 1, true, &L.ffn_norm));
         SPECULA_TRY(load(p + "ffn_gate.weight", c.n_embd, c.n_ff, false, &L.w_gate));
         SPECULA_TRY(load(p + "ffn_up.weight", c.n_embd, c.n_ff, false, &L.w_up));
@@ -219,8 +232,10 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     plan.add(&ctx->rope_table_, GgmlType::kF32, c.n_rot, n_ctx);
     plan.add(&ctx->ids_, GgmlType::kI32, b, 1);
     plan.add(&ctx->positions_, GgmlType::kI32, b, 1);
-    for (Tensor* t : {&ctx->x_, &ctx->norm_, &ctx->q_, &ctx->attn_})
+    for (Tensor* t : {&ctx->x_, &ctx->norm_})
         plan.add(t, GgmlType::kF32, c.n_embd, b);
+    for (Tensor* t : {&ctx->q_, &ctx->attn_})
+        plan.add(t, GgmlType::kF32, c.q_dim(), b);
     plan.add(&ctx->gate_, GgmlType::kF32, c.n_ff, b);
     plan.add(&ctx->up_, GgmlType::kF32, c.n_ff, b);
     plan.add(&ctx->logits_, GgmlType::kF32, c.n_vocab, b);
@@ -244,6 +259,13 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     *out = std::move(ctx);
     return Status::Ok();
 }
+
+namespace {
+// A tensor of rows of whole heads seen as one row per head.
+Tensor per_head(const Tensor& t, int head_dim) {
+    return {t.buffer, t.offset, t.type, head_dim, t.rows * (t.cols / head_dim)};
+}
+}  // namespace
 
 Status LlamaContext::record(const Tensor& ids, bool all_rows) {
     const LlamaConfig& c = model_.config();
@@ -275,7 +297,18 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
         const Tensor k = k_cache_[size_t(l)].row_range(n_past_, n);
         const Tensor v = v_cache_[size_t(l)].row_range(n_past_, n);
         const Backend::Rope rotation{pos_n, rope_table_, c.head_dim, c.n_rot};
-        if (c.qkv_bias) {  // the bias goes in before the rotation
+        if (c.qk_norm) {
+            // Each head normed before the rotation: the projection into attn (free until the
+            // attention), normed into q or the cache rows seen as one row per head, then rotated.
+            for (auto [w, norm, out] : {std::tuple{&L.wq, &L.q_norm, &q}, {&L.wk, &L.k_norm, &k}}) {
+                const Tensor projected{attn.buffer, attn.offset, GgmlType::kF32, out->cols, n};
+                be.matmul(*w, attn_in, projected, Backend::Accumulate::kNo);
+                be.rms_norm(per_head(projected, c.head_dim), *norm, c.rms_eps,
+                            per_head(*out, c.head_dim));
+                be.rope(*out, pos_n, rope_table_, c.head_dim, c.n_rot);
+            }
+            be.matmul(L.wv, attn_in, v, Backend::Accumulate::kNo);
+        } else if (c.qkv_bias) {  // the bias goes in before the rotation
             for (auto [w, b, out] : {std::tuple{&L.wq, &L.bq, &q}, {&L.wk, &L.bk, &k}}) {
                 be.matmul(*w, attn_in, *out, Backend::Accumulate::kNo);
                 be.add_bias(*out, *b);

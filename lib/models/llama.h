@@ -34,6 +34,8 @@ struct LlamaConfig {
     std::vector<float> rope_freq_factors;  // rope_freqs.weight (Llama 3.1+), else empty
     std::string architecture;              // general.architecture: "llama" or "qwen2"
     bool qkv_bias = false;                 // qwen2: biases on the q, k and v projections
+    bool qk_norm = false;                  // qwen3: an RMS norm of each head of q and k
+    int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
 };
 
@@ -42,7 +44,7 @@ class LlamaModel {
     // general.architecture of the GGUF files this model reads: Llama's, and Qwen2's (biases on
     // q, k, v; q and k rotated as GPT-NeoX does, which the loader turns into Llama's pairs by
     // reordering their rows).
-    static constexpr std::array<const char*, 2> kArchitectures = {"llama", "qwen2"};
+    static constexpr std::array<const char*, 3> kArchitectures = {"llama", "qwen2", "qwen3"};
 
     using Progress = std::function<bool(float)>;  // false cancels
     static Status load(Backend& backend, std::unique_ptr<MappedFile> file, const Progress& progress,
@@ -60,7 +62,8 @@ class LlamaModel {
     friend class LlamaContext;
     struct Layer {
         Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
-        Tensor bq, bk, bv;  // qwen2 only (no buffer otherwise)
+        Tensor bq, bk, bv;      // qwen2 only (no buffer otherwise)
+        Tensor q_norm, k_norm;  // qwen3 only: head_dim weights
     };
     explicit LlamaModel(Backend& backend) : backend_(backend) {}
 

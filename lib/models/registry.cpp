@@ -14,10 +14,11 @@ struct Architecture {
     ModelKind kind;
 };
 
-// Every architecture a model class reads (LlamaModel::kArchitectures: Llama and Qwen2).
+// Every architecture a model class reads (LlamaModel::kArchitectures: Llama, Qwen2, Qwen3).
 constexpr std::array kArchitectures = {
     Architecture{"GGUF", "llama", ModelKind::kText},
     Architecture{"GGUF", "qwen2", ModelKind::kText},
+    Architecture{"GGUF", "qwen3", ModelKind::kText},
     Architecture{"ggml", "whisper", ModelKind::kSpeech},
 };
 

@@ -195,13 +195,15 @@ def forward(path, tokens, quantized_inputs=False, flip=-1):
         return x @ g.tensor(name).T
 
     m = g.meta
-    arch = m["general.architecture"]  # llama, or qwen2: q/k/v biases and NeoX's rotation
+    arch = m["general.architecture"]  # llama; qwen2: q/k/v biases, NeoX's rotation; qwen3: q/k head norms, NeoX
     a = arch + "."
     qwen2 = arch == "qwen2"
+    qwen3 = arch == "qwen3"
+    neox = qwen2 or qwen3
     n_embd, n_layer = m[a + "embedding_length"], m[a + "block_count"]
     n_head = m[a + "attention.head_count"]
     n_head_kv = m.get(a + "attention.head_count_kv", n_head)
-    head_dim = n_embd // n_head
+    head_dim = m.get(a + "attention.key_length", n_embd // n_head)
     n_rot = m.get(a + "rope.dimension_count", head_dim)
     eps = m.get(a + "attention.layer_norm_rms_epsilon", 1e-5)
     base = m.get(a + "rope.freq_base", 10000.0)
@@ -220,10 +222,14 @@ def forward(path, tokens, quantized_inputs=False, flip=-1):
     for l in range(n_layer):
         p = f"blk.{l}."
         h = rms_norm(x, g.tensor(p + "attn_norm.weight")[0], eps)
-        q = rope(proj(h, p + "attn_q"), pos, n_head, head_dim, n_rot, base, qwen2, freq_scale, factors)
-        k = rope(proj(h, p + "attn_k"), pos, n_head_kv, head_dim, n_rot, base, qwen2, freq_scale, factors)
+        q, k = proj(h, p + "attn_q"), proj(h, p + "attn_k")
+        if qwen3:  # each head RMS-normed before the rotation
+            q = rms_norm(q.reshape(n, n_head, head_dim), g.tensor(p + "attn_q_norm.weight")[0], eps).reshape(n, -1)
+            k = rms_norm(k.reshape(n, n_head_kv, head_dim), g.tensor(p + "attn_k_norm.weight")[0], eps).reshape(n, -1)
+        q = rope(q, pos, n_head, head_dim, n_rot, base, neox, freq_scale, factors)
+        k = rope(k, pos, n_head_kv, head_dim, n_rot, base, neox, freq_scale, factors)
         v = proj(h, p + "attn_v")
-        out = np.zeros((n, n_embd))
+        out = np.zeros((n, n_head * head_dim))
         for hd in range(n_head):
             kv = hd // (n_head // n_head_kv)
             qh = q[:, hd * head_dim:(hd + 1) * head_dim]
