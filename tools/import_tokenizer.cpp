@@ -40,10 +40,16 @@ Status byte_level_pre(const json& pre, std::string* name) {
         *name = std::string(Tokenizer::pre_tokenizer_for_regex(Tokenizer::kGpt2Regex));
         return Status::Ok();
     }
-    // Sequence [Split(regex, Isolated), ByteLevel(use_regex false)]
+    // Sequence [Split(regex, Isolated), ByteLevel(use_regex false)]. GPT-4o's file says "keep
+    // the matches, remove the rest" (Removed, inverted): the same pieces where, as in every
+    // split specula knows, the regex matches each character somewhere.
     const json& seq = pre.is_object() ? pre.value("pretokenizers", json::array()) : json::array();
-    if (seq.size() == 2 && seq[0].value("type", "") == "Split" &&
-        seq[0].value("behavior", "") == "Isolated" && !seq[0].value("invert", false) &&
+    auto isolated = [](const json& split) {
+        const std::string behavior = split.value("behavior", "");
+        const bool invert = split.value("invert", false);
+        return (behavior == "Isolated" && !invert) || (behavior == "Removed" && invert);
+    };
+    if (seq.size() == 2 && seq[0].value("type", "") == "Split" && isolated(seq[0]) &&
         seq[1].value("type", "") == "ByteLevel" && !seq[1].value("use_regex", true) &&
         seq[0].contains("pattern") && seq[0]["pattern"].contains("Regex")) {
         const std::string regex = seq[0]["pattern"]["Regex"];

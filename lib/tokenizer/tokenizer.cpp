@@ -52,6 +52,13 @@ constexpr std::string_view kLlama3Regex =
 // Qwen2/2.5/3's: single digits.
 constexpr std::string_view kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// GPT-4o's (o200k): a word is an upper-case run and then a lower-case one, or the reverse, with
+// marks in both and an English contraction after it; digits in threes; a symbol run may end in
+// newlines or slashes.
+constexpr std::string_view kGpt4oRegex =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 // DeepSeek's splits (code points as escapes: editors and tools normalize some of these
 // letters to others, which would change the classes).
 constexpr std::string_view kDeepSeekCjk =
@@ -88,6 +95,7 @@ const std::vector<PreTokenizer>& pre_tokenizers() {
         {{"llama-bpe", "llama3", "llama-v3", "falcon3"}, {kLlama3Regex}, true},
         {{"dbrx", "smaug-bpe", "chatglm-bpe"}, {kLlama3Regex}, false},
         {{"qwen2", "deepseek-r1-qwen", "stablelm2"}, {kQwen2Regex}, false},
+        {{"gpt-4o"}, {kGpt4oRegex}, false},
         // Digits one by one, then GPT-2's split.
         {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"},
          {R"(\p{N})", Tokenizer::kGpt2Regex},
