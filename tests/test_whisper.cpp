@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <numeric>
 
@@ -175,11 +176,11 @@ namespace {
 
 // A random English-only model with 1.28 s windows (n_audio_ctx 64). Each test writes its own:
 // ctest runs tests as parallel processes, and rewriting a file another has mapped kills it.
-std::string small_whisper(uint64_t seed = 9, bool english = true) {
+std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type = GgmlType::kF16) {
     const std::string path =
         (test::temp_dir() / (english ? "asr-small-en-" : "asr-small-")).string() +
         testing::UnitTest::GetInstance()->current_test_info()->name() + "-" + std::to_string(seed) +
-        ".bin";
+        "-" + ggml_type_name(type) + ".bin";
     if (std::filesystem::exists(path)) return path;
     RandomWhisperSpec spec;
     EXPECT_TRUE(whisper_shape("tiny", english, &spec.hparams).ok());
@@ -188,7 +189,7 @@ std::string small_whisper(uint64_t seed = 9, bool english = true) {
     spec.hparams.n_audio_state = spec.hparams.n_text_state = 64;
     spec.hparams.n_audio_head = spec.hparams.n_text_head = 2;
     spec.hparams.n_audio_layer = spec.hparams.n_text_layer = 1;
-    spec.weight_type = GgmlType::kF16;
+    spec.weight_type = type;
     spec.seed = seed;
     EXPECT_TRUE(write_random_whisper(spec, path).ok());
     return path;
@@ -402,6 +403,77 @@ TEST(WhisperDecoder, SpeculativeGreedyIsTheTargetsGreedy) {
     EXPECT_GT(self.drafted, 20u);
     EXPECT_EQ(generate(contexts[2].get(), &other), expected);
     EXPECT_LT(other.accepted, other.drafted);
+}
+
+// Speculative transcription: the rules mask every drafted and verified row on the device, each
+// from the tokens before it, so a draft changes nothing of a greedy transcript (segments, times,
+// tokens), whether it agrees always (the target itself), often (its weights in Q4_0) or seldom
+// (an unrelated model); and a draft equal to the target has every sampled draft accepted, which
+// holds only where both sides' rows are masked alike at every position.
+TEST(WhisperTranscribe, ADraftChangesNoGreedyTranscriptOnAnyBackend) {
+    for (specula_backend_kind kind : {SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN}) {
+        std::string why;
+        auto backend = test::try_backend(kind, &why);
+        if (!backend) {
+            std::cout << "skipped " << kind << ": " << why << "\n";
+            continue;
+        }
+        std::vector<std::unique_ptr<WhisperModel>> models;
+        for (auto [seed, type] : {std::pair{9, GgmlType::kF16}, std::pair{9, GgmlType::kQ4_0},
+                                  std::pair{10, GgmlType::kF16}}) {
+            std::unique_ptr<MappedFile> file;
+            ASSERT_TRUE(MappedFile::open(small_whisper(uint64_t(seed), true, type), &file).ok());
+            models.emplace_back();
+            ASSERT_TRUE(
+                WhisperModel::load(*backend, std::move(file), nullptr, &models.back()).ok());
+        }
+        std::unique_ptr<WhisperContext> target, self;
+        ASSERT_TRUE(WhisperContext::create(*models[0], kMaxGamma + 1, &target).ok());
+        ASSERT_TRUE(WhisperContext::create(*models[0], 1, &self).ok());
+        const std::vector<float> audio = chirp(3.0);
+        auto transcribe = [&](WhisperContext* draft, float temperature, Transcript* out) {
+            asr::TranscribeParams p;
+            p.temperature = temperature;
+            p.temperature_increment = 0.0f;
+            p.draft = draft;
+            p.gamma_policy = GammaPolicy::kFixed;
+            p.gamma = 3;
+            p.seed = 77;
+            return asr::transcribe(*target, audio, p, &out->segments, &out->stats);
+        };
+        Transcript alone;
+        ASSERT_TRUE(transcribe(nullptr, 0.0f, &alone).ok());
+        ASSERT_FALSE(alone.segments.empty());
+        EXPECT_EQ(alone.stats.decoding.drafted, 0u);
+        for (size_t d = 0; d < models.size(); ++d) {
+            std::unique_ptr<WhisperContext> other;
+            if (d > 0) {
+                ASSERT_TRUE(WhisperContext::create(*models[d], 1, &other).ok());
+            }
+            Transcript t;
+            ASSERT_TRUE(transcribe(d == 0 ? self.get() : other.get(), 0.0f, &t).ok());
+            const GeneratorStats& g = t.stats.decoding;
+            EXPECT_GT(g.drafted, 10u);
+            if (d == 0) {
+                EXPECT_EQ(g.accepted, g.drafted);
+            } else {
+                EXPECT_LT(g.accepted, g.drafted);
+            }
+            std::cout << "backend " << kind << " draft " << d << ": accepted " << g.accepted
+                      << " of " << g.drafted << " drafts, " << g.emitted << " tokens in " << g.steps
+                      << " steps\n";
+            ASSERT_EQ(t.segments.size(), alone.segments.size()) << "draft " << d;
+            for (size_t i = 0; i < t.segments.size(); ++i) {
+                EXPECT_EQ(t.segments[i].tokens, alone.segments[i].tokens) << "draft " << d;
+                EXPECT_EQ(t.segments[i].t0_ms, alone.segments[i].t0_ms);
+                EXPECT_EQ(t.segments[i].t1_ms, alone.segments[i].t1_ms);
+            }
+        }
+        Transcript sampled;
+        ASSERT_TRUE(transcribe(self.get(), 1.0f, &sampled).ok());
+        EXPECT_GT(sampled.stats.decoding.drafted, 10u);
+        EXPECT_EQ(sampled.stats.decoding.accepted, sampled.stats.decoding.drafted);
+    }
 }
 
 // ------------------------------------------------------------------ C API

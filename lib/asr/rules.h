@@ -1,15 +1,19 @@
-// Whisper's rules on the logits of the next token (host side), as OpenAI's decoding.py applies
+// Whisper's rules on the logits of the next token, as OpenAI's decoding.py applies
 // them (SuppressBlank, SuppressTokens, ApplyTimestampRules) with whisper.cpp's choice of
 // suppressed special tokens (whisper_process_logits): every special token but <|endoftext|> and
 // the timestamps, never the non-speech symbols. Where the two differ, OpenAI's is followed: a
 // timestamp may not go back nor repeat the last one (whisper.cpp allows repeating it), and
-// with timestamps the first token must be one (whisper.cpp does not force it).
+// with timestamps the first token must be one (whisper.cpp does not force it). Whether the
+// timestamps together outweigh the text is decided in det:: float arithmetic (OpenAI: float32
+// log-softmax), so that every backend decides alike. The masks themselves are
+// sampling/token_rules.h's, which the backends apply to each row of a speculative step.
 #pragma once
 
 #include <cstdint>
 #include <span>
 
 #include "models/whisper.h"
+#include "sampling/token_rules.h"
 
 namespace specula::asr {
 
@@ -24,6 +28,9 @@ struct Rules {
     // with shorter windows cannot place text past their end).
     int max_timestamp = 1500;
 };
+
+// The rules as the backends take them.
+TokenRules token_rules(const Rules& rules);
 
 // Masks (sets to -infinity) the logits of the tokens that may not follow `sampled` (the tokens
 // decoded after the prompt), in place. logits: one row of n_vocab.

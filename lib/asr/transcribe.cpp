@@ -31,7 +31,12 @@ struct Attempt {
 class Transcriber {
   public:
     Transcriber(WhisperContext& ctx, const TranscribeParams& p, TranscribeStats* stats)
-        : ctx_(ctx), m_(ctx.model()), t_(m_.tokens()), p_(p), stats_(*stats) {
+        : ctx_(ctx),
+          m_(ctx.model()),
+          t_(m_.tokens()),
+          p_(p),
+          stats_(*stats),
+          generator_(ctx, p.draft, generator_config(p)) {
         rules_.tokens = t_;
         rules_.timestamps = p.timestamps;
         rules_.max_timestamp = m_.hparams().n_audio_ctx;
@@ -55,7 +60,34 @@ class Transcriber {
         return Status::Ok();
     }
 
+    static Generator::Config generator_config(const TranscribeParams& p) {
+        Generator::Config c;
+        c.policy = p.gamma_policy;
+        c.gamma = p.gamma;
+        c.gamma_max = p.gamma_max;
+        return c;
+    }
+
+    Status check_draft() const {
+        if (p_.draft == nullptr) return Status::Ok();
+        const WhisperModel& d = p_.draft->model();
+        bool same_vocab = d.hparams().n_vocab == m_.hparams().n_vocab;
+        for (int32_t id = 0; same_vocab && id < m_.hparams().n_vocab; ++id)
+            same_vocab = d.token_text(id) == m_.token_text(id);
+        if (!same_vocab)
+            return {SPECULA_ERR_VOCAB_MISMATCH, "the draft's vocabulary is not the target's"};
+        if (d.hparams().n_mels != m_.hparams().n_mels ||
+            d.hparams().n_audio_ctx != m_.hparams().n_audio_ctx)
+            return InvalidArgument("the draft hears other mel bins or windows than the target (" +
+                                   std::to_string(d.hparams().n_mels) + " bins, " +
+                                   std::to_string(d.hparams().n_audio_ctx) + " positions)");
+        if (&p_.draft->backend() != &ctx_.backend())
+            return InvalidArgument("the draft is on another backend than the target");
+        return Status::Ok();
+    }
+
     Status run(std::span<const float> samples, std::vector<Segment>* segments) {
+        SPECULA_TRY(check_draft());
         if (!t_.multilingual && (p_.translate || p_.language > 0))
             return InvalidArgument("an English-only model can only transcribe English");
         if (p_.language < -1 || p_.language >= t_.n_languages)
@@ -75,6 +107,7 @@ class Transcriber {
             const int count = std::min(window, content - seek);
             auto t0 = std::chrono::steady_clock::now();
             SPECULA_TRY(ctx_.encode(mel, seek, count));
+            if (p_.draft != nullptr) SPECULA_TRY(p_.draft->encode(mel, seek, count));
             stats_.encode_seconds += seconds_since(t0);
             ++stats_.windows;
             t0 = std::chrono::steady_clock::now();
@@ -149,30 +182,40 @@ class Transcriber {
         }
         if (!p_.timestamps) task.push_back(t_.no_timestamps);
 
+        // The no-speech probability is read at <|startoftranscript|>.
+        generator_.reset();
+        SPECULA_TRY(generator_.append(prefix));
         std::vector<float> row;
-        ctx_.truncate(0);
-        SPECULA_TRY(ctx_.forward(prefix, false, &row));
+        SPECULA_TRY(generator_.last_logits(&row));
         std::vector<double> lp(row.size());
         log_softmax(row, lp);
         a.no_speech_prob = std::exp(lp[size_t(t_.nosp)]);
-        if (!task.empty()) SPECULA_TRY(ctx_.forward(task, false, &row));
+        if (!task.empty()) SPECULA_TRY(generator_.append(task));
 
         SamplingParams sp;
         sp.temperature = temperature;
-        sp.seed = p_.seed;
+        // Each attempt draws its own noise (the Generator counts steps from 0 each time).
+        sp.seed = p_.seed + 0x9E3779B97F4A7C15ull * ++attempts_;
+        generator_.set_sampling(sp);
+        generator_.begin_rules(token_rules(rules_));
         double sum = 0;
-        const int most = std::min(n_ctx / 2, n_ctx - ctx_.n_past());
-        while (true) {
-            apply_rules(rules_, a.tokens, row);
-            log_softmax(row, lp);
-            const int32_t token = sample_token(row, sp, draws_++);
-            sum += lp[size_t(token)];
-            if (token == t_.eot) break;
-            a.tokens.push_back(token);
-            ++stats_.tokens;
-            if (int(a.tokens.size()) >= most) break;
-            SPECULA_TRY(ctx_.forward(std::span(&token, 1), false, &row));
+        const int most = std::min(n_ctx / 2, n_ctx - int(generator_.committed().size()));
+        std::vector<int32_t> emitted;
+        std::vector<float> logprobs;
+        for (bool done = false; !done;) {
+            emitted.clear();
+            logprobs.clear();
+            SPECULA_TRY(generator_.step(most - int(a.tokens.size()), &emitted, &logprobs));
+            for (size_t i = 0; i < emitted.size() && !done; ++i) {
+                sum += logprobs[i];
+                done = emitted[i] == t_.eot;
+                if (done) break;
+                a.tokens.push_back(emitted[i]);
+                ++stats_.tokens;
+                done = int(a.tokens.size()) >= most;
+            }
         }
+        add(generator_.stats());
         a.avg_logprob = sum / double(a.tokens.size() + 1);
         std::map<int32_t, int> counts;
         const size_t from =
@@ -192,9 +235,27 @@ class Transcriber {
     const WhisperTokens& t_;
     const TranscribeParams& p_;
     TranscribeStats& stats_;
+    void add(const GeneratorStats& g) {
+        GeneratorStats& s = stats_.decoding;
+        s.steps += g.steps;
+        s.drafted += g.drafted;
+        s.evaluated += g.evaluated;
+        s.accepted += g.accepted;
+        s.emitted += g.emitted;
+        for (size_t i = 0; i < s.evaluated_at.size(); ++i) {
+            s.evaluated_at[i] += g.evaluated_at[i];
+            s.accepted_at[i] += g.accepted_at[i];
+        }
+        s.draft_seconds += g.draft_seconds;
+        s.target_seconds += g.target_seconds;
+        s.verify_seconds += g.verify_seconds;
+        s.last_gamma = g.last_gamma;
+    }
+
     Rules rules_;
     int language_ = 0;
-    uint32_t draws_ = 0;
+    uint64_t attempts_ = 0;
+    Generator generator_;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "decode/generator.h"
 #include "models/whisper.h"
 
 namespace specula::asr {
@@ -34,6 +35,11 @@ struct TranscribeParams {
     float logprob_threshold = -1.0f;     // mean log-probability below: fall back
     float no_speech_threshold = 0.6f;    // P(<|nospeech|>) above (and logprob low): silence
     uint64_t seed = 0;
+    // Speculative decoding: a draft Whisper with the target's vocabulary, mel bins and window
+    // (it encodes each window itself), and how many drafts a step takes.
+    WhisperContext* draft = nullptr;
+    GammaPolicy gamma_policy = GammaPolicy::kAnalytic;
+    int gamma = 4, gamma_max = 8;
     std::function<void(const Segment&)> on_segment;
     std::function<bool(float)> progress;  // fraction done; false aborts
 };
@@ -41,11 +47,16 @@ struct TranscribeParams {
 struct TranscribeStats {
     double mel_seconds = 0, encode_seconds = 0, decode_seconds = 0;
     int windows = 0, fallbacks = 0, tokens = 0;
-    int language = -1;  // the language used (detected or given)
+    int language = -1;        // the language used (detected or given)
+    GeneratorStats decoding;  // every attempt's steps, summed (speculative or not)
 };
 
 // Transcribes 16 kHz mono samples. A model without a language it was asked for, or a
-// multilingual task on an English-only model, is SPECULA_ERR_INVALID_ARGUMENT.
+// multilingual task on an English-only model, is SPECULA_ERR_INVALID_ARGUMENT; a draft of
+// another vocabulary SPECULA_ERR_VOCAB_MISMATCH, of other mel bins or windows
+// SPECULA_ERR_INVALID_ARGUMENT. The tokens are sampled by the speculative Generator with the
+// rules on the device (plain decoding: no draft), so a draft changes no greedy transcript and
+// no sampled transcript's distribution.
 Status transcribe(WhisperContext& ctx, std::span<const float> samples, const TranscribeParams& p,
                   std::vector<Segment>* segments, TranscribeStats* stats);
 

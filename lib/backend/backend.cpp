@@ -61,6 +61,28 @@ void Backend::matmul_gated(const Tensor& w_gate, const Tensor& w_up, const Matmu
     silu_mul(out, up, out);
 }
 
+void Backend::token_rules(const TokenRulesArgs& a) {
+    const auto V = int(a.logits.cols);
+    const auto rows = size_t(a.logits.rows);
+    const size_t n_drafts = size_t(a.first_row) + rows - 1;
+    std::vector<int32_t> drafts(n_drafts);
+    std::vector<float> logits(rows * size_t(V)), lse(a.log_sum_exp.buffer != nullptr ? rows : 0);
+    Tensor ids = a.drafts;
+    ids.cols = int64_t(n_drafts);
+    ids.rows = 1;
+    // A failed read leaves the backend failed: the step's own wait reports it.
+    if (n_drafts > 0 && !download(ids, drafts.data()).ok()) return;
+    if (!download(a.logits, logits.data()).ok()) return;
+    apply_token_rules_to_step(a.rules, a.state, drafts, a.first_row, logits, V, lse);
+    upload(a.logits, logits.data());
+    if (!lse.empty()) {
+        Tensor out = a.log_sum_exp;
+        out.cols = int64_t(rows);
+        out.rows = 1;
+        upload(out, lse.data());
+    }
+}
+
 void Backend::matmul_rope(const Tensor& w, const MatmulInput& x, const Tensor& out, const Rope& r) {
     matmul(w, x, out, Accumulate::kNo);
     rope(out, r.positions, r.table, r.head_dim, r.n_rot);

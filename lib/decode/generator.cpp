@@ -91,6 +91,13 @@ void Generator::reset() {
     drafting_steps_ = 0;
     probe_every_ = kProbeEvery;
     stats_ = GeneratorStats{};
+    rules_.reset();
+    rules_from_ = 0;
+}
+
+void Generator::begin_rules(const TokenRules& rules) {
+    rules_ = rules;
+    rules_from_ = committed_.size();
 }
 
 Status Generator::catch_up(Decoder& ctx, size_t keep, std::vector<float>* logits) {
@@ -151,8 +158,12 @@ void Generator::adapt_gamma(int n_accepted, int gamma) {
                                            : std::max(heuristic_gamma_ - 1, 1);
 }
 
-Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
+Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<float>* logprobs) {
     if (committed_.empty()) return InvalidArgument("evaluate a prompt before generating");
+    if (logprobs != nullptr && !rules_)
+        return InvalidArgument("log-probabilities come with token rules only");
+    if (rules_ && config_.sigmoid_verify)
+        return InvalidArgument("the sigmoid verification takes no token rules");
     if (max_tokens < 1) return InvalidArgument("a step emits at least one token");
     const int L = int(committed_.size());
     if (L > target_.n_ctx())
@@ -166,7 +177,7 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out) {
 
     std::vector<int32_t> emitted;
     SPECULA_TRY(config_.sigmoid_verify && gamma > 0 ? sigmoid_step_on_host(gamma, &emitted)
-                                                    : step_on_device(gamma, &emitted));
+                                                    : step_on_device(gamma, &emitted, logprobs));
     const int n_accepted = int(emitted.size()) - 1;
     commit(emitted);
     out->insert(out->end(), emitted.begin(), emitted.end());
@@ -200,13 +211,17 @@ Status Generator::device_buffers(int n_vocab) {
     const int rows = std::max(config_.gamma, config_.gamma_max);
     draft_rows_ = {nullptr, 0, GgmlType::kF32, n_vocab, rows};
     result_ = {nullptr, 0, GgmlType::kI32, rows + 2, 1};
-    std::unique_ptr<Buffer> a, b;
+    lse_ = {nullptr, 0, GgmlType::kF32, rows + 1, 1};
+    std::unique_ptr<Buffer> a, b, c;
     SPECULA_TRY(be.allocate(draft_ ? draft_rows_.bytes() : 16, &a));
     SPECULA_TRY(be.allocate(result_.bytes(), &b));
+    SPECULA_TRY(be.allocate(lse_.bytes(), &c));
     draft_rows_.buffer = a.get();
     result_.buffer = b.get();
+    lse_.buffer = c.get();
     buffers_.push_back(std::move(a));
     buffers_.push_back(std::move(b));
+    buffers_.push_back(std::move(c));
     return Status::Ok();
 }
 
@@ -214,10 +229,17 @@ Status Generator::device_buffers(int n_vocab) {
 // tokens are read back (docs/DESIGN.md "Speculative decoding"): the draft samples each token on the
 // device and writes it straight into the target's input ids, from where the next draft forward also
 // reads it; the draft rows stay on the device for the verify passes.
-Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
+Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
+                                 std::vector<float>* logprobs) {
     Backend& be = target_.backend();
     const int L = int(committed_.size());
     SPECULA_TRY(device_buffers(target_.n_vocab()));
+    // Rows c of the step (the draft's c-th, the target's c-th) see the drafts before c.
+    TokenRulesArgs rules;
+    if (rules_) {
+        rules.rules = *rules_;
+        rules.state = RulesState::of(*rules_, std::span(committed_).subspan(rules_from_));
+    }
     std::vector<float> unused;
     if (gamma > 0) {
         // The draft is one or two committed tokens behind, which its first forward below
@@ -238,6 +260,12 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
             be.upload(ids, committed_.data() + first);
         }
         SPECULA_TRY(draft_->record(ids, false));
+        if (rules_) {
+            rules.logits = draft_->logits(1);
+            rules.drafts = target_.input_ids(1, std::max(c, 1));
+            rules.first_row = c;
+            be.token_rules(rules);
+        }
         if (!config_.sampling.greedy()) be.copy(draft_->logits(1), draft_rows_.row_range(c, 1));
         VerifyArgs sample;
         sample.target = draft_->logits(1);
@@ -252,6 +280,13 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
     be.upload(target_.input_ids(0, 1), &committed_.back());
     SPECULA_TRY(target_.record(target_.input_ids(0, gamma + 1), true));
     be.mark_time(2);
+    if (rules_) {
+        rules.logits = target_.logits(gamma + 1);
+        rules.drafts = target_.input_ids(1, std::max(gamma, 1));
+        rules.first_row = 0;
+        rules.log_sum_exp = lse_;
+        be.token_rules(rules);
+    }
     VerifyArgs v;
     v.target = target_.logits(gamma + 1);
     v.draft = draft_rows_.row_range(0, std::max(gamma, 1));
@@ -267,6 +302,19 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted) {
 
     const int n = result[0];
     emitted->assign(result.begin() + 1, result.begin() + 2 + n);
+    if (logprobs != nullptr) {  // reads of an idle device, after the step's wait
+        std::vector<float> lse(size_t(lse_.cols));
+        SPECULA_TRY(be.download(lse_, lse.data()));
+        const Tensor rows = target_.logits(gamma + 1);
+        for (int j = 0; j <= n; ++j) {
+            Tensor z = rows.row_range(j, 1);
+            z.offset += size_t((*emitted)[size_t(j)]) * sizeof(float);
+            z.cols = 1;
+            float logit = 0;
+            SPECULA_TRY(be.download(z, &logit));
+            logprobs->push_back(logit - lse[size_t(j)]);
+        }
+    }
     const double draft_s = be.seconds_between(0, 1), target_s = be.seconds_between(1, 2);
     stats_.draft_seconds += draft_s;
     stats_.target_seconds += target_s;

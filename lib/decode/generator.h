@@ -9,11 +9,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "models/decoder.h"
 #include "sampling/sampling.h"
+#include "sampling/token_rules.h"
 #include "sampling/verify.h"
 
 namespace specula {
@@ -57,8 +59,16 @@ class Generator {
     // Appends tokens to the committed sequence (the prompt). Every token but the last
     // is evaluated now, in batches; the last is evaluated by the next step.
     Status append(std::span<const int32_t> tokens);
-    // One step: appends 1..γ+1 tokens to `out` (at most max_tokens, at least 1).
-    Status step(int max_tokens, std::vector<int32_t>* out);
+    // One step: appends 1..γ+1 tokens to `out` (at most max_tokens, at least 1). With token
+    // rules, `logprobs` (if not null) gets each token's log-probability under the target's
+    // masked distribution at temperature 1 (its logit minus log_sum_exp of its row).
+    Status step(int max_tokens, std::vector<int32_t>* out, std::vector<float>* logprobs = nullptr);
+    // From now until reset(), every drafted and verified row is masked by `rules` on the device
+    // before it is sampled or judged, each from the tokens committed after this call plus the
+    // drafts before it.
+    void begin_rules(const TokenRules& rules);
+    // The sampling of the next steps (e.g. a temperature fallback).
+    void set_sampling(const SamplingParams& sampling) { config_.sampling = sampling; }
     // Drops every committed token and all state.
     void reset();
     // Drops the last n committed tokens (at most all but one): the caches forget them too.
@@ -75,7 +85,7 @@ class Generator {
     // Makes ctx hold exactly the committed tokens but the last `keep`: forgets positions
     // beyond them and evaluates the missing ones.
     Status catch_up(Decoder& ctx, size_t keep, std::vector<float>* logits);
-    Status step_on_device(int gamma, std::vector<int32_t>* emitted);
+    Status step_on_device(int gamma, std::vector<int32_t>* emitted, std::vector<float>* logprobs);
     Status sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted);
     Status device_buffers(int n_vocab);
     void commit(std::span<const int32_t> tokens);
@@ -100,8 +110,10 @@ class Generator {
     static constexpr int kProbeEvery = 16, kMaxProbeEvery = 256;
     int probe_every_ = kProbeEvery;  // a step with drafts after this many plain ones
     GeneratorStats stats_;
+    std::optional<TokenRules> rules_;
+    size_t rules_from_ = 0;  // committed_[rules_from_..] are the tokens the rules see
     std::vector<std::unique_ptr<Buffer>> buffers_;
-    Tensor draft_rows_, result_;  // on the target's backend
+    Tensor draft_rows_, result_, lse_;  // on the target's backend
 };
 
 // Leviathan et al. Theorem 3.8: the expected speedup of γ drafts per step with

@@ -391,6 +391,18 @@ class CpuBackend final : public Backend {
         }
     }
 
+    void token_rules(const TokenRulesArgs& a) override {
+        const auto V = size_t(a.logits.cols), rows = size_t(a.logits.rows);
+        const size_t n_drafts = size_t(a.first_row) + rows - 1;
+        const std::span<const int32_t> drafts(
+            n_drafts > 0 ? reinterpret_cast<const int32_t*>(bytes_of(a.drafts)) : nullptr,
+            n_drafts);
+        std::span<float> lse;
+        if (a.log_sum_exp.buffer != nullptr) lse = {f32(a.log_sum_exp), rows};
+        apply_token_rules_to_step(a.rules, a.state, drafts, a.first_row, {f32(a.logits), rows * V},
+                                  int(V), lse);
+    }
+
   private:
     // Rotates the pairs (f, f + 1) of row i of x with f even in [first, end) that lie in the
     // first n_rot dims of their head.
