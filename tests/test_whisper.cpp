@@ -642,6 +642,77 @@ TEST(AsrApi, TranscribesAFileAndRefusesBadRequests) {
     specula_asr_model_free(model);
 }
 
+// A draft in the params: its transcript is the target's (greedy), its steps are counted, and a
+// draft of another vocabulary or backend is refused without harm to the context.
+TEST(AsrApi, ADraftInTheParams) {
+    Api api;
+    specula_asr_model *model = nullptr, *draft = nullptr, *multilingual = nullptr,
+                      *elsewhere = nullptr;
+    ASSERT_EQ(specula_asr_model_load(api.backend, small_whisper().c_str(), nullptr, &model),
+              SPECULA_OK);
+    ASSERT_EQ(specula_asr_model_load(api.backend, small_whisper(9, true, GgmlType::kQ4_0).c_str(),
+                                     nullptr, &draft),
+              SPECULA_OK);
+    ASSERT_EQ(specula_asr_model_load(api.backend, small_whisper(9, false).c_str(), nullptr,
+                                     &multilingual),
+              SPECULA_OK);
+    Api other;
+    ASSERT_EQ(specula_asr_model_load(other.backend, small_whisper().c_str(), nullptr, &elsewhere),
+              SPECULA_OK);
+    specula_asr_context* ctx = nullptr;
+    ASSERT_EQ(specula_asr_context_create(model, &ctx), SPECULA_OK);
+    const std::vector<float> audio = chirp(2.0);
+    auto texts = [&] {
+        std::vector<std::string> out;
+        for (size_t i = 0; i < specula_asr_segment_count(ctx); ++i) {
+            specula_asr_segment s{};
+            EXPECT_EQ(specula_asr_get_segment(ctx, i, &s), SPECULA_OK);
+            out.push_back(std::to_string(s.t0_ms) + " " + std::to_string(s.t1_ms) + " " + s.text);
+        }
+        return out;
+    };
+    specula_asr_params p = specula_asr_default_params();
+    p.temperature_increment = 0.0f;
+    ASSERT_EQ(specula_asr_transcribe(ctx, audio.data(), audio.size(), &p), SPECULA_OK);
+    const std::vector<std::string> alone = texts();
+    ASSERT_FALSE(alone.empty());
+    specula_asr_timings t{};
+    ASSERT_EQ(specula_asr_get_timings(ctx, &t), SPECULA_OK);
+    EXPECT_EQ(t.n_drafted, 0u);
+    EXPECT_GT(t.n_steps, 0u);
+
+    p.draft = draft;
+    p.gamma_policy = SPECULA_GAMMA_FIXED;
+    p.gamma = 3;
+    ASSERT_EQ(specula_asr_transcribe(ctx, audio.data(), audio.size(), &p), SPECULA_OK)
+        << specula_last_error();
+    EXPECT_EQ(texts(), alone);
+    ASSERT_EQ(specula_asr_get_timings(ctx, &t), SPECULA_OK);
+    EXPECT_GT(t.n_drafted, 0u);
+    EXPECT_GT(t.n_accepted, 0u);
+    EXPECT_LE(t.n_accepted, t.n_evaluated);
+    EXPECT_LT(t.n_steps, t.n_emitted);
+
+    p.draft = multilingual;
+    EXPECT_EQ(specula_asr_transcribe(ctx, audio.data(), audio.size(), &p),
+              SPECULA_ERR_VOCAB_MISMATCH);
+    p.draft = elsewhere;
+    EXPECT_EQ(specula_asr_transcribe(ctx, audio.data(), audio.size(), &p),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    p.draft = draft;
+    p.gamma = 0;
+    EXPECT_EQ(specula_asr_transcribe(ctx, audio.data(), audio.size(), &p),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    p.gamma = 3;
+    ASSERT_EQ(specula_asr_transcribe(ctx, audio.data(), audio.size(), &p), SPECULA_OK);
+    EXPECT_EQ(texts(), alone);
+    specula_asr_context_free(ctx);
+    specula_asr_model_free(elsewhere);
+    specula_asr_model_free(multilingual);
+    specula_asr_model_free(draft);
+    specula_asr_model_free(model);
+}
+
 // With a real model (SPECULA_WHISPER_MODEL, e.g. whisper.cpp's ggml-base.en.bin), jfk.wav's words.
 TEST(AsrApi, RealModelTranscribesJfk) {
     const char* path = std::getenv("SPECULA_WHISPER_MODEL");

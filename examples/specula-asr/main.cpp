@@ -67,14 +67,23 @@ int fail(const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string model_path, audio_path, output_path, language = "en", backend_name = "auto";
+    std::string model_path, draft_path, audio_path, output_path,
+        language = "en", backend_name = "auto", policy = "analytic";
     bool translate = false, no_timestamps = false, otxt = false, osrt = false, ovtt = false,
-         ojson = false, no_fallback = false;
-    int threads = 0;
+         ojson = false, no_fallback = false, compare = false;
+    int threads = 0, gamma = 4, gamma_max = 8;
     float temperature = 0.0f;
     CLI::App app{"specula-asr: speech to text with a whisper.cpp model file"};
     app.add_option("-m,--model", model_path, "whisper.cpp model (ggml-*.bin)")->required();
     app.add_option("-f,--file", audio_path, "WAV file (any rate, mono or stereo)")->required();
+    app.add_option("--md,--model-draft", draft_path,
+                   "draft Whisper (same vocabulary): speculative decoding");
+    app.add_option("--gamma-policy", policy, "fixed, heuristic or analytic")
+        ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
+    app.add_option("--gamma", gamma, "drafts per step (fixed), or the start");
+    app.add_option("--draft-max", gamma_max, "most drafts per step (adaptive policies)");
+    app.add_flag("--compare", compare,
+                 "with a draft: also transcribe with the target alone, and print the speedup");
     app.add_option("-l,--language", language, "spoken language, or auto");
     app.add_flag("--translate", translate, "translate to English");
     app.add_flag("--no-timestamps", no_timestamps, "no timestamp tokens");
@@ -92,7 +101,8 @@ int main(int argc, char** argv) {
     // whisper.cpp's single-dash spellings of the output flags are taken too.
     std::vector<std::string> args(argv + 1, argv + argc);
     for (std::string& a : args)
-        if (a == "-otxt" || a == "-osrt" || a == "-ovtt" || a == "-ojson" || a == "-of")
+        if (a == "-otxt" || a == "-osrt" || a == "-ovtt" || a == "-ojson" || a == "-of" ||
+            a == "-md")
             a = "-" + a;
     std::reverse(args.begin(), args.end());
     try {
@@ -115,6 +125,13 @@ int main(int argc, char** argv) {
         specula_backend_free(backend);
         return fail("model");
     }
+    specula_asr_model* draft = nullptr;
+    if (!draft_path.empty() &&
+        specula_asr_model_load(backend, draft_path.c_str(), nullptr, &draft) != SPECULA_OK) {
+        specula_asr_model_free(model);
+        specula_backend_free(backend);
+        return fail("draft model");
+    }
     specula_asr_model_info info{};
     specula_asr_model_get_info(model, &info);
     std::fprintf(stderr, "specula-asr: %s on %s (%s): %d layers + %d, width %d, %s\n",
@@ -134,8 +151,32 @@ int main(int argc, char** argv) {
     p.on_segment = print_segment;
     p.segment_user_data = &state;
     if (tty) p.progress = progress_bar;
+    p.draft = draft;
+    p.gamma_policy = policy == "fixed"       ? SPECULA_GAMMA_FIXED
+                     : policy == "heuristic" ? SPECULA_GAMMA_HEURISTIC
+                                             : SPECULA_GAMMA_ANALYTIC;
+    p.gamma = gamma;
+    p.gamma_max = gamma_max;
+    // --compare: the target alone first (quietly), in the same run and context.
+    specula_asr_timings alone{};
+    std::vector<Segment> alone_segments;
+    std::pair<bool, std::vector<Segment>*> quiet{false, &alone_segments};
+    const auto collect = [](const specula_asr_segment* s, void* user) {
+        static_cast<std::pair<bool, std::vector<Segment>*>*>(user)->second->push_back(
+            {s->t0_ms, s->t1_ms, s->text});
+    };
     if (specula_asr_context_create(model, &ctx) != SPECULA_OK) {
         rc = fail("context");
+    } else if (compare && draft != nullptr && [&] {
+                   specula_asr_params a = p;
+                   a.draft = nullptr;
+                   a.on_segment = collect;
+                   a.segment_user_data = &quiet;
+                   a.progress = nullptr;
+                   return specula_asr_transcribe_file(ctx, audio_path.c_str(), &a) != SPECULA_OK ||
+                          specula_asr_get_timings(ctx, &alone) != SPECULA_OK;
+               }()) {
+        rc = fail("transcription with the target alone");
     } else if (specula_asr_transcribe_file(ctx, audio_path.c_str(), &p) != SPECULA_OK) {
         if (tty) std::fprintf(stderr, "\n");
         rc = fail("transcription");
@@ -153,6 +194,34 @@ int main(int argc, char** argv) {
                      t.encode_seconds, t.windows ? t.encode_seconds / t.windows : 0.0,
                      t.decode_seconds, t.tokens ? 1000.0 * t.decode_seconds / t.tokens : 0.0,
                      total / t.audio_seconds, t.audio_seconds / total);
+        if (draft != nullptr) {
+            const double calls = t.n_steps ? double(t.n_emitted) / double(t.n_steps) : 0.0;
+            std::fprintf(stderr,
+                         "specula-asr: speculative: %llu steps, acceptance rate %.3f (%llu of "
+                         "%llu judged drafts), %.2f tokens per target call\n"
+                         "specula-asr: decoder time: draft %.3f s, target %.3f s, verify %.3f s\n",
+                         static_cast<unsigned long long>(t.n_steps),
+                         t.n_evaluated ? double(t.n_accepted) / double(t.n_evaluated) : 0.0,
+                         static_cast<unsigned long long>(t.n_accepted),
+                         static_cast<unsigned long long>(t.n_evaluated), calls, t.draft_seconds,
+                         t.target_seconds, t.verify_seconds);
+        }
+        if (compare && draft != nullptr) {
+            const double alone_total =
+                alone.mel_seconds + alone.encode_seconds + alone.decode_seconds;
+            bool same = alone_segments.size() == segments.size();
+            for (size_t i = 0; same && i < segments.size(); ++i)
+                same = alone_segments[i].text == segments[i].text &&
+                       alone_segments[i].t0 == segments[i].t0 &&
+                       alone_segments[i].t1 == segments[i].t1;
+            std::fprintf(stderr,
+                         "specula-asr: target alone: real-time factor %.4f, decoder %.3f s; "
+                         "speculative speedup %.2fx overall, %.2fx in the decoder (measured in "
+                         "this run); transcripts %s\n",
+                         alone_total / alone.audio_seconds, alone.decode_seconds,
+                         alone_total / total, alone.decode_seconds / t.decode_seconds,
+                         same ? "identical" : "differ (sampled decoding)");
+        }
         const auto write = [&](const char* ext, auto&& body) {
             const std::string path = (output_path.empty() ? audio_path : output_path) + ext;
             std::ofstream o(path);
@@ -194,6 +263,7 @@ int main(int argc, char** argv) {
             });
     }
     specula_asr_context_free(ctx);
+    specula_asr_model_free(draft);
     specula_asr_model_free(model);
     specula_backend_free(backend);
     return rc;

@@ -23,6 +23,8 @@ struct specula_asr_model {
 struct specula_asr_context {
     specula_asr_model* model = nullptr;
     std::unique_ptr<WhisperContext> impl;
+    specula_asr_model* draft = nullptr;  // the model of draft_impl
+    std::unique_ptr<WhisperContext> draft_impl;
     std::vector<asr::Segment> segments;
     specula_asr_timings timings{};
 };
@@ -47,6 +49,21 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
         if (!std::isfinite(v)) return InvalidArgument("a threshold or temperature is not finite");
     if (p.temperature < 0 || p.temperature > 1)
         return InvalidArgument("temperature must be within 0 .. 1");
+    if (p.draft != nullptr) {
+        if (p.gamma < 1 || p.gamma > kMaxGamma || p.gamma_max < 1 || p.gamma_max > kMaxGamma)
+            return InvalidArgument("gamma and gamma_max must lie in 1.." +
+                                   std::to_string(kMaxGamma));
+        if (const int policy = int(p.gamma_policy);
+            policy < SPECULA_GAMMA_FIXED || policy > SPECULA_GAMMA_ANALYTIC)
+            return InvalidArgument("unknown gamma policy");
+        if (p.draft->backend != ctx->model->backend)
+            return InvalidArgument("the draft is loaded on another backend than the target");
+        t.gamma_policy = p.gamma_policy == SPECULA_GAMMA_FIXED       ? GammaPolicy::kFixed
+                         : p.gamma_policy == SPECULA_GAMMA_HEURISTIC ? GammaPolicy::kHeuristic
+                                                                     : GammaPolicy::kAnalytic;
+        t.gamma = p.gamma;
+        t.gamma_max = p.gamma_max;
+    }
     t.translate = p.translate;
     t.timestamps = p.timestamps;
     t.condition_on_previous_text = p.condition_on_previous_text;
@@ -68,6 +85,13 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
     ctx->timings = {};
     asr::TranscribeStats stats;
     std::lock_guard turn(ctx->model->backend->turn);
+    if (p.draft != nullptr && p.draft != ctx->draft) {  // the draft's caches, made once
+        ctx->draft_impl.reset();
+        ctx->draft = nullptr;
+        SPECULA_TRY(WhisperContext::create(*p.draft->impl, 1, &ctx->draft_impl));
+        ctx->draft = p.draft;
+    }
+    t.draft = p.draft != nullptr ? ctx->draft_impl.get() : nullptr;
     const Status s = asr::transcribe(*ctx->impl, samples, t, &ctx->segments, &stats);
     specula_asr_timings& tm = ctx->timings;
     tm.audio_seconds = double(samples.size()) / audio::kWhisperSampleRate;
@@ -77,6 +101,15 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
     tm.windows = stats.windows;
     tm.fallbacks = stats.fallbacks;
     tm.tokens = stats.tokens;
+    const GeneratorStats& g = stats.decoding;
+    tm.n_steps = g.steps;
+    tm.n_emitted = g.emitted;
+    tm.n_drafted = g.drafted;
+    tm.n_evaluated = g.evaluated;
+    tm.n_accepted = g.accepted;
+    tm.draft_seconds = g.draft_seconds;
+    tm.target_seconds = g.target_seconds;
+    tm.verify_seconds = g.verify_seconds;
     if (stats.language >= 0)
         copy_string(tm.language, std::string(kWhisperLanguages[size_t(stats.language)]));
     return s;
@@ -147,6 +180,9 @@ specula_asr_params specula_asr_default_params(void) {
     p.entropy_threshold = 2.4f;
     p.logprob_threshold = -1.0f;
     p.no_speech_threshold = 0.6f;
+    p.gamma_policy = SPECULA_GAMMA_ANALYTIC;
+    p.gamma = 4;
+    p.gamma_max = 8;
     return p;
 }
 
@@ -162,7 +198,8 @@ specula_status specula_asr_context_create(specula_asr_model* model, specula_asr_
         auto c = std::make_unique<specula_asr_context>();
         c->model = model;
         std::lock_guard turn(model->backend->turn);
-        SPECULA_TRY(WhisperContext::create(*model->impl, 1, &c->impl));
+        // Logits for a verification's rows: a draft may come with any transcription.
+        SPECULA_TRY(WhisperContext::create(*model->impl, kMaxGamma + 1, &c->impl));
         *out = c.release();
         return Status::Ok();
     });

@@ -373,6 +373,15 @@ typedef struct specula_asr_params {
     float logprob_threshold;     /* mean token log-probability below this: fall back (-1) */
     float no_speech_threshold; /* P(no speech) above this with low log-probability: skipped (0.6) */
     uint64_t seed;             /* for the sampled fallbacks */
+    /* Speculative decoding: a draft Whisper on the same backend with the target's vocabulary
+     * (else SPECULA_ERR_VOCAB_MISMATCH), mel bins and window length; it encodes each window
+     * itself. NULL decodes with the target alone. Greedy transcripts are the target's, sampled
+     * ones follow the target's distribution, with Whisper's rules on every position either way.
+     * The context keeps the draft's caches between transcriptions with the same draft. */
+    specula_asr_model* draft;
+    specula_gamma_policy gamma_policy; /* as for text sessions (default analytic) */
+    int32_t gamma;                     /* 1..SPECULA_MAX_GAMMA (default 4) */
+    int32_t gamma_max;                 /* 1..SPECULA_MAX_GAMMA (default 8) */
     specula_asr_segment_fn on_segment; /* each segment as it is decoded; may be NULL */
     void* segment_user_data;
     specula_progress_fn
@@ -387,12 +396,17 @@ typedef struct specula_asr_timings {
     double decode_seconds; /* the decoder and the rules */
     int32_t windows, fallbacks, tokens;
     char language[8]; /* the language transcribed (detected or given) */
+    /* The decoder's steps (one target forward each), over every window and attempt: drafts
+     * proposed, judged (accepted + one per rejection) and accepted, and where the decoding
+     * time went (draft forwards and draws, target forwards, rules and verification). */
+    uint64_t n_steps, n_emitted, n_drafted, n_evaluated, n_accepted;
+    double draft_seconds, target_seconds, verify_seconds;
 } specula_asr_timings;
 
 SPECULA_API specula_asr_params specula_asr_default_params(void);
 SPECULA_API void specula_asr_default_params_by_ref(specula_asr_params* params);
 /* A transcription state on the model's backend (the encoder's output and the decoder's caches).
- * The model must outlive it; one thread at a time. */
+ * The model (and a draft it is given) must outlive it; one thread at a time. */
 SPECULA_API specula_status specula_asr_context_create(specula_asr_model* model,
                                                       specula_asr_context** out);
 SPECULA_API void specula_asr_context_free(specula_asr_context* ctx);
