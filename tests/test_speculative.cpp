@@ -1,7 +1,8 @@
 // Exactness of speculative decoding (label: exactness).
 //  - verify() draws the first emitted token from the target distribution p, and the
 //    first three tokens of a toy pair whose rows differ per position follow the target's
-//    joint law (chi-square at a fixed false-alarm rate); planted bugs fail both tests;
+//    joint law (chi-square at a fixed false-alarm rate), also with Whisper's rules masking
+//    every row from the tokens before it; planted bugs fail these tests;
 //  - edge cases of the acceptance rule;
 //  - greedy speculative generation equals greedy target generation token for
 //    token, on every backend, for several γ and policies;
@@ -16,6 +17,7 @@
 #include "backend_util.h"
 #include "decode/generator.h"
 #include "models/llama.h"
+#include "sampling/token_rules.h"
 #include "sampling/verify.h"
 #include "specula.h"
 #include "test_util.h"
@@ -201,8 +203,33 @@ double chi_square_critical(int df) {
     return df * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
 }
 
-// Pearson chi-square of the joint law of the first three tokens against the target's,
-// divided by its critical value (> 1: rejected). Cells expected fewer than 5 times are pooled.
+// Pearson chi-square of counts against expected counts, divided by its critical value (> 1:
+// rejected; infinite where a sequence the target cannot emit was counted). Cells expected
+// fewer than 5 times are pooled.
+double pooled_statistic(const std::vector<double>& counts, const std::vector<double>& expected) {
+    double chi2 = 0, pooled_count = 0, pooled_expected = 0;
+    int df = -1;
+    for (size_t cell = 0; cell < counts.size(); ++cell) {
+        if (expected[cell] == 0.0) {
+            if (counts[cell] > 0.0) return INFINITY;  // a sequence the target cannot emit
+        } else if (expected[cell] < 5.0) {
+            pooled_count += counts[cell];
+            pooled_expected += expected[cell];
+        } else {
+            const double d = counts[cell] - expected[cell];
+            chi2 += d * d / expected[cell];
+            ++df;
+        }
+    }
+    if (pooled_expected > 0) {
+        chi2 +=
+            (pooled_count - pooled_expected) * (pooled_count - pooled_expected) / pooled_expected;
+        ++df;
+    }
+    return chi2 / chi_square_critical(std::max(df, 1));
+}
+
+// The joint law of the first three tokens against the target's (pooled_statistic).
 double joint_statistic(const StepVerifier& verifier, const SamplingParams& p, int gamma, int trials,
                        DraftRow draft_row = own_row) {
     constexpr int kCells = kToyV * kToyV * kToyV;
@@ -217,27 +244,7 @@ double joint_statistic(const StepVerifier& verifier, const SamplingParams& p, in
             for (const auto& c : processed_distribution(toy_row(false, 2, b.token), p))
                 expected[size_t((a.token * kToyV + b.token) * kToyV + c.token)] =
                     double(a.prob) * b.prob * c.prob * trials;
-    double chi2 = 0, pooled_count = 0, pooled_expected = 0;
-    int df = -1;
-    for (int cell = 0; cell < kCells; ++cell) {
-        if (expected[size_t(cell)] == 0.0) {
-            EXPECT_EQ(counts[size_t(cell)], 0.0)
-                << "a sequence the target cannot emit, cell " << cell;
-        } else if (expected[size_t(cell)] < 5.0) {
-            pooled_count += counts[size_t(cell)];
-            pooled_expected += expected[size_t(cell)];
-        } else {
-            const double d = counts[size_t(cell)] - expected[size_t(cell)];
-            chi2 += d * d / expected[size_t(cell)];
-            ++df;
-        }
-    }
-    if (pooled_expected > 0) {
-        chi2 +=
-            (pooled_count - pooled_expected) * (pooled_count - pooled_expected) / pooled_expected;
-        ++df;
-    }
-    return chi2 / chi_square_critical(std::max(df, 1));
+    return pooled_statistic(counts, expected);
 }
 
 constexpr int kJointTrials = 30000;
@@ -291,6 +298,106 @@ TEST(Verify, PlantedBugsAtLaterPositionsFailTheJointLaw) {
     EXPECT_GT(joint_statistic(exact_step, p, gamma, kJointTrials, [](uint32_t) { return 0u; }),
               1.0);
     EXPECT_GT(joint_statistic(exact_step, p, gamma, kJointTrials, [](uint32_t) { return 0u; }),
+              1.0);
+}
+
+// Whisper-shaped: the rules (sampling/token_rules.h) mask every row from the tokens before it.
+// Text 0..2, <|endoftext|> 3, a special token 4 (always masked), timestamps 5..7; the first
+// token must be a timestamp of at most 6, pairs of timestamps open and close, timestamps never
+// go back, and timestamps outweighing the text force one.
+constexpr int kRuledV = 8;
+
+TokenRules toy_rules() {
+    TokenRules r;
+    r.eot = 3;
+    r.sot = r.translate = r.transcribe = r.solm = r.prev = r.nosp = r.no_timestamps = 4;
+    r.timestamp_begin = 5;
+    r.max_timestamp = 2;
+    r.max_initial_timestamp = 1;
+    return r;
+}
+
+std::vector<float> ruled_row(bool draft, int pos, int32_t prev, const RulesState* state) {
+    std::vector<float> row(kRuledV);
+    for (int v = 0; v < kRuledV; ++v) {
+        const double phase = 0.9 * v + 1.7 * pos + 0.6 * (prev + 1) + (draft ? 2.1 : 0.0);
+        row[size_t(v)] = float(std::sin(phase) + (draft ? 0.4 : 0.7) * std::cos(2.3 * phase));
+    }
+    if (state != nullptr) apply_token_rules(toy_rules(), *state, row);
+    return row;
+}
+
+enum class RulesBug { kNone, kTargetRowsSeeNoDrafts, kVerifyGetsUnmaskedDraftRows };
+
+std::array<int32_t, kToyTokens> ruled_generation(const SamplingParams& p, int gamma, uint32_t trial,
+                                                 RulesBug bug) {
+    const TokenRules rules = toy_rules();
+    std::vector<int32_t> out;
+    for (uint32_t local = 0; out.size() < size_t(kToyTokens); ++local) {
+        const uint32_t step = trial * kToyTokens + local;
+        const RulesState before = RulesState::of(rules, out);
+        RulesState seen = before;  // what row c of the step sees
+        const int pos = int(out.size());
+        int32_t prev = out.empty() ? -1 : out.back();
+        StepRows s;
+        for (int c = 0; c <= gamma; ++c) {
+            const auto t = ruled_row(false, pos + c, prev,
+                                     bug == RulesBug::kTargetRowsSeeNoDrafts ? &before : &seen);
+            s.target.insert(s.target.end(), t.begin(), t.end());
+            if (c == gamma) break;
+            const auto q = ruled_row(true, pos + c, prev, &seen);
+            prev = draft_token(q, p, step, uint32_t(c));
+            const auto judged = bug == RulesBug::kVerifyGetsUnmaskedDraftRows
+                                    ? ruled_row(true, pos + c, prev, nullptr)
+                                    : q;
+            s.draft.insert(s.draft.end(), judged.begin(), judged.end());
+            s.drafts.push_back(prev);
+            seen = seen.after(rules, prev);
+        }
+        const VerifyResult r = verify(s.target, s.draft, s.drafts, kRuledV, p, step);
+        out.insert(out.end(), s.drafts.begin(), s.drafts.begin() + r.n_accepted);
+        out.push_back(r.token);
+    }
+    return {out[0], out[1], out[2]};
+}
+
+double ruled_joint_statistic(const SamplingParams& p, int gamma, int trials, RulesBug bug) {
+    constexpr int kCells = kRuledV * kRuledV * kRuledV;
+    std::vector<double> counts(kCells), expected(kCells);
+    for (int i = 0; i < trials; ++i) {
+        const auto x = ruled_generation(p, gamma, uint32_t(i), bug);
+        ++counts[size_t((x[0] * kRuledV + x[1]) * kRuledV + x[2])];
+    }
+    const TokenRules rules = toy_rules();
+    const RulesState s0;
+    for (const auto& a : processed_distribution(ruled_row(false, 0, -1, &s0), p)) {
+        const RulesState s1 = s0.after(rules, a.token);
+        for (const auto& b : processed_distribution(ruled_row(false, 1, a.token, &s1), p)) {
+            const RulesState s2 = s1.after(rules, b.token);
+            for (const auto& c : processed_distribution(ruled_row(false, 2, b.token, &s2), p))
+                expected[size_t((a.token * kRuledV + b.token) * kRuledV + c.token)] =
+                    double(a.prob) * b.prob * c.prob * trials;
+        }
+    }
+    return pooled_statistic(counts, expected);
+}
+
+TEST(Verify, WithWhisperRulesTheFirstThreeTokensFollowTheTargetsJointLaw) {
+    for (const auto& proc : kProcessings) {
+        for (int gamma : {1, 3}) {
+            SamplingParams p{proc.temperature, proc.top_k, proc.top_p, 31};
+            EXPECT_LT(ruled_joint_statistic(p, gamma, kJointTrials, RulesBug::kNone), 1.0)
+                << proc.name << " gamma " << gamma;
+        }
+    }
+}
+
+// Rules applied to the target's rows without the drafts before them, or a verification given
+// the draft's rows unmasked (not what the draft sampled from), change the law.
+TEST(Verify, PlantedRuleBugsFailTheJointLaw) {
+    const SamplingParams p{1.0f, 0, 1.0f, 31};
+    EXPECT_GT(ruled_joint_statistic(p, 2, kJointTrials, RulesBug::kTargetRowsSeeNoDrafts), 1.0);
+    EXPECT_GT(ruled_joint_statistic(p, 2, kJointTrials, RulesBug::kVerifyGetsUnmaskedDraftRows),
               1.0);
 }
 
