@@ -50,19 +50,13 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
     if (p.temperature < 0 || p.temperature > 1)
         return InvalidArgument("temperature must be within 0 .. 1");
     if (p.draft != nullptr) {
-        if (p.gamma < 1 || p.gamma > kMaxGamma || p.gamma_max < 1 || p.gamma_max > kMaxGamma)
-            return InvalidArgument("gamma and gamma_max must lie in 1.." +
-                                   std::to_string(kMaxGamma));
-        if (const int policy = int(p.gamma_policy);
-            policy < SPECULA_GAMMA_FIXED || policy > SPECULA_GAMMA_ANALYTIC)
-            return InvalidArgument("unknown gamma policy");
+        Generator::Config g;
+        SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max, &g));
         if (p.draft->backend != ctx->model->backend)
             return InvalidArgument("the draft is loaded on another backend than the target");
-        t.gamma_policy = p.gamma_policy == SPECULA_GAMMA_FIXED       ? GammaPolicy::kFixed
-                         : p.gamma_policy == SPECULA_GAMMA_HEURISTIC ? GammaPolicy::kHeuristic
-                                                                     : GammaPolicy::kAnalytic;
-        t.gamma = p.gamma;
-        t.gamma_max = p.gamma_max;
+        t.gamma_policy = g.policy;
+        t.gamma = g.gamma;
+        t.gamma_max = g.gamma_max;
     }
     t.translate = p.translate;
     t.timestamps = p.timestamps;

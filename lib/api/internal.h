@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "core/log.h"
+#include "decode/generator.h"
 #include "specula.h"
 
 // A backend records ops of one sequence at a time (the cpu backend's pending status and
@@ -56,6 +57,22 @@ int enum_value(const E& e) {
     std::underlying_type_t<E> v;
     std::memcpy(&v, &e, sizeof v);
     return int(v);
+}
+
+// A speculative decoder's γ settings from the C API (text sessions and speech alike).
+inline Status gamma_settings(const specula_gamma_policy& policy, int32_t gamma, int32_t gamma_max,
+                             Generator::Config* out) {
+    if (gamma < 1 || gamma > kMaxGamma || gamma_max < 1 || gamma_max > kMaxGamma)
+        return InvalidArgument("gamma and gamma_max must lie in 1.." + std::to_string(kMaxGamma));
+    const int value = enum_value(policy);
+    if (value < SPECULA_GAMMA_FIXED || value > SPECULA_GAMMA_ANALYTIC)
+        return InvalidArgument("unknown gamma policy");
+    out->policy = value == SPECULA_GAMMA_FIXED      ? GammaPolicy::kFixed
+                  : value == SPECULA_GAMMA_ANALYTIC ? GammaPolicy::kAnalytic
+                                                    : GammaPolicy::kHeuristic;
+    out->gamma = gamma;
+    out->gamma_max = gamma_max;
+    return Status::Ok();
 }
 
 inline Status need(const void* p, const char* what) {

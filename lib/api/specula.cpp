@@ -395,12 +395,8 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         const specula_session_params p = params ? *params : specula_session_default_params();
         if (!(p.temperature >= 0.0f) || !(p.top_p > 0.0f) || p.top_p > 1.0f || p.top_k < 0)
             return InvalidArgument("temperature must be >= 0, top_p in (0, 1], top_k >= 0");
-        if (p.gamma < 1 || p.gamma > kMaxGamma || p.gamma_max < 1 || p.gamma_max > kMaxGamma)
-            return InvalidArgument("gamma and gamma_max must lie in 1.." +
-                                   std::to_string(kMaxGamma));
-        if (const int policy = enum_value(p.gamma_policy);
-            policy < SPECULA_GAMMA_FIXED || policy > SPECULA_GAMMA_ANALYTIC)
-            return InvalidArgument("unknown gamma policy");
+        Generator::Config config;
+        SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max, &config));
         if (p.sigmoid_verify && !(p.sigmoid_alpha < 0.0f && p.sigmoid_beta > 0.0f))
             return InvalidArgument("the sigmoid scale needs alpha < 0 < beta");
         std::lock_guard turn(model->backend->turn);
@@ -419,13 +415,7 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
                               "ids do not mean the same text");
             SPECULA_TRY(LlamaContext::create(draft, n_ctx, kMaxBatch, &s->draft));
         }
-        Generator::Config config;
         config.sampling = {p.temperature, p.top_k, p.top_p, p.seed};
-        config.policy = p.gamma_policy == SPECULA_GAMMA_FIXED      ? GammaPolicy::kFixed
-                        : p.gamma_policy == SPECULA_GAMMA_ANALYTIC ? GammaPolicy::kAnalytic
-                                                                   : GammaPolicy::kHeuristic;
-        config.gamma = p.gamma;
-        config.gamma_max = p.gamma_max;
         config.sigmoid_verify = p.sigmoid_verify;
         config.sigmoid_scale = {p.sigmoid_alpha, p.sigmoid_beta};
         s->generator = std::make_unique<Generator>(*s->target, s->draft.get(), config);
