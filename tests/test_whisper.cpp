@@ -195,6 +195,33 @@ std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type 
     return path;
 }
 
+// A Distil-Whisper-shaped draft: the encoder of one file, the decoder of another (same shape).
+std::string distil_whisper(const std::string& encoder_from, const std::string& decoder_from) {
+    const std::string path = encoder_from + ".distil.bin";
+    std::unique_ptr<MappedFile> enc_file, dec_file;
+    WhisperGgmlFile enc, dec;
+    EXPECT_TRUE(MappedFile::open(encoder_from, &enc_file).ok());
+    EXPECT_TRUE(MappedFile::open(decoder_from, &dec_file).ok());
+    EXPECT_TRUE(WhisperGgmlFile::parse(enc_file->bytes(), &enc).ok());
+    EXPECT_TRUE(WhisperGgmlFile::parse(dec_file->bytes(), &dec).ok());
+    WhisperFileSpec spec;
+    spec.header_path = encoder_from;
+    spec.hparams = dec.hparams();
+    spec.weight_type = dec.weight_type();
+    const Status s = write_whisper(
+        spec,
+        [&](const WhisperTensorSpec& want, GgmlType, std::vector<uint8_t>* data) {
+            const GgufTensorInfo* t =
+                (want.name.starts_with("encoder.") ? enc : dec).find_tensor(want.name);
+            if (t == nullptr) return FormatError("no " + want.name);
+            data->assign(t->data.begin(), t->data.end());
+            return Status::Ok();
+        },
+        path);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return path;
+}
+
 std::vector<float> chirp(double seconds) {
     std::vector<float> s(size_t(seconds * 16000));
     for (size_t i = 0; i < s.size(); ++i) {
@@ -408,8 +435,10 @@ TEST(WhisperDecoder, SpeculativeGreedyIsTheTargetsGreedy) {
 // Speculative transcription: the rules mask every drafted and verified row on the device, each
 // from the tokens before it, so a draft changes nothing of a greedy transcript (segments, times,
 // tokens), whether it agrees always (the target itself), often (its weights in Q4_0) or seldom
-// (an unrelated model); and a draft equal to the target has every sampled draft accepted, which
-// holds only where both sides' rows are masked alike at every position.
+// (an unrelated model, or its decoder reading the target's encoder output: the Distil-Whisper
+// case); and a draft equal to the target has every sampled draft accepted, which holds only
+// where both sides' rows are masked alike at every position (and, the encoder being shared,
+// only where the draft's cross K/V come from the window the target encoded).
 TEST(WhisperTranscribe, ADraftChangesNoGreedyTranscriptOnAnyBackend) {
     for (specula_backend_kind kind : {SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN}) {
         std::string why;
@@ -419,14 +448,19 @@ TEST(WhisperTranscribe, ADraftChangesNoGreedyTranscriptOnAnyBackend) {
             continue;
         }
         std::vector<std::unique_ptr<WhisperModel>> models;
-        for (auto [seed, type] : {std::pair{9, GgmlType::kF16}, std::pair{9, GgmlType::kQ4_0},
-                                  std::pair{10, GgmlType::kF16}}) {
+        // The target, itself in Q4_0, an unrelated model, and the target's encoder with the
+        // unrelated model's decoder (a Distil-Whisper draft: its encoder runs once for both).
+        const std::string target_path = small_whisper(9), other_path = small_whisper(10);
+        for (const std::string& path : {target_path, small_whisper(9, true, GgmlType::kQ4_0),
+                                        other_path, distil_whisper(target_path, other_path)}) {
             std::unique_ptr<MappedFile> file;
-            ASSERT_TRUE(MappedFile::open(small_whisper(uint64_t(seed), true, type), &file).ok());
+            ASSERT_TRUE(MappedFile::open(path, &file).ok());
             models.emplace_back();
             ASSERT_TRUE(
                 WhisperModel::load(*backend, std::move(file), nullptr, &models.back()).ok());
         }
+        for (size_t d = 0; d < models.size(); ++d)
+            EXPECT_EQ(models[d]->same_encoder(*models[0]), d == 0 || d == 3) << "model " << d;
         std::unique_ptr<WhisperContext> target, self;
         ASSERT_TRUE(WhisperContext::create(*models[0], kMaxGamma + 1, &target).ok());
         ASSERT_TRUE(WhisperContext::create(*models[0], 1, &self).ok());

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -37,13 +38,69 @@ Status set_metadata(GgufWriter& w, const std::string& key, const nlohmann::json&
     return Status::Ok();
 }
 
-Status run(const std::string& manifest_path, const std::string& out, GgmlType type) {
+// A Whisper manifest (tools/train/train_asr.py): the hyperparameters and tensors by
+// whisper.cpp's names; the file gets the header's mel filters and vocabulary.
+Status write_whisper_file(const nlohmann::json& manifest, std::ifstream& data,
+                          const std::string& header, const std::string& out, GgmlType type) {
+    if (header.empty())
+        return InvalidArgument(
+            "a Whisper manifest needs --whisper-header (mel filters, vocabulary)");
+    WhisperFileSpec spec;
+    spec.header_path = header;
+    spec.weight_type = type;
+    const nlohmann::json& hp = manifest.at("hparams");
+    WhisperHparams& h = spec.hparams;
+    for (auto [key, field] : {std::pair{"n_vocab", &h.n_vocab},
+                              {"n_audio_ctx", &h.n_audio_ctx},
+                              {"n_audio_state", &h.n_audio_state},
+                              {"n_audio_head", &h.n_audio_head},
+                              {"n_audio_layer", &h.n_audio_layer},
+                              {"n_text_ctx", &h.n_text_ctx},
+                              {"n_text_state", &h.n_text_state},
+                              {"n_text_head", &h.n_text_head},
+                              {"n_text_layer", &h.n_text_layer},
+                              {"n_mels", &h.n_mels}})
+        *field = hp.at(key).get<int32_t>();
+    std::map<std::string, const nlohmann::json*> by_name;
+    for (const auto& t : manifest.at("tensors"))
+        by_name[t.at("name").get<std::string>()] = &t;
+    return write_whisper(
+        spec,
+        [&](const WhisperTensorSpec& want, GgmlType tt, std::vector<uint8_t>* bytes_out) {
+            const auto it = by_name.find(want.name);
+            if (it == by_name.end()) return FormatError("the manifest has no " + want.name);
+            const nlohmann::json& t = *it->second;
+            if (t.at("shape").get<std::vector<int64_t>>() != want.shape)
+                return FormatError(want.name + " has another shape than the hyperparameters give");
+            uint64_t count = 0, bytes = 0;
+            if (!ggml_tensor_bytes(tt, want.shape, &count, &bytes))
+                return InvalidArgument(want.name + ": its rows do not fit type " +
+                                       ggml_type_name(tt));
+            std::vector<float> values(count);
+            data.seekg(std::streamoff(t.at("offset").get<uint64_t>() * sizeof(float)));
+            data.read(reinterpret_cast<char*>(values.data()),
+                      std::streamsize(count * sizeof(float)));
+            if (!data) return FormatError("tensor data ends early at " + want.name);
+            bytes_out->resize(bytes);
+            const size_t cols = size_t(want.shape[0]), rows = count / cols;
+            for (size_t r = 0; r < rows; ++r)
+                quantize_row(tt, values.data() + r * cols, bytes_out->data() + r * (bytes / rows),
+                             cols);
+            return Status::Ok();
+        },
+        out);
+}
+
+Status run(const std::string& manifest_path, const std::string& out, GgmlType type,
+           const std::string& whisper_header) {
     std::ifstream mf(manifest_path);
     if (!mf) return IoError("cannot open " + manifest_path);
     const nlohmann::json manifest = nlohmann::json::parse(mf);
     const std::string dir = manifest_path.substr(0, manifest_path.find_last_of('/') + 1);
     std::ifstream data(dir + manifest.at("data").get<std::string>(), std::ios::binary);
     if (!data) return IoError("cannot open the tensor data beside " + manifest_path);
+    if (manifest.value("format", "gguf") == "whisper")
+        return write_whisper_file(manifest, data, whisper_header, out, type);
     GgufWriter w;
     for (const auto& [key, entry] : manifest.at("metadata").items())
         SPECULA_TRY(set_metadata(w, key, entry));
@@ -73,20 +130,26 @@ Status run(const std::string& manifest_path, const std::string& out, GgmlType ty
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string manifest, out, type = "q8_0";
-    CLI::App app{"Write a GGUF model from a manifest and raw float32 tensors"};
-    app.add_option("manifest", manifest, "the .manifest.json written by tools/train/train.py")
+    std::string manifest, out, type = "q8_0", whisper_header;
+    CLI::App app{
+        "Write a GGUF model (or a whisper.cpp model file) from a manifest and raw "
+        "float32 tensors"};
+    app.add_option("manifest", manifest,
+                   "the .manifest.json written by tools/train/train.py or train_asr.py")
         ->required();
     app.add_option("-o,--output", out, "output GGUF path")->required();
     app.add_option(
         "--type", type,
         "type of the weight matrices: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k");
+    app.add_option("--whisper-header", whisper_header,
+                   "for a Whisper manifest: the whisper.cpp file whose mel filters and vocabulary "
+                   "the model gets (e.g. for-tests-ggml-tiny.en.bin)");
     CLI11_PARSE(app, argc, argv);
     GgmlType t{};
     Status s = parse_weight_type(type, &t);
     if (s.ok()) {
         try {
-            s = run(manifest, out, t);
+            s = run(manifest, out, t, whisper_header);
         } catch (const std::exception& e) {
             s = FormatError(std::string("malformed manifest: ") + e.what());
         }

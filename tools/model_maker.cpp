@@ -217,7 +217,8 @@ Status whisper_shape(const std::string& name, bool english, WhisperHparams* out)
     return InvalidArgument("unknown Whisper shape '" + name + "' (tiny, base, small, medium)");
 }
 
-Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path) {
+Status write_whisper(const WhisperFileSpec& s, const WhisperTensorSource& source,
+                     const std::string& path) {
     WhisperHparams h = s.hparams;
     int32_t ftype = -1;
     for (int32_t f : {0, 1, 2, 3, 7, 8, 9}) {
@@ -275,41 +276,18 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
         put(t.data(), t.size());
     }
 
-    Gaussian g(s.seed);
     const GgmlType conv_type = s.weight_type == GgmlType::kF32 ? GgmlType::kF32 : GgmlType::kF16;
     for (const WhisperTensorSpec& spec : whisper_tensor_specs(h)) {
         using K = WhisperTensorSpec::Kind;
         const GgmlType type = spec.kind == K::kMatrix        ? s.weight_type
                               : spec.kind == K::kConvolution ? conv_type
                                                              : GgmlType::kF32;
-        const int64_t cols = spec.shape[0];
-        int64_t rows = 1;
-        for (size_t d = 1; d < spec.shape.size(); ++d)
-            rows *= spec.shape[d];
         std::vector<uint8_t> data;
-        const bool norm_weight =
-            spec.name.ends_with("ln.weight") || spec.name.ends_with("ln_post.weight");
-        if (spec.name == "encoder.positional_embedding") {
-            // Whisper's sinusoids: position p, channel c < width/2: sin(p * 10000^(-c / (width/2 -
-            // 1))), then the cosines.
-            std::vector<float> pe(size_t(cols * rows));
-            const int64_t half = cols / 2;
-            for (int64_t p = 0; p < rows; ++p)
-                for (int64_t c = 0; c < half; ++c) {
-                    const double inv = std::exp(-std::log(10000.0) * double(c) / double(half - 1));
-                    pe[size_t(p * cols + c)] = float(std::sin(double(p) * inv));
-                    pe[size_t(p * cols + half + c)] = float(std::cos(double(p) * inv));
-                }
-            data.resize(pe.size() * sizeof(float));
-            std::memcpy(data.data(), pe.data(), data.size());
-        } else if (spec.kind == K::kF32Only) {
-            data = random_matrix(g, type, cols, rows, norm_weight ? 0.1f : 0.02f,
-                                 norm_weight ? 1.0f : 0.0f);
-        } else {
-            // Fan-in: the columns (times the kernel width for convolutions).
-            const int64_t fan_in = spec.kind == K::kConvolution ? cols * spec.shape[1] : cols;
-            data = random_matrix(g, type, cols, rows, 1.0f / std::sqrt(float(fan_in)));
-        }
+        SPECULA_TRY(source(spec, type, &data));
+        uint64_t count = 0, bytes = 0;
+        if (!ggml_tensor_bytes(type, spec.shape, &count, &bytes) || data.size() != bytes)
+            return InvalidArgument(spec.name + ": " + std::to_string(data.size()) +
+                                   " bytes of data for its shape and type");
         put_i32(int32_t(spec.shape.size()));
         put_i32(int32_t(spec.name.size()));
         put_i32(int32_t(type));
@@ -320,6 +298,45 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
     }
     out.close();
     return out ? Status::Ok() : IoError("cannot write " + path);
+}
+
+Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path) {
+    Gaussian g(s.seed);
+    return write_whisper(
+        s,
+        [&](const WhisperTensorSpec& spec, GgmlType type, std::vector<uint8_t>* data) {
+            using K = WhisperTensorSpec::Kind;
+            const int64_t cols = spec.shape[0];
+            int64_t rows = 1;
+            for (size_t d = 1; d < spec.shape.size(); ++d)
+                rows *= spec.shape[d];
+            const bool norm_weight =
+                spec.name.ends_with("ln.weight") || spec.name.ends_with("ln_post.weight");
+            if (spec.name == "encoder.positional_embedding") {
+                // Whisper's sinusoids: position p, channel c < width/2: sin(p * 10000^(-c /
+                // (width/2 - 1))), then the cosines.
+                std::vector<float> pe(size_t(cols * rows));
+                const int64_t half = cols / 2;
+                for (int64_t p = 0; p < rows; ++p)
+                    for (int64_t c = 0; c < half; ++c) {
+                        const double inv =
+                            std::exp(-std::log(10000.0) * double(c) / double(half - 1));
+                        pe[size_t(p * cols + c)] = float(std::sin(double(p) * inv));
+                        pe[size_t(p * cols + half + c)] = float(std::cos(double(p) * inv));
+                    }
+                data->resize(pe.size() * sizeof(float));
+                std::memcpy(data->data(), pe.data(), data->size());
+            } else if (spec.kind == K::kF32Only) {
+                *data = random_matrix(g, type, cols, rows, norm_weight ? 0.1f : 0.02f,
+                                      norm_weight ? 1.0f : 0.0f);
+            } else {
+                // Fan-in: the columns (times the kernel width for convolutions).
+                const int64_t fan_in = spec.kind == K::kConvolution ? cols * spec.shape[1] : cols;
+                *data = random_matrix(g, type, cols, rows, 1.0f / std::sqrt(float(fan_in)));
+            }
+            return Status::Ok();
+        },
+        path);
 }
 
 }  // namespace specula

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "format/gguf.h"
@@ -36,21 +38,28 @@ struct RandomLlamaSpec {
 
 Status write_random_llama(const RandomLlamaSpec& spec, const std::string& path);
 
-struct RandomWhisperSpec {
+struct WhisperFileSpec {
     // A whisper.cpp model file (whisper.cpp's for-tests-ggml-*.bin: header, filters and
     // vocabulary only) whose mel filters and vocabulary are copied; its n_vocab and n_mels must
     // be the shape's. Empty: stand-in filters and tokens named by their ids (loader tests).
     std::string header_path;
     WhisperHparams hparams;                 // the shape (whisper_shape()); ftype from weight_type
-    GgmlType weight_type = GgmlType::kF16;  // the matrices' (F32, F16, Q8_0, Q4_0)
+    GgmlType weight_type = GgmlType::kF16;  // the matrices' (F32, F16, Q8_0, Q4_0, ...)
+};
+struct RandomWhisperSpec : WhisperFileSpec {
     uint64_t seed = 1;
 };
+// The data of one tensor in the type the file gives it (whisper_tensor_specs' order).
+using WhisperTensorSource =
+    std::function<Status(const WhisperTensorSpec&, GgmlType, std::vector<uint8_t>*)>;
+// Writes the file as whisper.cpp's converter and quantizer do (quantized types: ftype + 2000,
+// the quantization version; convolutions F16 unless the weights are F32).
+Status write_whisper(const WhisperFileSpec& spec, const WhisperTensorSource& source,
+                     const std::string& path);
 // Whisper's released shapes: tiny, base, small, medium (multilingual: 51865 tokens; english:
 // the .en models' 51864).
 Status whisper_shape(const std::string& name, bool english, WhisperHparams* out);
-// Writes the file as whisper.cpp's converter and quantizer do (quantized types: ftype + 2000,
-// the quantization version; convolutions F16 unless the weights are F32; the encoder's
-// positions the sinusoids Whisper computes).
+// Random weights (the encoder's positions the sinusoids Whisper computes).
 Status write_random_whisper(const RandomWhisperSpec& spec, const std::string& path);
 Status parse_weight_type(const std::string& name, GgmlType* out);
 

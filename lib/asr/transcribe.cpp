@@ -88,6 +88,7 @@ class Transcriber {
 
     Status run(std::span<const float> samples, std::vector<Segment>* segments) {
         SPECULA_TRY(check_draft());
+        shared_encoder_ = p_.draft != nullptr && p_.draft->model().same_encoder(m_);
         if (!t_.multilingual && (p_.translate || p_.language > 0))
             return InvalidArgument("an English-only model can only transcribe English");
         if (p_.language < -1 || p_.language >= t_.n_languages)
@@ -107,7 +108,9 @@ class Transcriber {
             const int count = std::min(window, content - seek);
             auto t0 = std::chrono::steady_clock::now();
             SPECULA_TRY(ctx_.encode(mel, seek, count));
-            if (p_.draft != nullptr) SPECULA_TRY(p_.draft->encode(mel, seek, count));
+            if (p_.draft != nullptr)
+                SPECULA_TRY(shared_encoder_ ? p_.draft->encode_shared(ctx_)
+                                            : p_.draft->encode(mel, seek, count));
             stats_.encode_seconds += seconds_since(t0);
             ++stats_.windows;
             t0 = std::chrono::steady_clock::now();
@@ -255,6 +258,7 @@ class Transcriber {
     Rules rules_;
     int language_ = 0;
     uint64_t attempts_ = 0;
+    bool shared_encoder_ = false;  // the draft decodes from the target's encoder output
     Generator generator_;
 };
 

@@ -40,6 +40,23 @@ WhisperTokens WhisperTokens::of(int n_vocab) {
     return t;
 }
 
+bool WhisperModel::same_encoder(const WhisperModel& other) const {
+    const WhisperHparams &a = hparams_, &b = other.hparams_;
+    if (a.n_mels != b.n_mels || a.n_audio_ctx != b.n_audio_ctx ||
+        a.n_audio_state != b.n_audio_state || a.n_audio_head != b.n_audio_head ||
+        a.n_audio_layer != b.n_audio_layer)
+        return false;
+    if (this == &other) return true;
+    for (const GgufTensorInfo& t : ggml_.tensors()) {
+        if (!t.name.starts_with("encoder.")) continue;
+        const GgufTensorInfo* u = other.ggml_.find_tensor(t.name);
+        if (u == nullptr || u->type != t.type || u->shape != t.shape ||
+            !std::equal(t.data.begin(), t.data.end(), u->data.begin(), u->data.end()))
+            return false;
+    }
+    return true;
+}
+
 std::string_view WhisperModel::token_text(int32_t id) const {
     const auto& vocab = ggml_.vocab();
     if (id < 0 || id >= tokens_.eot || size_t(id) >= vocab.size()) return {};
@@ -282,9 +299,22 @@ Status WhisperContext::encode(const audio::LogMel& mel, int first, int count) {
     for (const WhisperModel::Block& b : m.enc_)
         block(b, enc_x_, n, false, 0);
     be.layer_norm(enc_x_, m.enc_ln_w_, m.enc_ln_b_, 1e-5f, enc_out_);
+    return cross_keys_values(enc_out_);
+}
+
+Status WhisperContext::encode_shared(const WhisperContext& source) {
+    if (&source.backend() != &backend() || !source.encoded_ || !model_.same_encoder(source.model_))
+        return InvalidArgument(
+            "a shared encoding needs an encoded window of the same encoder on the same backend");
+    return cross_keys_values(source.enc_out_);
+}
+
+Status WhisperContext::cross_keys_values(const Tensor& enc_out) {
+    Backend& be = model_.backend_;
+    const WhisperModel& m = model_;
     for (size_t l = 0; l < m.dec_.size(); ++l) {
-        be.matmul(m.dec_[l].ck.w, enc_out_, cross_k_[l], A::kNo);
-        be.matmul(m.dec_[l].cv.w, enc_out_, cross_v_[l], A::kNo);
+        be.matmul(m.dec_[l].ck.w, enc_out, cross_k_[l], Backend::Accumulate::kNo);
+        be.matmul(m.dec_[l].cv.w, enc_out, cross_v_[l], Backend::Accumulate::kNo);
         be.add_bias(cross_v_[l], m.dec_[l].cv.b);
     }
     n_past_ = 0;

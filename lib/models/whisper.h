@@ -56,6 +56,9 @@ class WhisperModel {
     Backend& backend() const { return backend_; }
     GgmlType weight_type() const { return weight_type_; }
     uint64_t n_params() const { return n_params_; }
+    // Whether the other model's encoder is this one's, tensor for tensor and byte for byte (a
+    // Distil-Whisper draft's): then one encoder run serves both decoders.
+    bool same_encoder(const WhisperModel& other) const;
 
   private:
     friend class WhisperContext;
@@ -106,6 +109,10 @@ class WhisperContext final : public Decoder {
     // after them (OpenAI's pad_or_trim), and computes every decoder layer's cross K/V. Forgets
     // the decoder's cache. detect_language() needs an encoded window.
     Status encode(const audio::LogMel& mel, int first, int count);
+    // Takes the window `source` encoded last (a context of a model with the same encoder, on
+    // the same backend: WhisperModel::same_encoder) and computes this decoder's cross K/V from
+    // it, without running the encoder again. Forgets the decoder's cache.
+    Status encode_shared(const WhisperContext& source);
     // The encoder's output of the last encode(): n_audio_ctx rows of n_audio_state (tests).
     Tensor encoder_output() const { return enc_out_; }
 
@@ -123,6 +130,7 @@ class WhisperContext final : public Decoder {
   private:
     explicit WhisperContext(const WhisperModel& model) : model_(model) {}
     void block(const WhisperModel::Block& b, const Tensor& x, int n, bool decoder, int layer);
+    Status cross_keys_values(const Tensor& enc_out);
 
     const WhisperModel& model_;
     std::vector<std::unique_ptr<Buffer>> buffers_;
