@@ -75,8 +75,10 @@ void apply_token_rules(const TokenRules& r, const RulesState& s, std::span<float
         if (z > m) m = z;
     }
     if (ts_max == kMasked || text_max == kMasked) return;
-    const float ts_sum = det::canonical_sum(uint32_t(n), [&](uint32_t i) {
-        return int32_t(i) >= r.timestamp_begin ? det::exp_nonpositive(logits[i] - ts_max) : 0.0f;
+    // Summed over the timestamps only (1501 of Whisper's 51,865 tokens), in the canonical order.
+    const float* ts = logits.data() + r.timestamp_begin;
+    const float ts_sum = det::canonical_sum(uint32_t(n - r.timestamp_begin), [&](uint32_t i) {
+        return det::exp_nonpositive(ts[i] - ts_max);
     });
     if (det::log_positive(ts_sum) + ts_max > text_max) mask(0, r.timestamp_begin);
 }
