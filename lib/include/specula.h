@@ -375,7 +375,9 @@ typedef struct specula_asr_params {
     uint64_t seed;             /* for the sampled fallbacks */
     /* Speculative decoding: a draft Whisper on the same backend with the target's vocabulary
      * (else SPECULA_ERR_VOCAB_MISMATCH), mel bins and window length; it encodes each window
-     * itself. NULL decodes with the target alone. Greedy transcripts are the target's, sampled
+     * itself, unless its encoder is the target's byte for byte (a Distil-Whisper draft: then
+     * its decoder reads the target's encoding and the encoder runs once per window). NULL
+     * decodes with the target alone. Greedy transcripts are the target's, sampled
      * ones follow the target's distribution, with Whisper's rules on every position either way.
      * The context keeps the draft's caches between transcriptions with the same draft. */
     specula_asr_model* draft;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One command that makes the Whisper pair from scratch (about 2 hours on a 2-core machine:
+# 10 minutes of speech synthesis, 6000 training steps at ~1 s each): synthesizes the speech
+# (asr_data.py), trains the target and its Distil-Whisper-style draft (train_asr.py, fixed
+# seed; it saves its whole state every 100 steps, and a rerun continues from there with the
+# same steps an unstopped run takes), writes both as Q8_0 whisper.cpp files with specula's
+# writer, and evaluates the pair on held-out sentences spoken by held-out voices
+# (specula-eval-asr: word error rates, acceptance rate, speedup).
+#   bash tools/train/run_asr.sh [whisper.cpp .en file for the mel filters and vocabulary]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+header=${1:-../shared/data/whisper/for-tests-ggml-tiny.en.bin}
+apt_missing=()
+for p in python3-torch python3-numpy python3.11-doc wamerican espeak-ng sox libopenblas0-pthread; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || apt_missing+=("$p")
+done
+if [ ${#apt_missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${apt_missing[@]}"
+fi
+cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build/release --target specula-import specula-eval-asr
+out=build/train-asr
+if [ ! -f "$out/asr_data.npz" ]; then
+  /usr/bin/python3 tools/train/asr_data.py --header "$header" --out "$out" --clips 12000 --heldout-clips 300 --seed 1
+  /usr/bin/python3 tools/train/asr_data.py --header "$header" --out "$out" --eval-dir "$out/eval" --eval-clips 100 --seed 1
+fi
+/usr/bin/python3 tools/train/train_asr.py --data "$out" --header "$header" --out "$out/out" --seed 1234 --resume | tee -a "$out/train.log"
+for m in target draft; do
+  build/release/tools/specula-import "$out/out/$m.manifest.json" --whisper-header "$header" \
+    --type q8_0 -o "examples/models/specula-whisper-$m.bin"
+done
+build/release/tools/specula-eval-asr -m examples/models/specula-whisper-target.bin \
+  --md examples/models/specula-whisper-draft.bin -l "$out/eval/list.tsv" --backend cpu
