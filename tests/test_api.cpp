@@ -119,6 +119,21 @@ TEST_F(Api, BackendNamesRoundTrip) {
     EXPECT_NE(std::string(specula_last_error()).find("metal"), std::string::npos);
 }
 
+TEST_F(Api, GammaPolicyNames) {
+    for (auto [name, policy] : {std::pair{"fixed", SPECULA_GAMMA_FIXED},
+                                {"heuristic", SPECULA_GAMMA_HEURISTIC},
+                                {"analytic", SPECULA_GAMMA_ANALYTIC}}) {
+        specula_gamma_policy back =
+            SPECULA_GAMMA_FIXED == policy ? SPECULA_GAMMA_ANALYTIC : SPECULA_GAMMA_FIXED;
+        ASSERT_EQ(specula_gamma_policy_from_name(name, &back), SPECULA_OK);
+        EXPECT_EQ(back, policy) << name;
+    }
+    specula_gamma_policy p{};
+    EXPECT_EQ(specula_gamma_policy_from_name("greedy", &p), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(specula_last_error()).find("greedy"), std::string::npos);
+    EXPECT_EQ(specula_gamma_policy_from_name(nullptr, &p), SPECULA_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(Api, AutoBackendNeverTakesASoftwareDevice) {
     specula_backend_params p = specula_backend_default_params();
     p.kind = SPECULA_BACKEND_AUTO;

@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     app.add_option("-m,--model", target_path, "target whisper.cpp model")->required();
     app.add_option("--md,--model-draft", draft_path, "draft whisper.cpp model")->required();
     app.add_option("-l,--list", list_path, "lines of: wav path <TAB> reference text")->required();
-    app.add_option("--backend", backend_name, "cpu, vulkan or cuda");
+    app.add_option("--backend", backend_name, "cpu, vulkan, cuda or auto");
     app.add_option("--threads", threads, "cpu threads (0 = all)");
     app.add_option("-r,--reps", reps, "repetitions (medians)");
     app.add_option("--gamma-policy", policy, "fixed, heuristic or analytic");
@@ -139,14 +139,12 @@ int main(int argc, char** argv) {
         return 1;
     }
     specula_backend_params bp = specula_backend_default_params();
-    bp.kind = backend_name == "vulkan" ? SPECULA_BACKEND_VULKAN
-              : backend_name == "cuda" ? SPECULA_BACKEND_CUDA
-                                       : SPECULA_BACKEND_CPU;
     bp.n_threads = threads;
     specula_backend* backend = nullptr;
     specula_asr_model *target = nullptr, *draft = nullptr;
     specula_asr_context *ctx = nullptr, *draft_ctx = nullptr;
-    bool ok = check(specula_backend_create(&bp, &backend), "backend") &&
+    bool ok = check(specula_backend_kind_from_name(backend_name.c_str(), &bp.kind), "--backend") &&
+              check(specula_backend_create(&bp, &backend), "backend") &&
               check(specula_asr_model_load(backend, target_path.c_str(), nullptr, &target),
                     target_path.c_str()) &&
               check(specula_asr_model_load(backend, draft_path.c_str(), nullptr, &draft),
@@ -158,9 +156,8 @@ int main(int argc, char** argv) {
     alone.temperature_increment = 0.0f;  // greedy: the pair's transcripts must be the target's
     specula_asr_params pair = alone;
     pair.draft = draft;
-    pair.gamma_policy = policy == "fixed"       ? SPECULA_GAMMA_FIXED
-                        : policy == "heuristic" ? SPECULA_GAMMA_HEURISTIC
-                                                : SPECULA_GAMMA_ANALYTIC;
+    ok = ok && check(specula_gamma_policy_from_name(policy.c_str(), &pair.gamma_policy),
+                     "--gamma-policy");
     pair.gamma = gamma;
     pair.gamma_max = gamma_max;
     Run a, s, d;

@@ -73,9 +73,7 @@ Generation generate(specula_model* target, specula_model* draft, const std::vect
     sp.draft = draft;
     sp.gamma = gamma;
     sp.gamma_max = std::max(gamma, 8);
-    sp.gamma_policy = policy == "fixed"      ? SPECULA_GAMMA_FIXED
-                      : policy == "analytic" ? SPECULA_GAMMA_ANALYTIC
-                                             : SPECULA_GAMMA_HEURISTIC;
+    check(specula_gamma_policy_from_name(policy.c_str(), &sp.gamma_policy), "--gamma-policy");
     specula_session* s = nullptr;
     check(specula_session_create(target, &sp, &s), "session");
     Generation g;

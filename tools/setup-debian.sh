@@ -3,6 +3,8 @@
 #   bash tools/setup-debian.sh           the native build
 #   bash tools/setup-debian.sh aarch64   also the 64-bit ARM cross build and qemu-user to run it
 #                                        (cmake/aarch64-linux-gnu.cmake; adds dpkg's arm64 arch)
+#   bash tools/setup-debian.sh train     also what tools/train/run.sh trains the demo pair with
+#   bash tools/setup-debian.sh train-asr also what tools/train/run_asr.sh trains the speech pair with
 set -euo pipefail
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -26,6 +28,14 @@ if [ "${1:-}" = aarch64 ]; then
   fi
   packages+=(crossbuild-essential-arm64 qemu-user-static libhwy-dev:arm64 libpcre2-dev:arm64 libsamplerate0-dev:arm64 libkissfft-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64)
 fi
+case "${1:-}" in
+  train | train-asr)
+    # PyTorch with OpenBLAS (without it PyTorch falls back to the reference BLAS: 6x slower);
+    # the corpus is the Python documentation's sources.
+    packages+=(python3-torch libopenblas0-pthread python3.11-doc) ;;&
+  train-asr)
+    packages+=(wamerican espeak-ng sox) ;;  # the word list, the speech synthesizer, resampling
+esac
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

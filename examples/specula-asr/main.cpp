@@ -152,9 +152,8 @@ int main(int argc, char** argv) {
     p.segment_user_data = &state;
     if (tty) p.progress = progress_bar;
     p.draft = draft;
-    p.gamma_policy = policy == "fixed"       ? SPECULA_GAMMA_FIXED
-                     : policy == "heuristic" ? SPECULA_GAMMA_HEURISTIC
-                                             : SPECULA_GAMMA_ANALYTIC;
+    if (specula_gamma_policy_from_name(policy.c_str(), &p.gamma_policy) != SPECULA_OK)
+        return fail("--gamma-policy");
     p.gamma = gamma;
     p.gamma_max = gamma_max;
     // --compare: the target alone first (quietly), in the same run and context.

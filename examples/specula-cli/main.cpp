@@ -152,9 +152,8 @@ int main(int argc, char** argv) {
     sp.sigmoid_verify = sigmoid;
     sp.sigmoid_alpha = -sigmoid_range;
     sp.sigmoid_beta = sigmoid_range;
-    sp.gamma_policy = policy == "fixed"      ? SPECULA_GAMMA_FIXED
-                      : policy == "analytic" ? SPECULA_GAMMA_ANALYTIC
-                                             : SPECULA_GAMMA_HEURISTIC;
+    s = specula_gamma_policy_from_name(policy.c_str(), &sp.gamma_policy);
+    if (s != SPECULA_OK) return fail("--gamma-policy", s);
     sp.gamma_max = draft_max;
     sp.gamma = policy == "fixed" ? draft_max : std::min(5, draft_max);
     specula_session* session = nullptr;

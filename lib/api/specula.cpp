@@ -163,6 +163,26 @@ specula_status specula_backend_kind_from_name(const char* name, specula_backend_
     });
 }
 
+specula_status specula_gamma_policy_from_name(const char* name, specula_gamma_policy* policy) {
+    return guarded([&] {
+        SPECULA_TRY(need(name, "name"));
+        SPECULA_TRY(need(policy, "policy"));
+        constexpr std::pair<specula_gamma_policy, const char*> kNames[] = {
+            {SPECULA_GAMMA_FIXED, "fixed"},
+            {SPECULA_GAMMA_HEURISTIC, "heuristic"},
+            {SPECULA_GAMMA_ANALYTIC, "analytic"},
+        };
+        for (const auto& [p, n] : kNames) {
+            if (std::strcmp(n, name) == 0) {
+                *policy = p;
+                return Status::Ok();
+            }
+        }
+        return InvalidArgument(std::string("unknown gamma policy '") + name +
+                               "' (fixed, heuristic, analytic)");
+    });
+}
+
 specula_status specula_device_count(size_t* count) {
     return guarded([&] {
         SPECULA_TRY(need(count, "count"));

@@ -88,7 +88,7 @@ class Transcriber {
 
     Status run(std::span<const float> samples, std::vector<Segment>* segments) {
         SPECULA_TRY(check_draft());
-        shared_encoder_ = p_.draft != nullptr && p_.draft->model().same_encoder(m_);
+        shared_encoder_ = p_.draft != nullptr && p_.draft->shares_encoder_with(m_);
         if (!t_.multilingual && (p_.translate || p_.language > 0))
             return InvalidArgument("an English-only model can only transcribe English");
         if (p_.language < -1 || p_.language >= t_.n_languages)

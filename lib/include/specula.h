@@ -223,6 +223,10 @@ typedef enum specula_gamma_policy {
     SPECULA_GAMMA_ANALYTIC = 2
 } specula_gamma_policy;
 
+/* "fixed", "heuristic", "analytic" -> the policies: one spelling for every front end. */
+SPECULA_API specula_status specula_gamma_policy_from_name(const char* name,
+                                                          specula_gamma_policy* policy);
+
 typedef struct specula_session_params {
     uint32_t n_ctx;    /* context length; 0 = the model's training context. More than the
                         * backend can hold: SPECULA_ERR_OUT_OF_MEMORY before anything is

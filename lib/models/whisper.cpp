@@ -302,8 +302,16 @@ Status WhisperContext::encode(const audio::LogMel& mel, int first, int count) {
     return cross_keys_values(enc_out_);
 }
 
+bool WhisperContext::shares_encoder_with(const WhisperModel& target) const {
+    if (encoder_compared_with_ != &target) {
+        shares_encoder_ = model_.same_encoder(target);
+        encoder_compared_with_ = &target;
+    }
+    return shares_encoder_;
+}
+
 Status WhisperContext::encode_shared(const WhisperContext& source) {
-    if (&source.backend() != &backend() || !source.encoded_ || !model_.same_encoder(source.model_))
+    if (&source.backend() != &backend() || !source.encoded_ || !shares_encoder_with(source.model_))
         return InvalidArgument(
             "a shared encoding needs an encoded window of the same encoder on the same backend");
     return cross_keys_values(source.enc_out_);

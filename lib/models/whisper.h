@@ -109,9 +109,12 @@ class WhisperContext final : public Decoder {
     // after them (OpenAI's pad_or_trim), and computes every decoder layer's cross K/V. Forgets
     // the decoder's cache. detect_language() needs an encoded window.
     Status encode(const audio::LogMel& mel, int first, int count);
+    // Whether `target`'s encoder is this model's (WhisperModel::same_encoder), compared once per
+    // target model (its encoder's bytes, up to gigabytes for large models) and then remembered.
+    bool shares_encoder_with(const WhisperModel& target) const;
     // Takes the window `source` encoded last (a context of a model with the same encoder, on
-    // the same backend: WhisperModel::same_encoder) and computes this decoder's cross K/V from
-    // it, without running the encoder again. Forgets the decoder's cache.
+    // the same backend: shares_encoder_with) and computes this decoder's cross K/V from it,
+    // without running the encoder again. Forgets the decoder's cache.
     Status encode_shared(const WhisperContext& source);
     // The encoder's output of the last encode(): n_audio_ctx rows of n_audio_state (tests).
     Tensor encoder_output() const { return enc_out_; }
@@ -137,6 +140,8 @@ class WhisperContext final : public Decoder {
     int max_logit_rows_ = 0, n_past_ = 0;
     bool encoded_ = false;
     uint64_t forward_calls_ = 0;
+    mutable const WhisperModel* encoder_compared_with_ = nullptr;
+    mutable bool shares_encoder_ = false;
     // Encoder: the mel as rows of time, the convolutions' inputs and outputs, a block's work.
     Tensor mel_, cols1_, conv1_out_, cols2_, enc_x_, enc_h_, enc_q_, enc_k_, enc_v_, enc_a_, enc_f_,
         enc_out_;

@@ -6,14 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 steps=${1:-900}
-apt_missing=()
-for p in python3-torch python3.11-doc libopenblas0-pthread; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || apt_missing+=("$p")
-done
-if [ ${#apt_missing[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${apt_missing[@]}"
-fi
+bash tools/setup-debian.sh train
 cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release --target specula-import specula-eval-pair
 /usr/bin/python3 tools/train/train.py --out build/train --steps "$steps" --seed 1234 | tee build/train/train.log

@@ -10,14 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 header=${1:-../shared/data/whisper/for-tests-ggml-tiny.en.bin}
-apt_missing=()
-for p in python3-torch python3-numpy python3.11-doc wamerican espeak-ng sox libopenblas0-pthread; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || apt_missing+=("$p")
-done
-if [ ${#apt_missing[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${apt_missing[@]}"
-fi
+bash tools/setup-debian.sh train-asr
 cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release --target specula-import specula-eval-asr
 out=build/train-asr
