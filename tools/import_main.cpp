@@ -16,6 +16,24 @@ using namespace specula;
 
 namespace {
 
+// A manifest tensor's float32 data (at its offset in `data`) as rows of `type`.
+Status read_tensor(std::ifstream& data, const nlohmann::json& t, GgmlType type,
+                   const std::vector<int64_t>& shape, std::vector<uint8_t>* out) {
+    const std::string name = t.at("name");
+    uint64_t count = 0, bytes = 0;
+    if (!ggml_tensor_bytes(type, shape, &count, &bytes))
+        return InvalidArgument(name + ": its rows do not fit type " + ggml_type_name(type));
+    std::vector<float> values(count);
+    data.seekg(std::streamoff(t.at("offset").get<uint64_t>() * sizeof(float)));
+    data.read(reinterpret_cast<char*>(values.data()), std::streamsize(count * sizeof(float)));
+    if (!data) return FormatError("tensor data ends early at " + name);
+    out->resize(bytes);
+    const size_t cols = size_t(shape[0]), rows = count / cols;
+    for (size_t r = 0; r < rows; ++r)
+        quantize_row(type, values.data() + r * cols, out->data() + r * (bytes / rows), cols);
+    return Status::Ok();
+}
+
 Status set_metadata(GgufWriter& w, const std::string& key, const nlohmann::json& entry) {
     const std::string type = entry.at(0);
     const nlohmann::json& v = entry.at(1);
@@ -72,21 +90,7 @@ Status write_whisper_file(const nlohmann::json& manifest, std::ifstream& data,
             const nlohmann::json& t = *it->second;
             if (t.at("shape").get<std::vector<int64_t>>() != want.shape)
                 return FormatError(want.name + " has another shape than the hyperparameters give");
-            uint64_t count = 0, bytes = 0;
-            if (!ggml_tensor_bytes(tt, want.shape, &count, &bytes))
-                return InvalidArgument(want.name + ": its rows do not fit type " +
-                                       ggml_type_name(tt));
-            std::vector<float> values(count);
-            data.seekg(std::streamoff(t.at("offset").get<uint64_t>() * sizeof(float)));
-            data.read(reinterpret_cast<char*>(values.data()),
-                      std::streamsize(count * sizeof(float)));
-            if (!data) return FormatError("tensor data ends early at " + want.name);
-            bytes_out->resize(bytes);
-            const size_t cols = size_t(want.shape[0]), rows = count / cols;
-            for (size_t r = 0; r < rows; ++r)
-                quantize_row(tt, values.data() + r * cols, bytes_out->data() + r * (bytes / rows),
-                             cols);
-            return Status::Ok();
+            return read_tensor(data, t, tt, want.shape, bytes_out);
         },
         out);
 }
@@ -106,23 +110,10 @@ Status run(const std::string& manifest_path, const std::string& out, GgmlType ty
         SPECULA_TRY(set_metadata(w, key, entry));
     for (const auto& t : manifest.at("tensors")) {
         const std::vector<int64_t> shape = t.at("shape");
-        uint64_t n = 1;
-        for (int64_t d : shape)
-            n *= uint64_t(d);
-        std::vector<float> values(n);
-        data.seekg(std::streamoff(t.at("offset").get<uint64_t>() * sizeof(float)));
-        data.read(reinterpret_cast<char*>(values.data()), std::streamsize(n * sizeof(float)));
-        if (!data)
-            return FormatError("tensor data ends early at " + t.at("name").get<std::string>());
         const GgmlType tt = t.at("quantize").get<bool>() ? type : GgmlType::kF32;
-        uint64_t count = 0, bytes = 0;
-        if (!ggml_tensor_bytes(tt, shape, &count, &bytes))
-            return InvalidArgument("bad shape for " + t.at("name").get<std::string>());
-        std::vector<uint8_t> out_bytes(bytes);
-        const size_t cols = size_t(shape[0]), row_bytes = bytes / (n / cols);
-        for (size_t r = 0; r < n / cols; ++r)
-            quantize_row(tt, values.data() + r * cols, out_bytes.data() + r * row_bytes, cols);
-        SPECULA_TRY(w.add_tensor(t.at("name"), tt, shape, std::move(out_bytes)));
+        std::vector<uint8_t> bytes;
+        SPECULA_TRY(read_tensor(data, t, tt, shape, &bytes));
+        SPECULA_TRY(w.add_tensor(t.at("name"), tt, shape, std::move(bytes)));
     }
     return w.write(out);
 }
