@@ -122,6 +122,28 @@ INSTANTIATE_TEST_SUITE_P(
                             test::data_path("specula-demo-vocab")}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A chat template's text holds control tokens: they are those tokens only when asked, and the
+// ones that end a turn end generation.
+TEST(Tokenizer, SpecialTokensAreParsedOnlyWhenAskedAndEndReplies) {
+    std::unique_ptr<MappedFile> file;
+    auto tok = load_tokenizer(test::data_path("ggml-vocab-gpt-2.gguf"), &file);
+    ASSERT_TRUE(tok);
+    const int32_t end = tok->eos();
+    ASSERT_GE(end, 0);
+    EXPECT_EQ(tok->text_of(end), "<|endoftext|>");
+    EXPECT_EQ(tok->piece(end), "");
+    const auto hi = tok->encode("Hi", false), there = tok->encode(" there", false);
+    std::vector<int32_t> expected = hi;
+    expected.push_back(end);
+    expected.insert(expected.end(), there.begin(), there.end());
+    EXPECT_EQ(tok->encode("Hi<|endoftext|> there", false, true), expected);
+    const auto as_text = tok->encode("Hi<|endoftext|> there", false, false);
+    EXPECT_EQ(std::ranges::count(as_text, end), 0);
+    EXPECT_GT(as_text.size(), expected.size());
+    EXPECT_TRUE(tok->ends_generation(end));
+    EXPECT_FALSE(tok->ends_generation(hi.front()));
+}
+
 TEST(Tokenizer, SentencePieceAddsBosAndFallsBackToBytes) {
     std::unique_ptr<MappedFile> file;
     auto tok = load_tokenizer(test::data_path("ggml-vocab-llama-spm.gguf"), &file);

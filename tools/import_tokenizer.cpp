@@ -146,10 +146,26 @@ Status run(const std::string& tokenizer_path, const std::string& config_path,
     }
     w.set("tokenizer.ggml.tokens", {GgufType::kArray, GgufType::kString, GgufArray(tokens)});
     w.set("tokenizer.ggml.token_type", {GgufType::kArray, GgufType::kInt32, GgufArray(types)});
-    if (cj.contains("add_bos_token") && cj["add_bos_token"].is_boolean())
-        w.set_bool("tokenizer.ggml.add_bos_token", cj["add_bos_token"].get<bool>());
-    else
-        w.set_bool("tokenizer.ggml.add_bos_token", false);
+    // add_bos_token where the config says it; else whether tokenizer.json's post-processor
+    // (alone or in a Sequence) puts the BOS before a single text, as Llama 3's does.
+    bool add_bos = false;
+    if (cj.contains("add_bos_token") && cj["add_bos_token"].is_boolean()) {
+        add_bos = cj["add_bos_token"].get<bool>();
+    } else if (bos >= 0) {
+        const json post = tj.value("post_processor", json());
+        json processors = json::array();
+        if (post.is_object())
+            processors = post.value("type", "") == "Sequence"
+                             ? post.value("processors", json::array())
+                             : json::array({post});
+        for (const json& p : processors) {
+            if (p.value("type", "") != "TemplateProcessing") continue;
+            const json single = p.value("single", json::array());
+            add_bos = !single.empty() && single[0].contains("SpecialToken") &&
+                      id_of(single[0]["SpecialToken"].value("id", "")) == bos;
+        }
+    }
+    w.set_bool("tokenizer.ggml.add_bos_token", add_bos);
     if (cj.contains("chat_template") && cj["chat_template"].is_string())
         w.set_string("tokenizer.chat_template", cj["chat_template"].get<std::string>());
     return w.write(out);

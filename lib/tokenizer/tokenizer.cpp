@@ -1,5 +1,6 @@
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <queue>
@@ -212,9 +213,11 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
                 return FormatError("byte token " + std::to_string(i) + " is '" +
                                    t->tokens_[i].substr(0, 32) + "', not <0xHH>");
 
-    for (size_t i = 0; i < n; ++i)
-        if (t->types_[i] == kUserDefined && !t->tokens_[i].empty())
-            t->user_defined_.push_back(int32_t(i));
+    for (size_t i = 0; i < n; ++i) {
+        if (t->tokens_[i].empty()) continue;
+        if (t->types_[i] == kUserDefined) t->user_defined_.push_back(int32_t(i));
+        if (t->types_[i] == kControl) t->control_.push_back(int32_t(i));
+    }
 
     t->token_ids_.reserve(n);
     for (size_t i = 0; i < n; ++i)
@@ -253,6 +256,20 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
     SPECULA_TRY(gguf.get_bool("tokenizer.ggml.add_bos_token", &t->add_bos_));
     SPECULA_TRY(gguf.get_bool("tokenizer.ggml.add_space_prefix", &t->add_space_prefix_));
     if (t->bos_ < 0) t->add_bos_ = false;
+
+    // Ends of a reply: EOS, the end-of-turn ids the file names, and the control tokens that end
+    // a turn in the chat formats (a Llama 3 or Qwen file often names only one of them).
+    int32_t eot = -1, eom = -1;
+    SPECULA_TRY(token_id("tokenizer.ggml.eot_token_id", &eot));
+    SPECULA_TRY(token_id("tokenizer.ggml.eom_token_id", &eom));
+    for (int32_t id : {t->eos_, eot, eom})
+        if (id >= 0) t->end_of_generation_.push_back(id);
+    for (int32_t id : t->control_)
+        for (std::string_view end : {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>",
+                                     "<end_of_turn>", "<|endoftext|>"})
+            if (t->tokens_[size_t(id)] == end) t->end_of_generation_.push_back(id);
+    std::ranges::sort(t->end_of_generation_);
+    SPECULA_TRY(gguf.get_string("tokenizer.chat_template", &t->chat_template_));
     *out = std::move(t);
     return Status::Ok();
 }
@@ -276,27 +293,40 @@ int32_t Tokenizer::byte_token(uint8_t byte) const {
     return id >= 0 ? id : unk_;
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
+bool Tokenizer::ends_generation(int32_t token) const {
+    return std::ranges::binary_search(end_of_generation_, token);
+}
+
+std::string Tokenizer::text_of(int32_t token) const {
+    if (token < 0 || token >= n_vocab()) return {};
+    const int32_t type = types_[size_t(token)];
+    return type == kControl || type == kUnused ? tokens_[size_t(token)] : piece(token);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
+                                       bool parse_special) const {
     std::vector<int32_t> out;
     if (add_bos && bos_ >= 0) out.push_back(bos_);
-    // User-defined tokens (a tokenizer.json's added tokens that are not special) are found in
-    // the text first, as Hugging Face's tokenizers and llama.cpp do (the earliest, then the
-    // longest); the text around them is encoded as usual.
-    std::vector<size_t> next(user_defined_.size());
+    // User-defined tokens (a tokenizer.json's added tokens that are not special), and control
+    // tokens when asked, are found in the text first, as Hugging Face's tokenizers and
+    // llama.cpp do (the earliest, then the longest); the text around them is encoded as usual.
+    std::vector<int32_t> matched = user_defined_;
+    if (parse_special) matched.insert(matched.end(), control_.begin(), control_.end());
+    std::vector<size_t> next(matched.size());
     for (size_t i = 0; i < next.size(); ++i)
-        next[i] = text.find(tokens_[size_t(user_defined_[i])]);
+        next[i] = text.find(tokens_[size_t(matched[i])]);
     size_t pos = 0;
     while (pos < text.size()) {
         size_t at = std::string_view::npos, length = 0;
         int32_t id = -1;
         for (size_t i = 0; i < next.size(); ++i) {
-            const std::string& t = tokens_[size_t(user_defined_[i])];
+            const std::string& t = tokens_[size_t(matched[i])];
             if (next[i] != std::string_view::npos && next[i] < pos) next[i] = text.find(t, pos);
             if (next[i] < at ||
                 (next[i] == at && at != std::string_view::npos && t.size() > length)) {
                 at = next[i];
                 length = t.size();
-                id = user_defined_[i];
+                id = matched[i];
             }
         }
         encode_fragment(text.substr(pos, at == std::string_view::npos ? at : at - pos), pos == 0,

@@ -46,9 +46,20 @@ class Tokenizer {
     int32_t eos() const { return eos_; }
     bool adds_bos_by_default() const { return add_bos_; }
 
-    std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
+    // parse_special: control tokens written in the text (<|im_start|>, <|eot_id|>) are those
+    // tokens, as a chat template's output needs; otherwise they are text like any other.
+    std::vector<int32_t> encode(std::string_view text, bool add_bos,
+                                bool parse_special = false) const;
     // The bytes a token stands for in generated text; "" for control tokens.
     std::string piece(int32_t token) const;
+    // The token's text in the vocabulary as a chat template writes it ("<|im_end|>"): the
+    // piece, or a control token's own text.
+    std::string text_of(int32_t token) const;
+    // A token that ends a reply: EOS, tokenizer.ggml.eot_token_id / eom_token_id, and the
+    // control tokens that end a turn in the chat formats of docs/DESIGN.md "Chat".
+    bool ends_generation(int32_t token) const;
+    // tokenizer.ggml.chat_template, "" when the file has none.
+    const std::string& chat_template() const { return chat_template_; }
     // Concatenated pieces, without the space the tokenizer put in front of the text.
     std::string decode(std::span<const int32_t> tokens) const;
 
@@ -70,7 +81,10 @@ class Tokenizer {
     std::vector<float> scores_;
     std::vector<int32_t> types_;
     std::unordered_map<std::string, int32_t> token_ids_;
-    std::vector<int32_t> user_defined_;  // ids of the tokens matched in text before splitting
+    std::vector<int32_t> user_defined_;       // ids of the tokens matched in text before splitting
+    std::vector<int32_t> control_;            // and those matched too when parsing special tokens
+    std::vector<int32_t> end_of_generation_;  // sorted
+    std::string chat_template_;
     std::unordered_map<std::string, int32_t> merge_ranks_;   // "left right" -> rank
     std::vector<std::unique_ptr<RegexSplitter>> pre_split_;  // byte-level BPE: in sequence
     bool ignore_merges_ = false;  // a word that is a token is that token (Llama 3)
