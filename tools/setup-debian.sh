@@ -35,7 +35,8 @@ case "${1:-}" in
     # the corpus is the Python documentation's sources.
     packages+=(python3-torch libopenblas0-pthread python3.11-doc) ;;&
   train-asr)
-    packages+=(wamerican espeak-ng sox) ;;  # the word list, the speech synthesizer, resampling
+    # the word list, two more manuals' prose, the speech synthesizer, resampling
+    packages+=(wamerican perl-doc postgresql-doc-15 espeak-ng sox) ;;
 esac
 missing=()
 for p in "${packages[@]}"; do

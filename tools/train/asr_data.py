@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Synthetic English speech for the bundled Whisper pair: sentences of the Python
-documentation (Debian's python3.11-doc, PSF licence) whose words are all in Debian's
-wamerican word list, spoken by espeak-ng with 8 accents, ~90 voice variants, and random
-speed, pitch and loudness. Sentences and voice variants are held out by a fixed rule.
+"""Synthetic English speech for the bundled Whisper pair: sentences of three manuals packaged
+by Debian (Python's, python3.11-doc, PSF licence; Perl's, perl-doc, Artistic or GPL;
+PostgreSQL's, postgresql-doc-15, PostgreSQL licence) whose words are all in Debian's wamerican
+word list, spoken by espeak-ng with 8 accents, ~90 voice variants, and random speed, pitch and
+loudness. Sentences and voice variants are held out by a fixed rule.
 
 Writes <out>/asr_data.npz: log-mel windows exactly as specula's front end computes them
 (lib/audio/mel.cpp: periodic Hann, 400-point transform, hop 160, reflection at the start,
@@ -14,6 +15,7 @@ each clip, and the speech's start and end (for timestamp tokens).
 import argparse
 import glob
 import hashlib
+import html.parser
 import multiprocessing
 import os
 import random
@@ -24,7 +26,10 @@ import sys
 
 import numpy as np
 
-CORPUS_GLOB = "/usr/share/doc/python3.11/html/_sources/**/*.rst.txt"
+# Each manual: where its files are, and how a file becomes paragraphs of plain prose.
+PYTHON_DOCS = "/usr/share/doc/python3.11/html/_sources/**/*.rst.txt"
+PERL_DOCS = "/usr/share/perl/5.*/pod/*.pod"
+POSTGRESQL_DOCS = "/usr/share/doc/postgresql-doc-15/html/*.html"
 WORDS = "/usr/share/dict/american-english"
 ACCENTS = ["en", "en-us", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp", "en-gb-x-gbcwmd",
            "en-029", "en-us-nyc"]
@@ -54,28 +59,74 @@ def read_header(path):
     return hp, filters.copy(), tokens
 
 
+def rst_paragraphs(text):
+    for p in re.split(r"\n\s*\n", text):
+        p = p.strip()
+        if p.startswith(("..", "::", ">>>", "*", "-", "|", "=", "#")):
+            continue
+        p = " ".join(p.split())
+        p = re.sub(r":[a-z:]+:`~?([^`<]*)`", r"\1", p)
+        p = re.sub(r"``([^`]*)``", r"\1", p)
+        yield re.sub(r"\*([a-z]+)\*", r"\1", p)
+
+
+def pod_paragraphs(text):
+    for p in re.split(r"\n\s*\n", text):
+        if p.startswith(("=", " ", "\t")):  # commands and verbatim (code) paragraphs
+            continue
+        p = " ".join(p.split())
+        for _ in range(3):  # nested formatting codes: C<...>, I<...>, L<text|link>, ...
+            p = re.sub(r"[A-Z]<([^<>|]*)(\|[^<>]*)?>", r"\1", p)
+        yield p
+
+
+class _HtmlParagraphs(html.parser.HTMLParser):
+    """The text of each <p> element, code inside it included (the filter drops such sentences)."""
+
+    def __init__(self):
+        super().__init__()
+        self.depth, self.text, self.out = 0, [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "p":
+            self.depth += 1
+
+    def handle_endtag(self, tag):
+        if tag == "p" and self.depth:
+            self.depth -= 1
+            self.out.append(" ".join("".join(self.text).split()))
+            self.text = []
+
+    def handle_data(self, data):
+        if self.depth:
+            self.text.append(data)
+
+
+def html_paragraphs(text):
+    parser = _HtmlParagraphs()
+    parser.feed(text)
+    return parser.out
+
+
+CORPORA = [(PYTHON_DOCS, rst_paragraphs), (PERL_DOCS, pod_paragraphs), (POSTGRESQL_DOCS, html_paragraphs)]
+
+
 def sentences():
     """Prose sentences of 3 to 12 dictionary words, ending in '.' or '?'."""
     words = {w.strip() for w in open(WORDS) if w.strip().isalpha() and w.strip().islower()}
     out = set()
-    for f in sorted(glob.glob(CORPUS_GLOB, recursive=True)):
-        text = open(f, encoding="utf-8", errors="replace").read()
-        for p in re.split(r"\n\s*\n", text):
-            p = p.strip()
-            if p.startswith(("..", "::", ">>>", "*", "-", "|", "=", "#")):
-                continue
-            p = " ".join(p.split())
-            p = re.sub(r":[a-z:]+:`~?([^`<]*)`", r"\1", p)
-            p = re.sub(r"``([^`]*)``", r"\1", p)
-            p = re.sub(r"\*([a-z]+)\*", r"\1", p)
-            for s in re.split(r"(?<=[.!?])\s+", p):
-                if not re.fullmatch(r"[A-Z][a-z']*(,? [A-Za-z][a-z']*)*,?[.?]", s):
-                    continue
-                ws = re.findall(r"[A-Za-z']+", s)
-                if 3 <= len(ws) <= 12 and all(w.lower() in words or w in ("I", "Python") for w in ws):
-                    out.add(s)
-    if not out:
-        sys.exit(f"no sentences under {CORPUS_GLOB}: apt-get install python3.11-doc wamerican")
+    for pattern, paragraphs in CORPORA:
+        files = sorted(glob.glob(pattern, recursive=True))
+        if not files:
+            sys.exit(f"no files at {pattern}: tools/setup-debian.sh train-asr installs the manuals")
+        for f in files:
+            for p in paragraphs(open(f, encoding="utf-8", errors="replace").read()):
+                for s in re.split(r"(?<=[.!?])\s+", p):
+                    if not re.fullmatch(r"[A-Z][a-z']*(,? [A-Za-z][a-z']*)*,?[.?]", s):
+                        continue
+                    ws = re.findall(r"[A-Za-z']+", s)
+                    if 3 <= len(ws) <= 12 and all(w.lower() in words or w in ("I", "Python") for w in ws):
+                        out.add(s)
     return sorted(out)
 
 
@@ -162,6 +213,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--eval-dir", help="only write an evaluation set of WAV files here")
     ap.add_argument("--eval-clips", type=int, default=100)
+    ap.add_argument("--word-salad", type=float, default=0.0,
+                    help="share of training clips that speak random words of the training sentences "
+                         "(no sentence to learn by heart: only hearing transcribes them)")
     a = ap.parse_args()
     _, filters, _ = read_header(a.header)
     frames = 2 * a.n_audio_ctx
@@ -177,17 +231,24 @@ def main():
         write_eval_set(a.eval_dir, a.eval_clips, held_s, held_v, a.seed + 1)
         return
     rng = random.Random(a.seed)
+    train_words = sorted({w for t in train_s for w in t.rstrip(".?").replace(",", "").lower().split()})
 
-    def jobs(n, ss, vs):
+    def salad():
+        ws = [rng.choice(train_words) for _ in range(rng.randint(3, 10))]
+        return " ".join(ws).capitalize() + "."
+
+    def jobs(n, ss, vs, salad_share=0.0):
         out = []
         for i in range(n):
+            text = salad() if rng.random() < salad_share else rng.choice(ss)
             voice = rng.choice(ACCENTS) + "+" + rng.choice(vs)
             noise = rng.choice([None, rng.uniform(15, 40)])
-            out.append((rng.choice(ss), voice, rng.randint(140, 210), rng.randint(25, 75),
+            out.append((text, voice, rng.randint(140, 210), rng.randint(25, 75),
                         rng.randint(60, 180), rng.uniform(0.3, 1.0), noise, a.seed * 1000003 + i))
         return out
 
-    sets = {"train": jobs(a.clips, train_s, train_v), "heldout": jobs(a.heldout_clips, held_s, held_v)}
+    sets = {"train": jobs(a.clips, train_s, train_v, a.word_salad),
+            "heldout": jobs(a.heldout_clips, held_s, held_v)}
     os.makedirs(a.out, exist_ok=True)
     arrays = {}
     with multiprocessing.Pool(a.jobs) as pool:
@@ -199,8 +260,9 @@ def main():
             arrays[name + "_voice"] = np.array([js[i][1] for i in keep])
             arrays[name + "_span"] = np.array([[clips[i][1], clips[i][2]] for i in keep], np.float32)
             print(f"{name}: {len(keep)} clips of {len(js)} fit {frames / 100:.1f} s", flush=True)
+    spoken = sorted(set(sents) | set(arrays["train_text"].tolist()))  # the salads' too
     np.savez(os.path.join(a.out, "asr_data.npz"), **arrays,
-             all_sentences=np.array(sents), n_audio_ctx=a.n_audio_ctx)
+             all_sentences=np.array(spoken), n_audio_ctx=a.n_audio_ctx)
 
 
 if __name__ == "__main__":

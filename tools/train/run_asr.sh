@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command that makes the Whisper pair from scratch (about 2 hours on a 2-core machine:
-# 10 minutes of speech synthesis, 6000 training steps at ~1 s each): synthesizes the speech
+# One command that makes the Whisper pair from scratch (over 2 hours on a 2-core machine:
+# ~20 minutes of speech synthesis, 6000 training steps at ~1 s each): synthesizes the speech
 # (asr_data.py), trains the target and its Distil-Whisper-style draft (train_asr.py, fixed
 # seed; it saves its whole state every 100 steps, and a rerun continues from there with the
 # same steps an unstopped run takes), writes both as Q8_0 whisper.cpp files with specula's
@@ -15,7 +15,7 @@ cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release --target specula-import specula-eval-asr
 out=build/train-asr
 if [ ! -f "$out/asr_data.npz" ]; then
-  /usr/bin/python3 tools/train/asr_data.py --header "$header" --out "$out" --clips 12000 --heldout-clips 300 --seed 1
+  /usr/bin/python3 tools/train/asr_data.py --header "$header" --out "$out" --clips 24000 --word-salad 0.3 --heldout-clips 300 --seed 1
   /usr/bin/python3 tools/train/asr_data.py --header "$header" --out "$out" --eval-dir "$out/eval" --eval-clips 100 --seed 1
 fi
 /usr/bin/python3 tools/train/train_asr.py --data "$out" --header "$header" --out "$out/out" --seed 1234 --resume | tee -a "$out/train.log"
