@@ -79,7 +79,11 @@ std::optional<std::string> assigned_literal(std::string_view tmpl, std::string_v
 std::string today() {  // strftime("%d %b %Y") in local time, as Hugging Face's strftime_now
     const std::time_t now = std::time(nullptr);
     std::tm local{};
+#ifdef _WIN32
+    localtime_s(&local, &now);
+#else
     localtime_r(&now, &local);
+#endif
     char text[32];
     std::strftime(text, sizeof text, "%d %b %Y", &local);
     return text;
