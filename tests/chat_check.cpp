@@ -12,10 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "format/gguf.h"
-#include "platform/mapped_file.h"
 #include "tokenizer/chat.h"
-#include "tokenizer/tokenizer.h"
+#include "vocab_file.h"
 
 using namespace specula;
 using nlohmann::json;
@@ -25,13 +23,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "usage: %s cases.jsonl [vocab.gguf]\n", argv[0]);
         return 2;
     }
-    std::unique_ptr<MappedFile> file;
-    GgufFile gguf;
     std::unique_ptr<Tokenizer> tokenizer;
     if (argc == 3) {
-        Status s = MappedFile::open(argv[2], &file);
-        if (s.ok()) s = GgufFile::parse(file->bytes(), &gguf);
-        if (s.ok()) s = Tokenizer::from_gguf(gguf, &tokenizer);
+        const Status s = test::load_vocabulary(argv[2], &tokenizer);
         if (!s.ok()) {
             std::fprintf(stderr, "%s: %s\n", argv[2], s.message().c_str());
             return 2;

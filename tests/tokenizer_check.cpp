@@ -8,9 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "format/gguf.h"
-#include "platform/mapped_file.h"
-#include "tokenizer/tokenizer.h"
+#include "vocab_file.h"
 
 using namespace specula;
 
@@ -32,12 +30,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "usage: %s vocab.gguf cases.jsonl\n", argv[0]);
         return 2;
     }
-    std::unique_ptr<MappedFile> file;
-    GgufFile gguf;
     std::unique_ptr<Tokenizer> tokenizer;
-    Status s = MappedFile::open(argv[1], &file);
-    if (s.ok()) s = GgufFile::parse(file->bytes(), &gguf);
-    if (s.ok()) s = Tokenizer::from_gguf(gguf, &tokenizer);
+    const Status s = test::load_vocabulary(argv[1], &tokenizer);
     if (!s.ok()) {
         std::fprintf(stderr, "%s: %s\n", argv[1], s.message().c_str());
         return 1;

@@ -79,6 +79,17 @@ inline Status need(const void* p, const char* what) {
     return p != nullptr ? Status::Ok() : InvalidArgument(std::string(what) + " is NULL");
 }
 
+// The C API's contract for bytes handed back: *length is the byte count, BUFFER_TOO_SMALL (with
+// the count) when `capacity` is short, no terminator written.
+inline Status copy_bytes_out(const std::string& s, char* text, size_t capacity, size_t* length) {
+    *length = s.size();
+    if (s.size() > capacity)
+        return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
+                      "the text needs " + std::to_string(s.size()) + " bytes");
+    if (!s.empty()) std::memcpy(text, s.data(), s.size());  // text may be NULL otherwise
+    return Status::Ok();
+}
+
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();

@@ -368,12 +368,7 @@ specula_status specula_detokenize(const specula_model* model, const int32_t* tok
                 return InvalidArgument("token id " + std::to_string(tokens[i]) +
                                        " is outside the vocabulary");
         const std::string s = tok.decode(std::span(tokens, n_tokens));
-        *length = s.size();
-        if (s.size() > capacity)
-            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
-                          "the text needs " + std::to_string(s.size()) + " bytes");
-        if (!s.empty()) std::memcpy(text, s.data(), s.size());  // text may be NULL otherwise
-        return Status::Ok();
+        return copy_bytes_out(s, text, capacity, length);
     });
 }
 
@@ -388,12 +383,7 @@ specula_status specula_token_text(const specula_model* model, int32_t token, cha
             return InvalidArgument("token id " + std::to_string(token) +
                                    " is outside the vocabulary");
         const std::string s = tok.text_of(token);
-        *length = s.size();
-        if (s.size() > capacity)
-            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
-                          "the text needs " + std::to_string(s.size()) + " bytes");
-        if (!s.empty()) std::memcpy(text, s.data(), s.size());
-        return Status::Ok();
+        return copy_bytes_out(s, text, capacity, length);
     });
 }
 
@@ -427,12 +417,7 @@ specula_status specula_chat_apply_template(const specula_model* model, const cha
         std::string s;
         SPECULA_TRY(chat.apply(list, add_generation_prompt, tok.text_of(tok.bos()),
                                tok.text_of(tok.eos()), &s));
-        *length = s.size();
-        if (s.size() > capacity)
-            return Status(SPECULA_ERR_BUFFER_TOO_SMALL,
-                          "the text needs " + std::to_string(s.size()) + " bytes");
-        if (!s.empty()) std::memcpy(text, s.data(), s.size());
-        return Status::Ok();
+        return copy_bytes_out(s, text, capacity, length);
     });
 }
 

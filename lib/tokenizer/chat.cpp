@@ -1,5 +1,6 @@
 #include "tokenizer/chat.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <optional>
@@ -103,52 +104,49 @@ Status check_alternation(std::span<const ChatMessage> messages) {
 }  // namespace
 
 Status ChatTemplate::from(std::string_view source, ChatTemplate* out) {
+    static constexpr std::pair<std::string_view, Family> kNames[] = {
+        {"llama3", Family::kLlama3},
+        {"chatml", Family::kChatml},
+        {"gemma", Family::kGemma},
+        {"mistral-v3-tekken", Family::kMistralTekken},
+        {"phi3", Family::kPhi3}};
+    static constexpr std::string_view kQwenSystem =
+        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
     ChatTemplate t;
-    if (source == "llama3" || has(source, "<|start_header_id|>")) {
+    const auto named =
+        std::ranges::find(kNames, source, &std::pair<std::string_view, Family>::first);
+    if (named != std::end(kNames)) {
+        t.family_ = named->second;
+    } else if (has(source, "<|start_header_id|>")) {
         t.family_ = Family::kLlama3;
-        t.date_header_ = has(source, "Cutting Knowledge Date");
-        t.date_today_ = has(source, "strftime_now");
-        t.date_ = assigned_literal(source, "date_string").value_or("26 Jul 2024");
-        t.always_generation_prompt_ = source != "llama3" && !has(source, "add_generation_prompt");
-    } else if (source == "chatml" || has(source, "<|im_start|>")) {
+    } else if (has(source, "<|im_start|>")) {
         t.family_ = Family::kChatml;
-        if (has(source, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
-            t.default_system_ =
-                "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
-        t.qwen_roles_ = has(source, "<tool_response>");
-        t.reasoning_ = has(source, "</think>") && has(source, "last_query_index");
-    } else if (source == "gemma" || has(source, "<start_of_turn>")) {
+    } else if (has(source, "<start_of_turn>")) {
         t.family_ = Family::kGemma;
-    } else if (source == "mistral-v3-tekken" ||
-               (has(source, "[INST]") && !has(source, "[INST] ") && !has(source, "<<SYS>>") &&
-                !has(source, "[SYSTEM_PROMPT]"))) {
+    } else if (has(source, "[INST]") && !has(source, "[INST] ") && !has(source, "<<SYS>>") &&
+               !has(source, "[SYSTEM_PROMPT]")) {
         t.family_ = Family::kMistralTekken;
-    } else if (source == "phi3" || (has(source, "<|assistant|>") && has(source, "<|end|>"))) {
+    } else if (has(source, "<|assistant|>") && has(source, "<|end|>")) {
         t.family_ = Family::kPhi3;
     } else {
-        return Status(SPECULA_ERR_UNSUPPORTED,
-                      "the chat template is of no family specula knows (llama3, chatml, gemma, "
-                      "mistral-v3-tekken, phi3): '" +
-                          std::string(source.substr(0, 80)) + "'");
+        std::string names;
+        for (const auto& [name, family] : kNames)
+            names += (names.empty() ? "" : ", ") + std::string(name);
+        return Status(SPECULA_ERR_UNSUPPORTED, "the chat template is of no family specula knows (" +
+                                                   names + "): '" +
+                                                   std::string(source.substr(0, 80)) + "'");
     }
+    // What a family's templates differ in, read from the template (a name has none of it).
+    t.date_header_ = has(source, "Cutting Knowledge Date");
+    t.date_today_ = has(source, "strftime_now");
+    t.date_ = assigned_literal(source, "date_string").value_or("26 Jul 2024");
+    t.always_generation_prompt_ = named == std::end(kNames) && t.family_ == Family::kLlama3 &&
+                                  !has(source, "add_generation_prompt");
+    if (has(source, kQwenSystem)) t.default_system_ = kQwenSystem;
+    t.qwen_roles_ = has(source, "<tool_response>");
+    t.reasoning_ = has(source, "</think>") && has(source, "last_query_index");
     *out = std::move(t);
     return Status::Ok();
-}
-
-const char* ChatTemplate::family_name() const {
-    switch (family_) {
-        case Family::kLlama3:
-            return "llama3";
-        case Family::kChatml:
-            return "chatml";
-        case Family::kGemma:
-            return "gemma";
-        case Family::kMistralTekken:
-            return "mistral-v3-tekken";
-        case Family::kPhi3:
-            return "phi3";
-    }
-    return "";
 }
 
 Status ChatTemplate::apply(std::span<const ChatMessage> messages, bool add_generation_prompt,
@@ -161,11 +159,9 @@ Status ChatTemplate::apply(std::span<const ChatMessage> messages, bool add_gener
             return apply_chatml(messages, add_generation_prompt, out);
         case Family::kGemma: {
             // A system message opens the first user turn; the assistant is the "model".
-            std::string_view prefix;
-            std::string first_prefix;
+            std::string prefix;
             if (!messages.empty() && messages.front().role == "system") {
-                first_prefix = std::string(messages.front().content) + "\n\n";
-                prefix = first_prefix;
+                prefix = std::string(messages.front().content) + "\n\n";
                 messages = messages.subspan(1);
             }
             SPECULA_TRY(check_alternation(messages));

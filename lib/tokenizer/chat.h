@@ -23,7 +23,6 @@ class ChatTemplate {
     // "mistral-v3-tekken", "phi3"). One of no known family is Unsupported.
     static Status from(std::string_view source, ChatTemplate* out);
 
-    const char* family_name() const;
     // The template's text for the conversation, BOS included where the template writes it
     // (tokenize it parsing special tokens and adding none, as Hugging Face's apply_chat_template
     // is used). `bos` and `eos` are the texts of the model's BOS and EOS tokens. A conversation

@@ -213,11 +213,13 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
                 return FormatError("byte token " + std::to_string(i) + " is '" +
                                    t->tokens_[i].substr(0, 32) + "', not <0xHH>");
 
-    for (size_t i = 0; i < n; ++i) {
-        if (t->tokens_[i].empty()) continue;
-        if (t->types_[i] == kUserDefined) t->user_defined_.push_back(int32_t(i));
-        if (t->types_[i] == kControl) t->control_.push_back(int32_t(i));
-    }
+    for (size_t i = 0; i < n; ++i)
+        if (t->types_[i] == kUserDefined && !t->tokens_[i].empty())
+            t->user_defined_.push_back(int32_t(i));
+    t->user_defined_and_control_ = t->user_defined_;
+    for (size_t i = 0; i < n; ++i)
+        if (t->types_[i] == kControl && !t->tokens_[i].empty())
+            t->user_defined_and_control_.push_back(int32_t(i));
 
     t->token_ids_.reserve(n);
     for (size_t i = 0; i < n; ++i)
@@ -264,11 +266,13 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
     SPECULA_TRY(token_id("tokenizer.ggml.eom_token_id", &eom));
     for (int32_t id : {t->eos_, eot, eom})
         if (id >= 0) t->end_of_generation_.push_back(id);
-    for (int32_t id : t->control_)
-        for (std::string_view end : {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>",
-                                     "<end_of_turn>", "<|endoftext|>"})
-            if (t->tokens_[size_t(id)] == end) t->end_of_generation_.push_back(id);
+    for (std::string_view end :
+         {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"})
+        if (const int32_t id = t->find(end); id >= 0 && t->types_[size_t(id)] == kControl)
+            t->end_of_generation_.push_back(id);
     std::ranges::sort(t->end_of_generation_);
+    const auto repeated = std::ranges::unique(t->end_of_generation_);
+    t->end_of_generation_.erase(repeated.begin(), repeated.end());
     SPECULA_TRY(gguf.get_string("tokenizer.chat_template", &t->chat_template_));
     *out = std::move(t);
     return Status::Ok();
@@ -310,8 +314,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
     // User-defined tokens (a tokenizer.json's added tokens that are not special), and control
     // tokens when asked, are found in the text first, as Hugging Face's tokenizers and
     // llama.cpp do (the earliest, then the longest); the text around them is encoded as usual.
-    std::vector<int32_t> matched = user_defined_;
-    if (parse_special) matched.insert(matched.end(), control_.begin(), control_.end());
+    const std::vector<int32_t>& matched = parse_special ? user_defined_and_control_ : user_defined_;
     std::vector<size_t> next(matched.size());
     for (size_t i = 0; i < next.size(); ++i)
         next[i] = text.find(tokens_[size_t(matched[i])]);

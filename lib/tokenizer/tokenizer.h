@@ -81,9 +81,9 @@ class Tokenizer {
     std::vector<float> scores_;
     std::vector<int32_t> types_;
     std::unordered_map<std::string, int32_t> token_ids_;
-    std::vector<int32_t> user_defined_;       // ids of the tokens matched in text before splitting
-    std::vector<int32_t> control_;            // and those matched too when parsing special tokens
-    std::vector<int32_t> end_of_generation_;  // sorted
+    std::vector<int32_t> user_defined_;  // ids of the tokens matched in text before splitting
+    std::vector<int32_t> user_defined_and_control_;  // those matched when parsing special tokens
+    std::vector<int32_t> end_of_generation_;         // sorted
     std::string chat_template_;
     std::unordered_map<std::string, int32_t> merge_ranks_;   // "left right" -> rank
     std::vector<std::unique_ptr<RegexSplitter>> pre_split_;  // byte-level BPE: in sequence
