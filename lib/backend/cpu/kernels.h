@@ -50,7 +50,7 @@ struct MatmulArgs {
     float* out = nullptr;  // out[i * out_stride + r]
     int64_t out_stride = 0;
     bool accumulate = false;  // out += product (one addition) instead of out = product
-    // Q8_0 / Q4_0 / Q4_K / Q5_K weights with 8-bit inputs: x quantized by quantize_inputs(), and
+    // Quantized weights with 8-bit inputs: x quantized by quantize_inputs(), and
     // the weights packed by pack_rows() (nullptr: each group is packed as it is used).
     const QuantizedInputs* qx = nullptr;
     const uint8_t* packed = nullptr;
@@ -71,23 +71,47 @@ constexpr bool has_block_min(GgmlType type) {
 // in 0..63 and the sums over each half of the block,
 //     I = s_lo * (sum_lo q * qx - 32 sum_lo qx) + s_hi * (sum_hi q * qx - 32 sum_hi qx)
 //     acc = fma(float(I), d * dx, acc)
-// Chunks of kGroupRows x 4 bytes per block in a packed group (kernels.cpp has the layout):
-// nibbles (Q4_0, Q4_1, Q4_K) or bytes (Q5_0, Q5_1, Q8_0, Q5_K, Q6_K).
+//
+// A packed group takes no more bytes per weight than the file (decode streams the packed
+// copy, so it is as fast as the file is small; kernels.cpp has the layout). Per block and row:
+// chunks of 4 bytes, Q8_0's bytes or every other type's low 4 bits as nibbles; the bits above
+// (one: Q5_0, Q5_1, Q5_K; two: Q6_K) gathered in bytes beside them.
 constexpr int packed_chunks(GgmlType type) {
-    return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ4_K ? 4 : 8;
+    return type == GgmlType::kQ8_0 ? 8 : 4;
 }
-// Per row and block: an f16 scale (Q8_0, Q4_0, Q5_0); f32 d1 and m1 (the types with a min); Q6_K
-// an f16 d and two int8.
+constexpr int packed_high_bits(GgmlType type) {
+    return type == GgmlType::kQ5_0 || type == GgmlType::kQ5_1 || type == GgmlType::kQ5_K ? 1
+           : type == GgmlType::kQ6_K                                                     ? 2
+                                                                                         : 0;
+}
+constexpr bool is_k_quant(GgmlType type) {
+    return type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+}
+// K-quants are packed a super-block (8 blocks) at a time, its rows' f16 scales (Q4_K / Q5_K:
+// d and dmin; Q6_K: d) first; the other types a block at a time.
+constexpr int packed_unit_blocks(GgmlType type) {
+    return is_k_quant(type) ? 8 : 1;
+}
+constexpr size_t packed_unit_scale_bytes(GgmlType type) {
+    return type == GgmlType::kQ6_K ? 2 : is_k_quant(type) ? 4 : 0;
+}
+// Per row and block: an f16 scale (Q8_0, Q4_0, Q5_0); f16 d and m (Q4_1, Q5_1); the 6-bit scale
+// and min as bytes (Q4_K, Q5_K); the halves' int8 scales (Q6_K).
 constexpr size_t packed_scale_bytes(GgmlType type) {
-    return has_block_min(type) ? 8 : type == GgmlType::kQ6_K ? 4 : 2;
+    return type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1 ? 4 : 2;
 }
 constexpr size_t packed_block_bytes(GgmlType type) {
-    return size_t(kGroupRows) * packed_scale_bytes(type) +
-           size_t(packed_chunks(type)) * size_t(kGroupRows) * 4;
+    return size_t(kGroupRows) *
+           (packed_scale_bytes(type) + 4 * size_t(packed_chunks(type) + packed_high_bits(type)));
+}
+constexpr size_t packed_unit_bytes(GgmlType type) {
+    return size_t(kGroupRows) * packed_unit_scale_bytes(type) +
+           size_t(packed_unit_blocks(type)) * packed_block_bytes(type);
 }
 // Whether `type` is multiplied with 8-bit inputs (every quantized type).
 bool has_integer_kernel(GgmlType type);
-// Bytes of a packed matrix of `type` (rows padded to whole groups, cols a multiple of 32).
+// Bytes of a packed matrix of `type` (rows padded to whole groups, cols a multiple of its
+// unit's columns).
 size_t packed_bytes(GgmlType type, int64_t rows, int64_t cols);
 // Packs groups [group_begin, group_end) of the rows (row_bytes apart), one after the other,
 // into dst (the packed matrix at group group_begin).
