@@ -674,8 +674,8 @@ SPECULA_INT_KERNEL HWY_INLINE void BlockSums(const uint8_t* blk, int h, const in
     using P = Packed<T, kExpanded>;
     constexpr bool kHalves = T == GgmlType::kQ6_K;
     const uint8_t* chunks = blk + kGroupRows * P::kScaleBytes;
-    const uint8_t* high = chunks + P::kChunks * P::kChunkBytes;
 #if HWY_TARGET == HWY_SCALAR
+    const uint8_t* high = chunks + P::kChunks * P::kChunkBytes;
     for (int c = 0; c < C; ++c) {
         const int8_t* xc = xq + c * stride;
         int32_t s[2] = {0, 0};
