@@ -6,7 +6,9 @@
 #include <numeric>
 #include <random>
 
+#include "backend/cpu/kernels.h"
 #include "core/detmath.h"
+#include "sampling/row_kernels.h"
 #include "sampling/sampling.h"
 
 using namespace specula;
@@ -178,6 +180,112 @@ TEST(Sampling, SameSeedAndStepGiveTheSameToken) {
 }
 
 }  // namespace
+
+namespace {
+
+// The races of rows::residual_races restated from their definitions, token by token.
+rows::Races races_by_definition(const rows::Row& p, const rows::Row* q, uint32_t n, uint64_t seed,
+                                uint32_t stream, uint32_t step, uint32_t row) {
+    auto prob = [](const rows::Row& r, uint32_t x) {
+        const float s = r.z[x] * r.inv_t;
+        const uint32_t key = det::order_key(s);
+        const bool kept = key > r.cut_key || (key == r.cut_key && x <= r.cut_id);
+        return kept ? det::exp_nonpositive(s - r.max) * r.inv_sum : 0.0f;
+    };
+    rows::Races out;
+    float score_a = 0.0f, score_p = 0.0f;
+    for (uint32_t x = 0; x < n; ++x) {
+        const float px = prob(p, x);
+        if (!(px > 0.0f)) continue;
+        const float qx = q ? prob(*q, x) : 0.0f;
+        const float w = det::race_weight(philox_uniform(seed, RandomStream(stream), step, row, x));
+        const float a = std::max(0.0f, px - qx) * w, b = px * w;
+        if (a > 0.0f && (out.best_a < 0 || a > score_a)) out.best_a = int32_t(x), score_a = a;
+        if (out.best_p < 0 || b > score_p) out.best_p = int32_t(x), score_p = b;
+    }
+    return out;
+}
+
+}  // namespace
+
+// The vectorised row kernels compute their scalar definitions bit for bit on every
+// instruction set this build runs here (NEON under qemu): rows of many lengths (past and
+// inside whole vectors and tiles), ties, -inf, cuts through ties, with and without a q row.
+TEST(Sampling, RowKernelsAreTheirDefinitionsOnEveryInstructionSet) {
+    std::string targets = cpu::runnable_simd_targets();
+    std::vector<std::string> names;
+    for (size_t at = 0; at < targets.size();) {
+        const size_t end = std::min(targets.find(' ', at), targets.size());
+        names.push_back(targets.substr(at, end - at));
+        at = end + 1;
+    }
+    for (const std::string& target : names) {
+        ASSERT_EQ(cpu::use_simd_target(target), cpu::SimdChoice::kChosen);
+        SCOPED_TRACE(target);
+        std::mt19937 rng(5);
+        for (const uint32_t n : {1u, 7u, 16u, 17u, 63u, 255u, 1000u, 4096u, 4097u, 9001u}) {
+            SCOPED_TRACE(n);
+            std::normal_distribution<float> z(0.0f, 3.0f), noise(0.0f, 0.5f);
+            std::vector<float> pz(n), qz(n);
+            for (uint32_t x = 0; x < n; ++x) {
+                pz[x] = x % 11 == 3 ? std::round(z(rng)) : z(rng);  // ties
+                if (x % 97 == 5) pz[x] = -INFINITY;
+                qz[x] = pz[x] + noise(rng);
+            }
+            const float inv_t = 1.25f;
+            // keys, maxima and the ids at or above a key
+            std::vector<uint32_t> keys(n), maxima(n), ids(n + 64);
+            int32_t want_max = INT32_MIN;
+            for (uint32_t x = 0; x < n; ++x)
+                want_max = std::max(want_max, int32_t(det::order_key(pz[x] * inv_t) ^ 0x80000000u));
+            EXPECT_EQ(rows::max_signed_key(pz.data(), n, inv_t), want_max);
+            EXPECT_EQ(rows::order_keys(pz.data(), n, inv_t, keys.data()), want_max);
+            for (uint32_t x = 0; x < n; ++x)
+                ASSERT_EQ(keys[x], det::order_key(pz[x] * inv_t)) << x;
+            const uint32_t block = 1 + n / 9;
+            rows::block_maxima(keys.data(), n, block, maxima.data());
+            for (uint32_t b = 0; b * block < n; ++b)
+                EXPECT_EQ(maxima[b],
+                          *std::max_element(keys.begin() + b * block,
+                                            keys.begin() + std::min(n, (b + 1) * block)));
+            const uint32_t least = keys[rng() % n];
+            std::vector<uint32_t> want_ids;
+            for (uint32_t x = 0; x < n; ++x)
+                if (keys[x] >= least) want_ids.push_back(x);
+            ids.resize(rows::ids_with_key_at_least(keys.data(), n, least, ids.data()));
+            EXPECT_EQ(ids, want_ids);
+            // sums and races, uncut and cut at a token's key (ties cut inside)
+            const float max = *std::max_element(pz.begin(), pz.end()) * inv_t;
+            for (int cut = 0; cut < 2; ++cut) {
+                rows::Row p{pz.data(), inv_t, max};
+                if (cut) {
+                    const uint32_t at = rng() % n;
+                    p.cut_key = keys[at];
+                    p.cut_id = at;
+                }
+                const float sum = det::canonical_sum(n, [&](uint32_t x) {
+                    const uint32_t key = keys[x];
+                    const bool kept = key > p.cut_key || (key == p.cut_key && x <= p.cut_id);
+                    return kept ? det::exp_nonpositive(pz[x] * inv_t - max) : 0.0f;
+                });
+                EXPECT_EQ(det::to_bits(rows::kept_weight_sum(p, n)), det::to_bits(sum)) << cut;
+                p.inv_sum = sum > 0.0f ? det::reciprocal(sum) : 1.0f;
+                rows::Row q{qz.data(), inv_t, max + 0.5f};
+                q.inv_sum = det::reciprocal(rows::kept_weight_sum(q, n));
+                for (uint32_t step = 0; step < 3; ++step) {
+                    for (const rows::Row* qr : {static_cast<const rows::Row*>(nullptr),
+                                                static_cast<const rows::Row*>(&q)}) {
+                        const rows::Races got = rows::residual_races(p, qr, n, 77, 4, step, 2);
+                        const rows::Races want = races_by_definition(p, qr, n, 77, 4, step, 2);
+                        EXPECT_EQ(got.best_a, want.best_a) << "step " << step;
+                        EXPECT_EQ(got.best_p, want.best_p) << "step " << step;
+                    }
+                }
+            }
+        }
+    }
+    cpu::use_simd_target(names.front());  // the best again
+}
 
 // Temperatures too small to invert safely are greedy: at 1e-38 and below, 1/T overflows the
 // logits to infinities (every draw came out as token 0).

@@ -31,7 +31,10 @@ struct Options {
     std::string model, draft;
     std::string policy = "fixed";
     int gamma = 4;
-    float temperature = 0.0f;
+    float temperature = 0.0f, top_p = 1.0f;
+    int top_k = 0;
+    uint64_t seed = 1;
+    std::string prompt_text;  // the decode runs start from it (tokenized) instead of one token
     int n_prompt = 128, n_decode = 64, depth = 0, reps = 3, threads = 0, context = 256;
     std::vector<int> verify_sizes = {1, 4, 8, 16};
 };
@@ -76,6 +79,19 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
     gp.max_tokens = o.n_decode;
     gp.stop_at_eos = false;
     sp.temperature = o.temperature;
+    sp.top_k = o.top_k;
+    sp.top_p = o.top_p;
+    sp.seed = o.seed;
+    // The decode runs' context: one token (and --depth more), as llama-bench's tg N, or a text.
+    std::vector<int32_t> start(prompt.begin(), prompt.begin() + 1 + o.depth);
+    if (s == SPECULA_OK && !o.prompt_text.empty()) {
+        start.resize(o.prompt_text.size() + 2);
+        size_t n = 0;
+        s = specula_tokenize(model, o.prompt_text.data(), o.prompt_text.size(), true, start.data(),
+                             start.size(), &n);
+        start.resize(n);
+        sp.n_ctx = std::max(sp.n_ctx, uint32_t(n + size_t(o.n_decode) + 8));
+    }
     specula_model* draft = nullptr;
     if (s == SPECULA_OK && !o.draft.empty())
         s = specula_model_load(backend, o.draft.c_str(), nullptr, &draft);
@@ -108,8 +124,7 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
                 session = nullptr;
             }
             if (s == SPECULA_OK) s = specula_session_create(model, &p, &session);
-            if (s == SPECULA_OK)
-                s = specula_session_eval(session, prompt.data(), size_t(1 + o.depth));
+            if (s == SPECULA_OK) s = specula_session_eval(session, start.data(), start.size());
             if (s == SPECULA_OK) s = specula_generate(session, &gp, nullptr, 0, nullptr);
             if (s == SPECULA_OK) s = specula_session_get_stats(session, &st);
             specula_session_free(session);
@@ -224,6 +239,11 @@ int main(int argc, char** argv) {
     app.add_option("--gamma-policy", o.policy)
         ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
     app.add_option("--temp", o.temperature, "sampling temperature of the decode runs (0 = greedy)");
+    app.add_option("--top-k", o.top_k, "top-k of the decode runs (0 = off)");
+    app.add_option("--top-p", o.top_p, "top-p of the decode runs (1 = off)");
+    app.add_option("--seed", o.seed, "sampling seed of the decode runs");
+    app.add_option("--prompt-text", o.prompt_text,
+                   "the decode runs continue this text (tokenized) instead of a single token");
     app.add_option("--backend", backends,
                    "one or more of auto, cpu, vulkan, cuda, comma-separated (measured in one run)");
     app.add_option("-p,--n-prompt", o.n_prompt, "prompt tokens (one batched evaluation)");
@@ -298,9 +318,9 @@ int main(int argc, char** argv) {
 
     if (!o.draft.empty()) {
         std::printf(
-            "\nspeculative decoding (%s gamma %d, temperature %.2f), target alone vs with the "
-            "draft, in this run:\n",
-            o.policy.c_str(), o.gamma, double(o.temperature));
+            "\nspeculative decoding (%s gamma %d, temperature %.2f, top-k %d, top-p %.2f), target "
+            "alone vs with the draft, alternating in this run:\n",
+            o.policy.c_str(), o.gamma, double(o.temperature), o.top_k, double(o.top_p));
         std::printf(
             "| backend | target tok/s | speculative tok/s | measured speedup | alpha | "
             "tokens/target call | mean gamma | c | Thm 3.8 speedup |\n");

@@ -150,18 +150,66 @@ float canonical_sum(uint32_t n, const Value& value) {
 
 // canonical_sum(n, v) for a v that is +0 except at `ids` (ascending, < n) and never negative:
 // adding +0 to a partial sum that is not -0 leaves it unchanged, so visiting only `ids` in
-// ascending order (each lane's own order) gives the same float bit for bit.
+// ascending order (each lane's own order) and running the halving trees over the lanes they
+// touched (a lane without a partner at its level passes its sum on unchanged) gives the same
+// float bit for bit, in time proportional to the number of ids.
 template <class Value>
 float canonical_sum_sparse(uint32_t n, std::span<const uint32_t> ids, const Value& value) {
-    std::array<float, kLanes> tiles{}, lanes{};
-    size_t p = 0;
-    for (uint32_t t = 0; t * kTile < n; ++t) {
-        lanes.fill(0.0f);
-        for (; p < ids.size() && ids[p] < (t + 1) * kTile; ++p)
-            lanes[ids[p] % kLanes] = lanes[ids[p] % kLanes] + value(ids[p]);
-        tiles[t] = lane_tree(lanes);
+    (void)n;
+    // Only `used` needs zeros: a slot is written before it is read, touched and the tiles
+    // are read below their counts.
+    std::array<float, kLanes> slot;
+    std::array<uint8_t, kLanes> used{};
+    std::array<uint32_t, kLanes> touched;
+    uint32_t n_touched = 0;
+    auto add = [&](uint32_t lane, float v) {
+        if (!used[lane]) {
+            used[lane] = 1;
+            slot[lane] = 0.0f;
+            touched[n_touched++] = lane;
+        }
+        slot[lane] = slot[lane] + v;
+    };
+    // The halving tree over the touched lanes: lanes[l] = lanes[l] + lanes[l + stride].
+    auto tree = [&]() {
+        for (uint32_t stride = kLanes / 2; stride > 0; stride /= 2) {
+            uint32_t kept = 0;
+            for (uint32_t i = 0; i < n_touched; ++i) {
+                const uint32_t l = touched[i];
+                if (l < stride) {
+                    touched[kept++] = l;
+                    continue;
+                }
+                used[l] = 0;
+                const uint32_t to = l - stride;
+                if (used[to]) {
+                    slot[to] = slot[to] + slot[l];
+                } else {
+                    used[to] = 1;
+                    slot[to] = slot[l];
+                    touched[kept++] = to;
+                }
+            }
+            n_touched = kept;
+        }
+        const float sum = n_touched > 0 ? slot[0] : 0.0f;
+        used[0] = 0;
+        n_touched = 0;
+        return sum;
+    };
+    std::array<float, kLanes> tile_sums;
+    std::array<uint32_t, kLanes> tiles;
+    uint32_t n_tiles = 0;
+    for (size_t p = 0; p < ids.size();) {
+        const uint32_t t = ids[p] / kTile;
+        for (; p < ids.size() && ids[p] / kTile == t; ++p)
+            add(ids[p] % kLanes, value(ids[p]));
+        tile_sums[n_tiles] = tree();
+        tiles[n_tiles++] = t;
     }
-    return lane_tree(tiles);
+    for (uint32_t i = 0; i < n_tiles; ++i)
+        add(tiles[i], tile_sums[i]);
+    return tree();
 }
 
 }  // namespace specula::det

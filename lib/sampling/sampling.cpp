@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "core/detmath.h"
+#include "sampling/row_kernels.h"
 
 namespace specula {
 
@@ -28,15 +29,15 @@ float from_signed_key(int32_t k) {
     return det::from_bits(uint32_t(k >= 0 ? k : k ^ 0x7FFFFFFF));
 }
 
-// The value of the largest order key of s(x) over the row: the row's maximum when the row
-// has no NaN, else possibly a NaN (keys rank NaNs beyond the infinities).
-template <class Value>
-float max_by_key(uint32_t n, const Value& s) {
-    int32_t best = INT32_MIN;
-    for (uint32_t x = 0; x < n; ++x)
-        best = std::max(best, signed_key(s(x)));
-    return from_signed_key(best);
+// The value of the largest order key of z[x] * scale over the row: the row's maximum when the
+// row has no NaN, else possibly a NaN (keys rank NaNs beyond the infinities).
+float max_by_key(std::span<const float> z, float scale) {
+    return from_signed_key(rows::max_signed_key(z.data(), uint32_t(z.size()), scale));
 }
+
+// Rows whose kept set is at most this fraction of the vocabulary race over their kept ids one
+// by one; longer ones over the whole row, a vector of tokens at a time.
+constexpr uint32_t kSparseRaceFraction = 16;
 
 }  // namespace
 
@@ -52,7 +53,7 @@ int32_t argmax(std::span<const float> logits) {
     // (no load of the best logit per token); a row with a NaN takes the definition.
     const auto n = uint32_t(logits.size());
     if (n == 0) return 0;
-    const float m = max_by_key(n, [&](uint32_t x) { return logits[x]; });
+    const float m = max_by_key(logits, 1.0f);
     const auto it = std::find(logits.begin(), logits.end(), m);
     if (std::isnan(logits[0]) || it == logits.end()) return first_maximal();
     return int32_t(it - logits.begin());
@@ -63,102 +64,116 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
     const float inv_t = p.inv_temperature();
     auto s = [&](uint32_t x) { return logits[x] * inv_t; };
     const bool filtered = p.filtered(int(n));
-    // Order keys (filtered rows rank by them), and the maxima of blocks of them.
-    std::unique_ptr<uint32_t[]> keys;
-    std::vector<uint32_t> maxima;
-    uint32_t length = n, block = n;
-    if (filtered) {
-        if (p.top_k > 0 && uint32_t(p.top_k) < n) length = uint32_t(p.top_k);
-        // At least 2 * length blocks (see below).
-        block = std::max(1u, n / (2 * length));
-        keys = std::make_unique_for_overwrite<uint32_t[]>(n);
-        uint32_t* k = keys.get();
-        const float* z = logits.data();
-        for (uint32_t x = 0; x < n; x += block) {
-            const uint32_t end = std::min(n, x + block);
-            int32_t m = INT32_MIN;
-            for (uint32_t i = x; i < end; ++i) {
-                const int32_t key = signed_key(z[i] * inv_t);
-                k[i] = uint32_t(key) ^ 0x80000000u;  // order_key
-                m = std::max(m, key);
-            }
-            maxima.push_back(uint32_t(m) ^ 0x80000000u);
-        }
-    }
+    // Scratch reused by the calls of a thread (a row's keys and ranked ids: 16 KB and more),
+    // grown, never shrunk, so that it is not refilled per call.
+    thread_local std::vector<uint32_t> keys, order;
     RowNorm norm;
     // The definition: the first s(x) that no later one exceeds. The maximum by key is the same
     // float but where it is a zero (which sign comes first matters) or the row has a NaN.
     if (filtered) {
-        int32_t m = INT32_MIN;
-        for (uint32_t key : maxima)
-            m = std::max(m, int32_t(key ^ 0x80000000u));
-        norm.max = from_signed_key(m);
+        if (keys.size() < n) keys.resize(n);
+        norm.max = from_signed_key(rows::order_keys(logits.data(), n, inv_t, keys.data()));
     } else {
-        norm.max = max_by_key(n, s);
+        norm.max = max_by_key(logits, inv_t);
     }
     if (norm.max == 0.0f || std::isnan(norm.max)) {
         norm.max = -INFINITY;
         for (uint32_t x = 0; x < n; ++x)
             if (s(x) > norm.max) norm.max = s(x);
     }
-    auto weight = [&](uint32_t x) { return det::exp_nonpositive(s(x) - norm.max); };
-
-    if (filtered) {
-        // Rank order (key desc, id asc); the kept set is a prefix of it, at most top_k long,
-        // so only that prefix is sorted, and only tokens that can be in it are ranked: the
-        // maxima of at least `length` disjoint blocks are keys of distinct tokens, so the
-        // length-th largest of them bounds the length-th largest key from below.
-        std::vector<uint32_t> bound(maxima);
-        std::nth_element(bound.begin(), bound.begin() + (length - 1), bound.end(),
-                         std::greater<>());
-        const uint32_t least = bound[length - 1];
-        std::vector<uint32_t> order;
-        for (uint32_t b = 0; b < uint32_t(maxima.size()); ++b) {
-            if (maxima[b] < least) continue;
-            for (uint32_t x = b * block; x < std::min(n, (b + 1) * block); ++x)
-                if (keys[x] >= least) order.push_back(x);
-        }
-        std::partial_sort(order.begin(), order.begin() + length, order.end(),
-                          [&](uint32_t a, uint32_t b) {
-                              return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
-                          });
-        auto cut_at = [&](uint32_t prefix) {  // the first `prefix` tokens
-            RowNorm c = norm;
-            c.cut_id = order[prefix - 1];
-            c.cut_key = keys[c.cut_id];
-            return c;
-        };
-        // The mass of a prefix: over its tokens alone where it is short (the same float).
-        std::vector<uint32_t> ids;
-        auto mass = [&](uint32_t prefix) {
-            if (prefix * 8 > n) {
-                const RowNorm c = cut_at(prefix);
-                return det::canonical_sum(
-                    n, [&](uint32_t x) { return c.kept(keys[x], x) ? weight(x) : 0.0f; });
-            }
-            ids.assign(order.begin(), order.begin() + prefix);
-            std::sort(ids.begin(), ids.end());
-            return det::canonical_sum_sparse(n, ids, weight);
-        };
-        uint32_t kept = length;
-        if (p.top_p < 1.0f) {
-            // The shortest prefix whose mass reaches top_p * mass(top-k set); mass grows
-            // monotonically with the prefix (rounding is monotone), so bisect.
-            const float target = p.nucleus() * mass(length);
-            uint32_t lo = 0, hi = length;  // mass(prefix lo) < target <= mass(prefix hi)
-            while (hi - lo > 1) {
-                const uint32_t mid = lo + (hi - lo) / 2;
-                (mass(mid) >= target ? hi : lo) = mid;
-            }
-            kept = hi;
-        }
-        norm = cut_at(kept);
-        norm.inv_sum = det::reciprocal(mass(kept));
-        norm.ids.assign(order.begin(), order.begin() + kept);
-        std::sort(norm.ids.begin(), norm.ids.end());
+    if (!filtered) {
+        norm.inv_sum = det::reciprocal(rows::kept_weight_sum({logits.data(), inv_t, norm.max}, n));
         return norm;
     }
-    norm.inv_sum = det::reciprocal(det::canonical_sum(n, weight));
+    auto weight = [&](uint32_t x) { return det::exp_nonpositive(s(x) - norm.max); };
+
+    // Rank order (key desc, id asc); the kept set is a prefix of it, at most top_k long.
+    // rank(L) sorts the first L tokens of the ranking into order[0..L), ranking only tokens that
+    // can be among them: the maxima of at least L disjoint blocks are keys of distinct tokens,
+    // so the L-th largest of them bounds the L-th largest key from below.
+    const uint32_t length = p.top_k > 0 && uint32_t(p.top_k) < n ? uint32_t(p.top_k) : n;
+    if (order.size() < n + 64) order.resize(n + 64);
+    std::vector<uint32_t> maxima;
+    auto rank = [&](uint32_t L) {
+        const uint32_t block = std::max(1u, n / (2 * L));
+        maxima.resize((n + block - 1) / block);
+        rows::block_maxima(keys.data(), n, block, maxima.data());
+        std::nth_element(maxima.begin(), maxima.begin() + (L - 1), maxima.end(), std::greater<>());
+        const uint32_t least = maxima[L - 1];
+        const auto end =
+            order.begin() + rows::ids_with_key_at_least(keys.data(), n, least, order.data());
+        std::partial_sort(order.begin(), order.begin() + L, end, [&](uint32_t a, uint32_t b) {
+            return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
+        });
+    };
+    auto cut_at = [&](uint32_t prefix) {  // the first `prefix` tokens
+        RowNorm c = norm;
+        c.cut_id = order[prefix - 1];
+        c.cut_key = keys[c.cut_id];
+        return c;
+    };
+    // The mass of a prefix (each computed once): the whole row's without a cut; over its tokens
+    // alone where it is short (the same float), their weights computed once; else the row's
+    // with the cut.
+    std::vector<float> masses(length + 1, -1.0f);
+    std::vector<std::pair<uint32_t, float>> ranked, prefix_tokens;
+    std::vector<uint32_t> ids;
+    auto mass = [&](uint32_t prefix) {
+        float& m = masses[prefix];
+        if (m >= 0.0f) return m;
+        if (prefix == n) {
+            m = rows::kept_weight_sum({logits.data(), inv_t, norm.max}, n);
+        } else if (prefix * 8 > n) {
+            const RowNorm c = cut_at(prefix);
+            m = rows::kept_weight_sum({logits.data(), inv_t, c.max, c.cut_key, c.cut_id}, n);
+        } else {
+            for (auto i = uint32_t(ranked.size()); i < prefix; ++i)
+                ranked.emplace_back(order[i], weight(order[i]));
+            prefix_tokens.assign(ranked.begin(), ranked.begin() + prefix);
+            std::sort(prefix_tokens.begin(), prefix_tokens.end());
+            ids.clear();
+            for (const auto& [x, w] : prefix_tokens)
+                ids.push_back(x);
+            // canonical_sum_sparse asks for the ids' values in their (ascending) order.
+            size_t next = 0;
+            m = det::canonical_sum_sparse(n, ids,
+                                          [&](uint32_t) { return prefix_tokens[next++].second; });
+        }
+        return m;
+    };
+
+    uint32_t kept = length;
+    if (p.top_p < 1.0f) {
+        // The shortest prefix whose mass reaches top_p * mass(top-k set); mass grows
+        // monotonically with the prefix (rounding is monotone), so bisect. Without top-k the
+        // ranked prefix starts short and grows fourfold until its mass reaches the target: a
+        // nucleus is usually a small part of the vocabulary, which is then never sorted.
+        uint32_t lo = 0, hi = std::min(length, length == n ? 64u : length);
+        rank(hi);
+        const float target = p.nucleus() * mass(length);
+        while (hi < length && mass(hi) < target) {
+            lo = hi;
+            hi = std::min(length, 4 * hi);
+            if (hi < length) rank(hi);
+        }
+        if (hi == length && length == n && lo > 0) rank(std::min(n, hi));  // the whole row
+        // Now mass(prefix lo) < target <= mass(prefix hi).
+        while (hi - lo > 1) {
+            const uint32_t mid = lo + (hi - lo) / 2;
+            (mass(mid) >= target ? hi : lo) = mid;
+        }
+        kept = hi;
+    } else {
+        rank(length);
+    }
+    if (kept == n) {  // nothing cut after all (top-p reached only with the whole row)
+        norm.inv_sum = det::reciprocal(mass(n));
+        return norm;
+    }
+    norm = cut_at(kept);
+    norm.inv_sum = det::reciprocal(mass(kept));
+    norm.ids.assign(order.begin(), order.begin() + kept);
+    std::sort(norm.ids.begin(), norm.ids.end());
     return norm;
 }
 
@@ -200,19 +215,19 @@ int32_t residual_race(std::span<const float> p_logits, const RowNorm& pn,
                       std::span<const float> q_logits, const RowNorm& qn, const SamplingParams& p,
                       RandomStream stream, uint32_t step, uint32_t row) {
     const float inv_t = p.inv_temperature();
+    const auto n = uint32_t(p_logits.size());
+    if (pn.ids.empty() || pn.ids.size() * kSparseRaceFraction > n) {
+        // The whole row, a vector of tokens at a time (the same races, bit for bit).
+        const rows::Row pr{p_logits.data(), inv_t, pn.max, pn.cut_key, pn.cut_id, pn.inv_sum};
+        const rows::Row qr{q_logits.data(), inv_t, qn.max, qn.cut_key, qn.cut_id, qn.inv_sum};
+        const rows::Races r = rows::residual_races(pr, q_logits.empty() ? nullptr : &qr, n, p.seed,
+                                                   uint32_t(stream), step, row);
+        return r.best_a >= 0 ? r.best_a : std::max(r.best_p, 0);
+    }
     int32_t best_a = -1, best_p = -1;
     float score_a = 0.0f, score_p = 0.0f;
     // p(x) > 0 only for kept tokens: where the row was cut, the race runs over them alone.
-    auto each_kept = [&](const auto& f) {
-        if (!pn.ids.empty()) {
-            for (uint32_t x : pn.ids)
-                f(x);
-        } else {
-            for (uint32_t x = 0; x < uint32_t(p_logits.size()); ++x)
-                f(x);
-        }
-    };
-    each_kept([&](uint32_t x) {
+    std::for_each(pn.ids.begin(), pn.ids.end(), [&](uint32_t x) {
         const float px = processed_prob(p_logits[x], x, pn, inv_t);
         if (!(px > 0.0f)) return;
         const float qx = q_logits.empty() ? 0.0f : processed_prob(q_logits[x], x, qn, inv_t);
