@@ -674,6 +674,58 @@ TEST(CpuOps, AttentionOverFixedKeysIsTheSameForARowAloneAndInABlock) {
     }
 }
 
+// The cpu backend reads causal attention's keys from a transpose it keeps beside the cache: the
+// keys are the cache's as it is now, whichever op wrote into it since (an upload, a matmul into
+// rows already read, a rewrite after a rollback), bit for bit what a backend that never read the
+// cache before computes.
+TEST(CpuOps, CausalAttentionReadsTheKeysAsTheyAreNow) {
+    const int n_head = 4, n_head_kv = 2, head_dim = 32, ctx = 40;
+    const int width = n_head * head_dim, kv_width = n_head_kv * head_dim;
+    const std::vector<float> qs = random_floats(size_t(width) * 8, 31);
+    const std::vector<float> ks = random_floats(size_t(kv_width) * ctx, 32);
+    const std::vector<float> vs = random_floats(size_t(kv_width) * ctx, 33);
+    const std::vector<float> other = random_floats(size_t(kv_width) * ctx, 34);
+    const std::vector<float> w = random_floats(size_t(kv_width) * width, 35);
+    // Attention of rows at pos0.. over the cache; `fresh`: on a backend that never saw it.
+    auto attend = [&](Backend& be, CpuTensors& make, const Tensor& k, const Tensor& v, int pos0,
+                      int n) {
+        const Tensor q = make(width, n, &qs), out = make(width, n, nullptr);
+        be.attention({.q = q,
+                      .k = k,
+                      .v = v,
+                      .out = out,
+                      .n_head = n_head,
+                      .n_head_kv = n_head_kv,
+                      .head_dim = head_dim,
+                      .scale = 0.17f,
+                      .pos0 = pos0});
+        return read_floats(be, out);
+    };
+    auto fresh = [&](const std::vector<float>& keys, int pos0, int n) {
+        auto be = create_cpu_backend(2);
+        CpuTensors make(*be);
+        return attend(*be, make, make(kv_width, ctx, &keys), make(kv_width, ctx, &vs), pos0, n);
+    };
+    auto cpu = create_cpu_backend(2);
+    CpuTensors make(*cpu);
+    std::vector<float> keys = ks;
+    const Tensor k = make(kv_width, ctx, &keys), v = make(kv_width, ctx, &vs);
+    EXPECT_EQ(attend(*cpu, make, k, v, 0, 8), fresh(keys, 0, 8));
+
+    // Keys 3..5, read above, uploaded anew.
+    std::copy_n(other.begin() + 3 * kv_width, 3 * kv_width, keys.begin() + 3 * kv_width);
+    cpu->upload(k.row_range(3, 3), keys.data() + 3 * kv_width);
+    EXPECT_EQ(attend(*cpu, make, k, v, 8, 2), fresh(keys, 8, 2));
+
+    // A rollback to 6: keys 6..9 rewritten by a matmul (as a forward writes its keys), then read.
+    const Tensor x = make(width, 4, &qs), wt = make(width, kv_width, &w);
+    cpu->matmul(wt, x, k.row_range(6, 4), Backend::Accumulate::kNo);
+    std::vector<float> written(size_t(kv_width) * 4);
+    ASSERT_TRUE(cpu->download(k.row_range(6, 4), written.data()).ok());
+    std::copy(written.begin(), written.end(), keys.begin() + 6 * kv_width);
+    EXPECT_EQ(attend(*cpu, make, k, v, 6, 4), fresh(keys, 6, 4));
+}
+
 // Two backends of one kind used in turn from one thread (two GPUs, or one GPU twice): each
 // backend's work runs on its own device and buffers, whatever the other did last. CUDA selects
 // its device on every call for this.

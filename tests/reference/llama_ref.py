@@ -139,8 +139,9 @@ class Gguf:
 
 
 # x / dx this close to a half may round either way under float32 evaluation orders (FMA or not),
-# which no reference can predict. quantize_inputs counts such elements in `ambiguous` and rounds
-# the one numbered ambiguous["flip"] the other way.
+# which no reference can predict. quantize_inputs counts such elements in `ambiguous` (numbered
+# in the order the forward meets them) and rounds those numbered in ambiguous["flips"] the other
+# way.
 AMBIGUOUS = 2e-4
 
 
@@ -153,10 +154,11 @@ def quantize_inputs(x, ambiguous):
     v = blocks * inv
     q = np.rint(v).astype(np.float64)
     near = np.flatnonzero(np.abs(np.abs(v.astype(np.float64) - np.floor(v)) - 0.5) < AMBIGUOUS)
-    flip = ambiguous["flip"] - ambiguous["count"]
-    if 0 <= flip < len(near):
-        i = np.unravel_index(near[flip], v.shape)
-        q[i] = np.floor(v[i]) + (1.0 if q[i] == np.floor(v[i]) else 0.0)
+    for flip in ambiguous["flips"]:
+        flip -= ambiguous["count"]
+        if 0 <= flip < len(near):
+            i = np.unravel_index(near[flip], v.shape)
+            q[i] = np.floor(v[i]) + (1.0 if q[i] == np.floor(v[i]) else 0.0)
     ambiguous["count"] += len(near)
     return (d.astype(np.float64) * q).reshape(x.shape)
 
@@ -183,10 +185,10 @@ def rope(x, positions, n_head, head_dim, n_rot, base, neox=False, freq_scale=1.0
     return x.reshape(len(positions), n_head * head_dim)
 
 
-def forward(path, tokens, quantized_inputs=False, flip=-1):
+def forward(path, tokens, quantized_inputs=False, flips=()):
     """Logits (len(tokens), n_vocab) for the tokens at positions 0..n-1, and how many inputs
-    of quantized matmuls were ambiguous (AMBIGUOUS); flip: the one rounded the other way."""
-    ambiguous = {"count": 0, "flip": flip}
+    of quantized matmuls were ambiguous (AMBIGUOUS); flips: those rounded the other way."""
+    ambiguous = {"count": 0, "flips": flips}
     g = Gguf(path)
 
     def mm(x, name):  # x @ W.T

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
 #include <string_view>
 #include <thread>
@@ -55,9 +56,53 @@ class CpuBuffer final : public Buffer {
         return packed_.get();
     }
 
+    // The transpose of a key cache held in this buffer (cpu::transpose_keys), for causal
+    // attention. Its first `valid` keys are the cache's: every op that writes into the buffer
+    // lowers that count to the first key it wrote (wrote()).
+    struct KeyTranspose {
+        size_t offset = 0;  // the cache tensor: its bytes at offset, rows of `cols` floats
+        int64_t cols = 0, rows = 0;
+        int head_dim = 0;
+        int64_t valid = 0;
+        std::unique_ptr<float[], void (*)(float*)> keys{nullptr, [](float*) {}};
+    };
+    // The transpose of cache `k` (created empty, or nullptr when the memory cannot be had).
+    KeyTranspose* key_transpose(const Tensor& k, int head_dim) {
+        for (auto& t : transposes_)
+            if (t->offset == k.offset && t->cols == k.cols && t->rows == k.rows &&
+                t->head_dim == head_dim)
+                return t.get();
+        const auto floats =
+            size_t(cpu::transposed_key_floats(int(k.cols / head_dim), head_dim, k.rows));
+        // 64-byte aligned: the kernels load whole blocks of keys as vectors.
+        void* data = ::operator new[](floats * sizeof(float), std::align_val_t(64), std::nothrow);
+        if (data == nullptr) return nullptr;
+        auto t = std::make_unique<KeyTranspose>();
+        t->offset = k.offset;
+        t->cols = k.cols;
+        t->rows = k.rows;
+        t->head_dim = head_dim;
+        t->keys = {static_cast<float*>(data),
+                   [](float* f) { ::operator delete[](f, std::align_val_t(64)); }};
+        transposes_.push_back(std::move(t));
+        return transposes_.back().get();
+    }
+    // Bytes [offset, offset + bytes) of this buffer were written.
+    void wrote(size_t offset, size_t bytes) {
+        for (auto& t : transposes_) {
+            const size_t row_bytes = size_t(t->cols) * sizeof(float);
+            const size_t end = t->offset + size_t(t->rows) * row_bytes;
+            if (offset >= end || offset + bytes <= t->offset) continue;
+            const auto first = int64_t(offset > t->offset ? (offset - t->offset) / row_bytes : 0);
+            t->valid = std::min(t->valid, first);
+        }
+    }
+    bool has_key_transposes() const { return !transposes_.empty(); }
+
   private:
     std::unique_ptr<uint64_t[]> owned_;  // uint64_t: 8-byte alignment for every element type
     std::unique_ptr<uint8_t[]> packed_;
+    std::vector<std::unique_ptr<KeyTranspose>> transposes_;
     uint8_t* data_ = nullptr;
     size_t size_ = 0;
     bool read_only_ = false;
@@ -72,6 +117,60 @@ float* f32(const Tensor& t) {
 const float* row_f32(const Tensor& t, int64_t r) {
     return f32(t) + r * t.cols;
 }
+
+// SPECULA_CPU_PROFILE=1: the host time of each op (by name), printed when the backend is
+// destroyed, as SPECULA_VULKAN_PROFILE does for shaders.
+class OpProfile {
+  public:
+    OpProfile() {
+        const char* v = std::getenv("SPECULA_CPU_PROFILE");
+        on_ = v != nullptr && std::string_view(v) == "1";
+    }
+    ~OpProfile() {
+        if (!on_ || ops_.empty()) return;
+        std::vector<std::pair<std::string_view, Entry>> rows(ops_.begin(), ops_.end());
+        std::sort(rows.begin(), rows.end(),
+                  [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+        double total = 0;
+        for (const auto& [name, e] : rows)
+            total += e.seconds;
+        std::fprintf(stderr, "specula cpu profile: %.3f ms in ops\n", total * 1e3);
+        for (const auto& [name, e] : rows)
+            std::fprintf(stderr, "  %-14.*s %9llu calls %10.3f ms %6.1f%% %8.2f us/call\n",
+                         int(name.size()), name.data(), static_cast<unsigned long long>(e.calls),
+                         e.seconds * 1e3, 100.0 * e.seconds / total,
+                         1e6 * e.seconds / double(e.calls));
+    }
+    // Times the scope it lives in under `name` (a string literal), when profiling is on.
+    class Scope {
+      public:
+        Scope(OpProfile& p, std::string_view name) : p_(p.on_ ? &p : nullptr), name_(name) {
+            if (p_) t0_ = std::chrono::steady_clock::now();
+        }
+        ~Scope() {
+            if (!p_) return;
+            Entry& e = p_->ops_[name_];
+            ++e.calls;
+            e.seconds +=
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+        }
+        Scope(const Scope&) = delete;
+        Scope& operator=(const Scope&) = delete;
+
+      private:
+        OpProfile* p_;
+        std::string_view name_;
+        std::chrono::steady_clock::time_point t0_;
+    };
+
+  private:
+    struct Entry {
+        uint64_t calls = 0;
+        double seconds = 0;
+    };
+    bool on_ = false;
+    std::map<std::string_view, Entry> ops_;
+};
 
 class CpuBackend final : public Backend {
   public:
@@ -151,6 +250,7 @@ class CpuBackend final : public Backend {
     void upload(const Tensor& dst, const void* src) override {
         if (dst.offset + dst.bytes() > dst.buffer->size())
             return fail(InvalidArgument("an upload reaches past the end of its buffer"));
+        wrote(dst);
         std::memcpy(bytes_of(dst), src, dst.bytes());
     }
 
@@ -172,6 +272,8 @@ class CpuBackend final : public Backend {
     uint64_t host_waits() const override { return host_waits_; }
 
     void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "get_rows");
+        wrote(out);
         const auto* id = reinterpret_cast<const int32_t*>(bytes_of(ids));
         for (int64_t i = 0; i < ids.cols * ids.rows; ++i) {
             if (id[i] < 0 || id[i] >= table.rows) {
@@ -185,6 +287,8 @@ class CpuBackend final : public Backend {
     }
 
     void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "rms_norm");
+        wrote(out);
         const float* w = f32(weight);
         parallel_for(size_t(x.rows), size_t(x.cols) * 2, [&](size_t begin, size_t end) {
             for (auto r = int64_t(begin); r < int64_t(end); ++r) {
@@ -200,6 +304,8 @@ class CpuBackend final : public Backend {
 
     void matmul(const Tensor& w, const MatmulInput& input, const Tensor& out,
                 Accumulate accumulate) override {
+        const OpProfile::Scope timed(profile_, "matmul");
+        wrote(out);
         const Tensor x = apply_norm(input);
         const cpu::MatmulArgs args = matmul_args(w, x, out, accumulate, quantized(x, w.type));
         parallel_for_rows(w, x, 1,
@@ -208,6 +314,8 @@ class CpuBackend final : public Backend {
 
     void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
               int n_rot) override {
+        const OpProfile::Scope timed(profile_, "rope");
+        wrote(x);
         const Rope r{positions, table, head_dim, n_rot};
         parallel_for(size_t(x.rows), size_t(x.cols), [&](size_t begin, size_t end) {
             for (auto i = int64_t(begin); i < int64_t(end); ++i)
@@ -220,6 +328,8 @@ class CpuBackend final : public Backend {
     // rope() does: the same floats.
     void matmul_rope(const Tensor& w, const MatmulInput& input, const Tensor& out,
                      const Rope& rope) override {
+        const OpProfile::Scope timed(profile_, "matmul_rope");
+        wrote(out);
         static_assert(cpu::kRowTile % 2 == 0);
         const Tensor x = apply_norm(input);
         const cpu::MatmulArgs args = matmul_args(w, x, out, Accumulate::kNo, quantized(x, w.type));
@@ -231,10 +341,15 @@ class CpuBackend final : public Backend {
     }
 
     void copy(const Tensor& src, const Tensor& dst) override {
+        const OpProfile::Scope timed(profile_, "copy");
+        wrote(dst);
         std::memcpy(bytes_of(dst), bytes_of(src), size_t(src.cols * src.rows) * sizeof(float));
     }
 
     void attention(const Attention& a) override {
+        const OpProfile::Scope timed(profile_, "attention");
+        wrote(a.out);
+        if (a.n_keys == 0 && causal_attention(a)) return;
         // A job is a query row and a key/value head, with the query heads that share it; where
         // every row sees the same keys (the encoder, cross-attention) and heads are not shared,
         // a block of rows of one head, so that each key and value is read once for the block.
@@ -282,11 +397,15 @@ class CpuBackend final : public Backend {
     }
 
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "silu_mul");
+        wrote(out);
         cpu::silu_times(f32(gate), f32(up), f32(out), gate.cols * gate.rows);
     }
 
     void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                     const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "layer_norm");
+        wrote(out);
         const float *w = f32(weight), *b = f32(bias);
         parallel_for(size_t(x.rows), size_t(x.cols) * 3, [&](size_t begin, size_t end) {
             for (auto r = int64_t(begin); r < int64_t(end); ++r) {
@@ -307,6 +426,8 @@ class CpuBackend final : public Backend {
     }
 
     void gelu(const Tensor& x, const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "gelu");
+        wrote(out);
         const float* in = f32(x);
         float* o = f32(out);
         const int64_t n = x.cols * x.rows;
@@ -317,6 +438,8 @@ class CpuBackend final : public Backend {
     }
 
     void add_bias(const Tensor& x, const Tensor& bias) override {
+        const OpProfile::Scope timed(profile_, "add_bias");
+        wrote(x);
         const bool per_row = bias.rows > 1;
         for (int64_t r = 0; r < x.rows; ++r) {
             float* xr = f32(x) + r * x.cols;
@@ -327,6 +450,8 @@ class CpuBackend final : public Backend {
     }
 
     void im2col3(const Tensor& x, int stride, const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "im2col3");
+        wrote(out);
         const int64_t C = x.cols;
         parallel_for(size_t(out.rows), size_t(out.cols), [&](size_t begin, size_t end) {
             for (auto t = int64_t(begin); t < int64_t(end); ++t) {
@@ -347,6 +472,9 @@ class CpuBackend final : public Backend {
     // wake-up of the workers, and the element-wise part spread over them.
     void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,
                       const Tensor& out, const Tensor& up) override {
+        const OpProfile::Scope timed(profile_, "matmul_gated");
+        wrote(out);
+        wrote(up);
         const Tensor x = apply_norm(input);
         const cpu::QuantizedInputs* qx = quantized(x, w_gate.type);
         if (qx == nullptr) qx = quantized(x, w_up.type);
@@ -369,6 +497,9 @@ class CpuBackend final : public Backend {
     }
 
     void verify(const VerifyArgs& a) override {
+        const OpProfile::Scope timed(profile_, "verify");
+        if (a.result.buffer != nullptr) wrote(a.result);
+        if (a.token.buffer != nullptr) wrote(a.token);
         const auto V = size_t(a.target.cols);
         const auto g = size_t(a.gamma);
         const auto* ids = reinterpret_cast<const int32_t*>(g > 0 ? bytes_of(a.drafts) : nullptr);
@@ -392,6 +523,9 @@ class CpuBackend final : public Backend {
     }
 
     void token_rules(const TokenRulesArgs& a) override {
+        const OpProfile::Scope timed(profile_, "token_rules");
+        wrote(a.logits);
+        if (a.log_sum_exp.buffer != nullptr) wrote(a.log_sum_exp);
         const auto V = size_t(a.logits.cols), rows = size_t(a.logits.rows);
         const size_t n_drafts = size_t(a.first_row) + rows - 1;
         const std::span<const int32_t> drafts(
@@ -404,6 +538,51 @@ class CpuBackend final : public Backend {
     }
 
   private:
+    // Bytes of t's buffer were written: a key cache's transpose forgets the keys from there on.
+    static void wrote(const Tensor& t) {
+        auto* b = static_cast<CpuBuffer*>(t.buffer);
+        if (b != nullptr && b->has_key_transposes()) b->wrote(t.offset, t.bytes());
+    }
+
+    // Causal attention over a cache's transpose, which is brought up to the keys the last row
+    // sees first (the rows written since it was last read: usually this forward's). A job is a
+    // query row and a key/value head, with the query heads that share it. False when the
+    // transpose cannot be had (no memory): attention() then reads the cache itself.
+    bool causal_attention(const Attention& a) {
+        auto* cache = static_cast<CpuBuffer*>(a.k.buffer);
+        CpuBuffer::KeyTranspose* kt = cache->key_transpose(a.k, a.head_dim);
+        if (kt == nullptr) return false;
+        const int64_t seen = a.keys_seen(a.q.rows - 1);
+        if (kt->valid < seen) {
+            cpu::transpose_keys(f32(a.k), a.k.cols, a.n_head_kv, a.head_dim, kt->rows, kt->valid,
+                                seen, kt->keys.get());
+            kt->valid = seen;
+        }
+        const int group = a.n_head / a.n_head_kv;
+        const int64_t head_floats =
+            cpu::transposed_key_blocks(kt->rows) * a.head_dim * cpu::kKeyBlock;
+        parallel_for(
+            size_t(a.q.rows) * size_t(a.n_head_kv),
+            size_t(a.head_dim) * size_t(seen) * 2 * size_t(group),
+            [&](size_t begin, size_t end) {
+                thread_local std::vector<float> scores;
+                for (size_t job = begin; job < end; ++job) {
+                    const auto i = int64_t(job / size_t(a.n_head_kv));
+                    const int kv_head = int(job % size_t(a.n_head_kv));
+                    const int n_keys = a.keys_seen(i);
+                    scores.resize(size_t(group) * size_t(cpu::transposed_key_blocks(n_keys)) *
+                                  size_t(cpu::kKeyBlock));
+                    const int64_t first = int64_t(kv_head) * a.head_dim * group;
+                    cpu::attend_transposed(
+                        row_f32(a.q, i) + first, group, kt->keys.get() + kv_head * head_floats,
+                        f32(a.v) + int64_t(kv_head) * a.head_dim, a.v.cols, n_keys, a.head_dim,
+                        a.scale, scores.data(), f32(a.out) + i * a.out.cols + first);
+                }
+            },
+            /*uneven=*/true);
+        return true;
+    }
+
     // Rotates the pairs (f, f + 1) of row i of x with f even in [first, end) that lie in the
     // first n_rot dims of their head.
     static void rotate(const Tensor& x, int64_t i, const Rope& r, int64_t first, int64_t end) {
@@ -438,6 +617,7 @@ class CpuBackend final : public Backend {
     // backend uses them), else nullptr. Valid until the next call.
     const cpu::QuantizedInputs* quantized(const Tensor& x, GgmlType type) {
         if (inputs_ != CpuInputs::kQuantized || !cpu::has_integer_kernel(type)) return nullptr;
+        const OpProfile::Scope timed(profile_, "quantize");
         const size_t n = size_t(x.rows * x.cols);
         q_.resize(n);
         d_.resize(n / 32);
@@ -481,6 +661,7 @@ class CpuBackend final : public Backend {
     }
 
     specula_device_info info_{};
+    OpProfile profile_;
     ThreadPool pool_;
     CpuInputs inputs_;
     std::vector<int8_t> q_;  // quantized(): the inputs of the current matmul

@@ -966,8 +966,8 @@ void SiluTimes(const float* gate, const float* up, float* out, int64_t n) {
 // element is one chain of fma in key order, whatever Q, so a query's result does not depend on
 // the others in its block.
 template <int Q>
-void WeighValues(const float* p, const float* sums, int n_keys, const float* v, int64_t v_stride,
-                 int head_dim, float* out) {
+void WeighValues(const float* p, int64_t p_stride, const float* sums, int n_keys, const float* v,
+                 int64_t v_stride, int head_dim, float* out) {
     const DF d;
     int64_t j = 0;
     for (; j + 2 * kLanes <= head_dim; j += 2 * kLanes) {
@@ -978,7 +978,7 @@ void WeighValues(const float* p, const float* sums, int n_keys, const float* v, 
             const VF v0 = hn::LoadU(d, v + t * v_stride + j);
             const VF v1 = hn::LoadU(d, v + t * v_stride + j + kLanes);
             for (int c = 0; c < Q; ++c) {
-                const VF w = hn::Set(d, p[c * n_keys + t]);
+                const VF w = hn::Set(d, p[c * p_stride + t]);
                 a0[c] = hn::MulAdd(w, v0, a0[c]);
                 a1[c] = hn::MulAdd(w, v1, a1[c]);
             }
@@ -995,7 +995,7 @@ void WeighValues(const float* p, const float* sums, int n_keys, const float* v, 
         for (int t = 0; t < n_keys; ++t) {
             const VF v0 = hn::LoadU(d, v + t * v_stride + j);
             for (int c = 0; c < Q; ++c)
-                a[c] = hn::MulAdd(hn::Set(d, p[c * n_keys + t]), v0, a[c]);
+                a[c] = hn::MulAdd(hn::Set(d, p[c * p_stride + t]), v0, a[c]);
         }
         for (int c = 0; c < Q; ++c)
             hn::StoreU(hn::Div(a[c], hn::Set(d, sums[c])), d, out + c * head_dim + j);
@@ -1004,14 +1004,15 @@ void WeighValues(const float* p, const float* sums, int n_keys, const float* v, 
         for (int c = 0; c < Q; ++c) {
             float acc = 0.0f;
             for (int t = 0; t < n_keys; ++t)
-                acc += p[c * n_keys + t] * v[t * v_stride + j];
+                acc += p[c * p_stride + t] * v[t * v_stride + j];
             out[c * head_dim + j] = acc / sums[c];
         }
     }
 }
 
 constexpr int kWeighQueries = 4;
-using Weigher = void (*)(const float*, const float*, int, const float*, int64_t, int, float*);
+using Weigher = void (*)(const float*, int64_t, const float*, int, const float*, int64_t, int,
+                         float*);
 constexpr std::array<Weigher, kWeighQueries> kWeighers = {&WeighValues<1>, &WeighValues<2>,
                                                           &WeighValues<3>, &WeighValues<4>};
 
@@ -1068,8 +1069,75 @@ void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
         const int queries = std::min(int(kWeighQueries), n_queries - c0);
         for (int c = 0; c < queries; ++c)
             sums[size_t(c)] = SoftmaxNumerators(scores + (c0 + c) * n_keys, n_keys, scale);
-        kWeighers[size_t(queries - 1)](scores + c0 * n_keys, sums.data(), n_keys, v, v_stride,
-                                       head_dim, out + c0 * head_dim);
+        kWeighers[size_t(queries - 1)](scores + c0 * n_keys, n_keys, sums.data(), n_keys, v,
+                                       v_stride, head_dim, out + c0 * head_dim);
+    }
+}
+
+// The scores of Q queries over one block of kKeyBlock transposed keys: key j's score is one
+// lane's sums over the head's dimensions, dimension i into chain i % kScoreChains (short
+// chains: targets without FMA round each product), the chains added by a fixed tree. The same
+// floats in any block of queries.
+constexpr int kScoreChains = 8;
+constexpr int kScoreVecs = int(kKeyBlock / kLanes);
+// As many queries at once as keep the accumulators within half the register file.
+constexpr int kScoreQueries =
+    std::max(1, (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_ARCH_ARM ? 32 : 16) /
+                    (2 * kScoreChains * kScoreVecs));
+template <int Q>
+void ScoresOfABlock(const float* q, int head_dim, const float* kt, float* scores,
+                    int64_t scores_stride) {
+    const DF d;
+    VF acc[Q][kScoreChains][kScoreVecs];
+    for (int c = 0; c < Q; ++c)
+        for (int k = 0; k < kScoreChains; ++k)
+            for (int j = 0; j < kScoreVecs; ++j)
+                acc[c][k][j] = hn::Zero(d);
+    for (int i = 0; i < head_dim; ++i) {
+        for (int j = 0; j < kScoreVecs; ++j) {
+            const VF keys = hn::Load(d, kt + i * kKeyBlock + j * kLanes);
+            for (int c = 0; c < Q; ++c) {
+                VF& a = acc[c][i % kScoreChains][j];
+                a = hn::MulAdd(hn::Set(d, q[c * head_dim + i]), keys, a);
+            }
+        }
+    }
+    for (int c = 0; c < Q; ++c) {
+        for (int j = 0; j < kScoreVecs; ++j) {
+            for (int stride = kScoreChains / 2; stride > 0; stride /= 2)
+                for (int k = 0; k < stride; ++k)
+                    acc[c][k][j] = hn::Add(acc[c][k][j], acc[c][k + stride][j]);
+            hn::StoreU(acc[c][0][j], d, scores + c * scores_stride + j * kLanes);
+        }
+    }
+}
+
+template <int... Qs>
+constexpr auto ScoresTable(std::integer_sequence<int, Qs...>) {
+    return std::array<void (*)(const float*, int, const float*, float*, int64_t), sizeof...(Qs)>{
+        &ScoresOfABlock<Qs + 1>...};
+}
+constexpr auto kScoresOfABlock = ScoresTable(std::make_integer_sequence<int, kScoreQueries>());
+
+void AttendTransposed(const float* q, int n_queries, const float* kt, const float* v,
+                      int64_t v_stride, int n_keys, int head_dim, float scale, float* scores,
+                      float* out) {
+    const int blocks = (n_keys + int(kKeyBlock) - 1) / int(kKeyBlock);
+    const int64_t stride = int64_t(blocks) * kKeyBlock;  // a query's scores, whole blocks
+    for (int c0 = 0; c0 < n_queries; c0 += kScoreQueries) {
+        const int queries = std::min(kScoreQueries, n_queries - c0);
+        for (int b = 0; b < blocks; ++b)
+            kScoresOfABlock[size_t(queries - 1)](q + c0 * head_dim, head_dim,
+                                                 kt + int64_t(b) * head_dim * kKeyBlock,
+                                                 scores + c0 * stride + b * kKeyBlock, stride);
+    }
+    std::array<float, kWeighQueries> sums{};
+    for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
+        const int queries = std::min(int(kWeighQueries), n_queries - c0);
+        for (int c = 0; c < queries; ++c)
+            sums[size_t(c)] = SoftmaxNumerators(scores + (c0 + c) * stride, n_keys, scale);
+        kWeighers[size_t(queries - 1)](scores + c0 * stride, stride, sums.data(), n_keys, v,
+                                       v_stride, head_dim, out + c0 * head_dim);
     }
 }
 
@@ -1090,6 +1158,7 @@ HWY_EXPORT(MatmulRows);
 HWY_EXPORT(DecodeRow);
 HWY_EXPORT(DotF32);
 HWY_EXPORT(Attend);
+HWY_EXPORT(AttendTransposed);
 HWY_EXPORT(SiluTimes);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(PackRows);
@@ -1128,6 +1197,27 @@ void attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
 void silu_times(const float* gate, const float* up, float* out, int64_t n) {
     HWY_DYNAMIC_DISPATCH(SiluTimes)(gate, up, out, n);
 }
+void attend_transposed(const float* q, int n_queries, const float* kt, const float* v,
+                       int64_t v_stride, int n_keys, int head_dim, float scale, float* scores,
+                       float* out) {
+    HWY_DYNAMIC_DISPATCH(AttendTransposed)
+    (q, n_queries, kt, v, v_stride, n_keys, head_dim, scale, scores, out);
+}
+
+void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,
+                    int64_t begin, int64_t end, float* kt) {
+    const int64_t head_floats = transposed_key_blocks(capacity) * head_dim * kKeyBlock;
+    for (int h = 0; h < n_head_kv; ++h) {
+        float* head = kt + h * head_floats;
+        for (int64_t t = begin; t < end; ++t) {
+            const float* key = k + t * k_stride + int64_t(h) * head_dim;
+            float* column = head + (t / kKeyBlock) * head_dim * kKeyBlock + t % kKeyBlock;
+            for (int i = 0; i < head_dim; ++i)
+                column[i * kKeyBlock] = key[i];
+        }
+    }
+}
+
 const char* simd_target() {
     return HWY_DYNAMIC_DISPATCH(TargetName)();
 }

@@ -133,6 +133,28 @@ float dot_f32(const float* a, const float* b, int64_t n);
 void attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
             int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out);
 
+// Causal attention reads its keys transposed (the cpu backend keeps a cache's transpose beside
+// it): a query's scores over kKeyBlock keys are then lanes of one vector, each a chain of
+// multiply-adds down the head's dimensions, with no sum across lanes. Per key/value head,
+// blocks of kKeyBlock keys, each head_dim rows of kKeyBlock floats (key j of a block in column j).
+constexpr int64_t kKeyBlock = 16;
+constexpr int64_t transposed_key_blocks(int64_t keys) {
+    return (keys + kKeyBlock - 1) / kKeyBlock;
+}
+// Floats of the transpose of `capacity` keys of n_head_kv heads of head_dim.
+constexpr int64_t transposed_key_floats(int n_head_kv, int head_dim, int64_t capacity) {
+    return int64_t(n_head_kv) * transposed_key_blocks(capacity) * head_dim * kKeyBlock;
+}
+// Keys [begin, end) of k (rows of n_head_kv * head_dim floats, k_stride apart) into the
+// transpose kt of `capacity` keys.
+void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,
+                    int64_t begin, int64_t end, float* kt);
+// attend() with one head's keys transposed (kt: its first block; 64-byte aligned); scores holds
+// n_queries * kKeyBlock * transposed_key_blocks(n_keys) floats of scratch.
+void attend_transposed(const float* q, int n_queries, const float* kt, const float* v,
+                       int64_t v_stride, int n_keys, int head_dim, float scale, float* scores,
+                       float* out);
+
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i] (out may be gate).
 void silu_times(const float* gate, const float* up, float* out, int64_t n);
 
