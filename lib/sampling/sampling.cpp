@@ -106,6 +106,29 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
             return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
         });
     };
+    if (p.top_p >= 1.0f) {
+        // Top-k alone: the kept set is the first `length` of the ranking, which only its last
+        // token (found by selection, not a sort) and its mass need; the candidates come in
+        // ascending order, as the sparse sum and norm.ids take them.
+        const uint32_t block = std::max(1u, n / (2 * length));
+        maxima.resize((n + block - 1) / block);
+        rows::block_maxima(keys.data(), n, block, maxima.data());
+        std::nth_element(maxima.begin(), maxima.begin() + (length - 1), maxima.end(),
+                         std::greater<>());
+        const uint32_t count =
+            rows::ids_with_key_at_least(keys.data(), n, maxima[length - 1], order.data());
+        const auto by_rank = [&](uint32_t a, uint32_t b) {
+            return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
+        };
+        norm.ids.assign(order.begin(), order.begin() + count);
+        std::nth_element(order.begin(), order.begin() + (length - 1), order.begin() + count,
+                         by_rank);
+        norm.cut_id = order[length - 1];
+        norm.cut_key = keys[norm.cut_id];
+        std::erase_if(norm.ids, [&](uint32_t x) { return !norm.kept(keys[x], x); });
+        norm.inv_sum = det::reciprocal(det::canonical_sum_sparse(n, norm.ids, weight));
+        return norm;
+    }
     auto cut_at = [&](uint32_t prefix) {  // the first `prefix` tokens
         RowNorm c = norm;
         c.cut_id = order[prefix - 1];
@@ -142,30 +165,25 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
         return m;
     };
 
-    uint32_t kept = length;
-    if (p.top_p < 1.0f) {
-        // The shortest prefix whose mass reaches top_p * mass(top-k set); mass grows
-        // monotonically with the prefix (rounding is monotone), so bisect. Without top-k the
-        // ranked prefix starts short and grows fourfold until its mass reaches the target: a
-        // nucleus is usually a small part of the vocabulary, which is then never sorted.
-        uint32_t lo = 0, hi = std::min(length, length == n ? 64u : length);
-        rank(hi);
-        const float target = p.nucleus() * mass(length);
-        while (hi < length && mass(hi) < target) {
-            lo = hi;
-            hi = std::min(length, 4 * hi);
-            if (hi < length) rank(hi);
-        }
-        if (hi == length && length == n && lo > 0) rank(std::min(n, hi));  // the whole row
-        // Now mass(prefix lo) < target <= mass(prefix hi).
-        while (hi - lo > 1) {
-            const uint32_t mid = lo + (hi - lo) / 2;
-            (mass(mid) >= target ? hi : lo) = mid;
-        }
-        kept = hi;
-    } else {
-        rank(length);
+    // Top-p: the shortest prefix whose mass reaches top_p * mass(top-k set); mass grows
+    // monotonically with the prefix (rounding is monotone), so bisect. Without top-k the ranked
+    // prefix starts short and grows fourfold until its mass reaches the target: a nucleus is
+    // usually a small part of the vocabulary, which is then never sorted.
+    uint32_t lo = 0, hi = std::min(length, length == n ? 64u : length);
+    rank(hi);
+    const float target = p.nucleus() * mass(length);
+    while (hi < length && mass(hi) < target) {
+        lo = hi;
+        hi = std::min(length, 4 * hi);
+        if (hi < length) rank(hi);
     }
+    if (hi == length && length == n && lo > 0) rank(std::min(n, hi));  // the whole row
+    // Now mass(prefix lo) < target <= mass(prefix hi).
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        (mass(mid) >= target ? hi : lo) = mid;
+    }
+    const uint32_t kept = hi;
     if (kept == n) {  // nothing cut after all (top-p reached only with the whole row)
         norm.inv_sum = det::reciprocal(mass(n));
         return norm;

@@ -200,6 +200,7 @@ class CpuBackend final : public Backend {
     }
 
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
+        quantized_from_ = {};
         // Where the kernel overcommits memory, an allocation larger than the machine succeeds
         // and zero-filling it gets the process killed: refuse it here instead.
         const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
@@ -539,9 +540,15 @@ class CpuBackend final : public Backend {
 
   private:
     // Bytes of t's buffer were written: a key cache's transpose forgets the keys from there on.
-    static void wrote(const Tensor& t) {
+    // Also forgets quantized inputs read from there.
+    void wrote(const Tensor& t) {
         auto* b = static_cast<CpuBuffer*>(t.buffer);
-        if (b != nullptr && b->has_key_transposes()) b->wrote(t.offset, t.bytes());
+        if (b == nullptr) return;
+        if (b->has_key_transposes()) b->wrote(t.offset, t.bytes());
+        if (b == quantized_from_.buffer &&
+            t.offset < quantized_from_.offset + quantized_from_.bytes &&
+            quantized_from_.offset < t.offset + t.bytes())
+            quantized_from_ = {};
     }
 
     // Causal attention over a cache's transpose, which is brought up to the keys the last row
@@ -615,8 +622,14 @@ class CpuBackend final : public Backend {
 
     // x quantized per block for the integer kernels where weights of `type` have them (and the
     // backend uses them), else nullptr. Valid until the next call.
+    // The q, k and v projections (gate and up) read the same input: it is quantized once, and
+    // kept until an op writes where it was read from (wrote()) or a buffer is allocated (one may
+    // take a freed one's place).
     const cpu::QuantizedInputs* quantized(const Tensor& x, GgmlType type) {
         if (inputs_ != CpuInputs::kQuantized || !cpu::has_integer_kernel(type)) return nullptr;
+        if (quantized_from_.buffer == x.buffer && quantized_from_.offset == x.offset &&
+            quantized_from_.rows == x.rows && quantized_from_.cols == x.cols)
+            return &qx_;
         const OpProfile::Scope timed(profile_, "quantize");
         const size_t n = size_t(x.rows * x.cols);
         q_.resize(n);
@@ -626,6 +639,7 @@ class CpuBackend final : public Backend {
         cpu::quantize_inputs(f32(x), x.rows, x.cols, q_.data(), d_.data(), sums_.data(),
                              sums_lo_.data());
         qx_ = {q_.data(), d_.data(), sums_.data(), x.cols, sums_lo_.data()};
+        quantized_from_ = {x.buffer, x.offset, x.bytes(), x.cols, x.rows};
         return &qx_;
     }
 
@@ -668,6 +682,11 @@ class CpuBackend final : public Backend {
     std::vector<float> d_;
     std::vector<int32_t> sums_, sums_lo_;
     cpu::QuantizedInputs qx_;
+    struct {  // where qx_ was read from
+        const Buffer* buffer = nullptr;
+        size_t offset = 0, bytes = 0;
+        int64_t cols = 0, rows = 0;
+    } quantized_from_;
     Status pending_;
     uint64_t host_waits_ = 0;
     std::array<std::chrono::steady_clock::time_point, kTimeSlots> marks_{};

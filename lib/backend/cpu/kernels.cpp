@@ -1093,15 +1093,21 @@ void ScoresOfABlock(const float* q, int head_dim, const float* kt, float* scores
         for (int k = 0; k < kScoreChains; ++k)
             for (int j = 0; j < kScoreVecs; ++j)
                 acc[c][k][j] = hn::Zero(d);
-    for (int i = 0; i < head_dim; ++i) {
+    // Dimension i into chain i % kScoreChains, the chain a constant of the unrolled loop (as an
+    // index computed at run time the accumulators would live in memory).
+    const auto step = [&](int i, int k) {
         for (int j = 0; j < kScoreVecs; ++j) {
             const VF keys = hn::Load(d, kt + i * kKeyBlock + j * kLanes);
-            for (int c = 0; c < Q; ++c) {
-                VF& a = acc[c][i % kScoreChains][j];
-                a = hn::MulAdd(hn::Set(d, q[c * head_dim + i]), keys, a);
-            }
+            for (int c = 0; c < Q; ++c)
+                acc[c][k][j] = hn::MulAdd(hn::Set(d, q[c * head_dim + i]), keys, acc[c][k][j]);
         }
-    }
+    };
+    int i = 0;
+    for (; i + kScoreChains <= head_dim; i += kScoreChains)
+        for (int k = 0; k < kScoreChains; ++k)
+            step(i + k, k);
+    for (int k = 0; k < kScoreChains; ++k)  // the heads whose width is no multiple of 8
+        if (i + k < head_dim) step(i + k, k);
     for (int c = 0; c < Q; ++c) {
         for (int j = 0; j < kScoreVecs; ++j) {
             for (int stride = kScoreChains / 2; stride > 0; stride /= 2)
