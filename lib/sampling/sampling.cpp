@@ -17,14 +17,7 @@ float SamplingParams::nucleus() const {
 
 namespace {
 
-// det::order_key without a branch, as a signed integer (order_key - 2^31), so that loops over
-// a row vectorise on every x86-64 (SSE2 compares signed integers only).
-inline int32_t signed_key(float v) {
-    const auto b = int32_t(det::to_bits(v));
-    return b ^ ((b >> 31) & 0x7FFFFFFF);
-}
-
-// The float whose signed_key is k.
+// The float whose signed order key (det::order_key - 2^31, as the row kernels give it) is k.
 float from_signed_key(int32_t k) {
     return det::from_bits(uint32_t(k >= 0 ? k : k ^ 0x7FFFFFFF));
 }

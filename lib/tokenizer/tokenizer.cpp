@@ -270,9 +270,11 @@ Status Tokenizer::from_gguf(const GgufFile& gguf, std::unique_ptr<Tokenizer>* ou
          {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"})
         if (const int32_t id = t->find(end); id >= 0 && t->types_[size_t(id)] == kControl)
             t->end_of_generation_.push_back(id);
+    // (std::unique: clang 14 cannot compile libstdc++ 12's std::ranges::unique)
     std::ranges::sort(t->end_of_generation_);
-    const auto repeated = std::ranges::unique(t->end_of_generation_);
-    t->end_of_generation_.erase(repeated.begin(), repeated.end());
+    t->end_of_generation_.erase(
+        std::unique(t->end_of_generation_.begin(), t->end_of_generation_.end()),
+        t->end_of_generation_.end());
     SPECULA_TRY(gguf.get_string("tokenizer.chat_template", &t->chat_template_));
     *out = std::move(t);
     return Status::Ok();

@@ -341,7 +341,21 @@ class VulkanBuffer final : public Buffer {
     VkBuffer handle() const { return buffer_; }
     uint8_t* mapped() const { return static_cast<uint8_t*>(mapped_); }
 
+    // A weight matrix larger than the device's storage-buffer range is held as parts of whole
+    // rows, each its own buffer that a binding can cover; this buffer then has no memory of its
+    // own, and the ops that read weights (matmul, get_rows) run once per part.
+    struct Part {
+        std::unique_ptr<VulkanBuffer> buffer;
+        int64_t first_row = 0, rows = 0;
+    };
+    bool split() const { return !parts_.empty(); }
+    const std::vector<Part>& parts() const { return parts_; }
+    void add_part(std::unique_ptr<VulkanBuffer> b, int64_t first_row, int64_t rows) {
+        parts_.push_back({std::move(b), first_row, rows});
+    }
+
   private:
+    std::vector<Part> parts_;
     std::shared_ptr<Device> device_;
     size_t size_;
     VkBuffer buffer_ = VK_NULL_HANDLE;
@@ -476,6 +490,8 @@ class VulkanBackend final : public Backend {
         fuse_norm_ = env_is("SPECULA_VULKAN_FUSED_NORM", "1") ||
                      (!env_is("SPECULA_VULKAN_FUSED_NORM", "0") && !info_.is_software);
         fuse_rope_ = !env_is("SPECULA_VULKAN_FUSED_ROPE", "0");
+        if (const char* v = std::getenv("SPECULA_VULKAN_MAX_RANGE"); v && *v)
+            max_range_ = std::max<size_t>(1, std::strtoull(v, nullptr, 10));
         // The tiled matmul on GPUs; on llvmpipe (which runs a workgroup's barriers as switches
         // between its threads) a tiny-shaped encoder took 1.2x as long as with slices of 16.
         // Its workgroup and shared memory pass what Vulkan guarantees (128 invocations, 16 KiB):
@@ -547,14 +563,39 @@ class VulkanBackend final : public Backend {
         return Status::Ok();
     }
 
-    Status load_weights(std::span<const uint8_t> host, GgmlType /*type*/, int64_t /*cols*/,
-                        int64_t /*rows*/, std::unique_ptr<Buffer>* out) override {
+    Status load_weights(std::span<const uint8_t> host, GgmlType type, int64_t cols, int64_t rows,
+                        std::unique_ptr<Buffer>* out) override {
         SPECULA_TRY(usable());
-        if (host.size() > device_->limits.maxStorageBufferRange)
-            return Unsupported("a weight tensor of " + std::to_string(host.size()) +
-                               " bytes exceeds this device's " +
-                               std::to_string(device_->limits.maxStorageBufferRange) +
+        const size_t range = weight_range();
+        if (host.size() <= range) return upload_weights(host, out);
+        // Larger than a binding can cover: parts of whole rows.
+        const size_t row_bytes = Tensor{nullptr, 0, type, cols, 1}.row_bytes();
+        const auto part_rows = int64_t(range / row_bytes);
+        if (part_rows == 0 || host.size() != row_bytes * size_t(rows))
+            return Unsupported("a weight row of " + std::to_string(row_bytes) +
+                               " bytes exceeds this device's " + std::to_string(range) +
                                "-byte storage-buffer range");
+        auto whole = std::make_unique<VulkanBuffer>(device_, host.size());
+        for (int64_t r0 = 0; r0 < rows; r0 += part_rows) {
+            const int64_t n = std::min(part_rows, rows - r0);
+            std::unique_ptr<Buffer> part;
+            SPECULA_TRY(
+                upload_weights(host.subspan(size_t(r0) * row_bytes, size_t(n) * row_bytes), &part));
+            whole->add_part(
+                std::unique_ptr<VulkanBuffer>(static_cast<VulkanBuffer*>(part.release())), r0, n);
+        }
+        *out = std::move(whole);
+        return Status::Ok();
+    }
+
+    // The bytes a binding may cover: the device's storage-buffer range, or less where
+    // SPECULA_VULKAN_MAX_RANGE asked when the backend was made (the tests split weights that
+    // way on any device).
+    size_t weight_range() const {
+        return std::min<size_t>(device_->limits.maxStorageBufferRange, max_range_);
+    }
+
+    Status upload_weights(std::span<const uint8_t> host, std::unique_ptr<Buffer>* out) {
         std::unique_ptr<VulkanBuffer> b;
         SPECULA_TRY(make_buffer(host.size(), false, &b));
         for (size_t done = 0; done < host.size(); done += kStagingBytes) {
@@ -661,8 +702,18 @@ class VulkanBackend final : public Backend {
         pc.u[0] = uint32_t(table.cols);
         pc.u[1] = uint32_t(ids.cols * ids.rows);
         pc.u[2] = uint32_t(table.rows);
-        dispatch_typed("get_rows", table.type, {&table, &ids, &out}, kWrites2, pc, pc.u[1],
-                       {64, 1, 1});
+        pc.u[3] = 0;  // the table's rows [u3, u3 + u4) are bound; ids of other rows are skipped
+        pc.u[4] = uint32_t(table.rows);
+        if (!vbuf(table).split())
+            return dispatch_typed("get_rows", table.type, {&table, &ids, &out}, kWrites2, pc,
+                                  pc.u[1], {64, 1, 1});
+        for (const auto& part : vbuf(table).parts()) {
+            const Tensor t{part.buffer.get(), 0, table.type, table.cols, part.rows};
+            pc.u[3] = uint32_t(part.first_row);
+            pc.u[4] = uint32_t(part.rows);
+            dispatch_typed("get_rows", table.type, {&t, &ids, &out}, kWrites2, pc, pc.u[1],
+                           {64, 1, 1});
+        }
     }
 
     void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
@@ -706,7 +757,7 @@ class VulkanBackend final : public Backend {
     // straddle a group: heads of an even size.
     void matmul_rope(const Tensor& w, const MatmulInput& x, const Tensor& out,
                      const Rope& rope) override {
-        if (!fuse_rope_ || wide(x.x) || rope.head_dim % 2 != 0)
+        if (!fuse_rope_ || wide(x.x) || rope.head_dim % 2 != 0 || vbuf(w).split())
             return Backend::matmul_rope(w, x, out, rope);
         matmul_shader(w, nullptr, &rope, x, out, Accumulate::kNo);
     }
@@ -716,7 +767,7 @@ class VulkanBackend final : public Backend {
     void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& x,
                       const Tensor& out, const Tensor& up) override {
         if (wide(x.x) || w_up.type != w_gate.type || w_up.cols != w_gate.cols ||
-            w_up.rows != w_gate.rows)
+            w_up.rows != w_gate.rows || vbuf(w_gate).split() || vbuf(w_up).split())
             return Backend::matmul_gated(w_gate, w_up, x, out, up);
         matmul_shader(w_gate, &w_up, nullptr, x, out, Accumulate::kNo);
     }
@@ -725,6 +776,17 @@ class VulkanBackend final : public Backend {
     // normed on the way where it carries a norm.
     void matmul_shader(const Tensor& w, const Tensor* gated_by, const Rope* rope,
                        const MatmulInput& input, const Tensor& out, Accumulate accumulate) {
+        if (vbuf(w).split()) {
+            // Each part's rows are outputs of their own: the part's product written from its
+            // first row on, rows out.cols apart as before (plain products only: see the callers).
+            for (const auto& part : vbuf(w).parts()) {
+                Tensor o = out;
+                o.offset += size_t(part.first_row) * sizeof(float);
+                matmul_shader({part.buffer.get(), 0, w.type, w.cols, part.rows}, nullptr, nullptr,
+                              input, o, accumulate);
+            }
+            return;
+        }
         const Tensor& x = input.x;
         const Tensor* norm = input.has_norm() ? &input.norm : nullptr;
         // The shader reads x in 16-byte vectors: every activation tensor starts a row of a
@@ -1187,6 +1249,8 @@ class VulkanBackend final : public Backend {
             const Tensor* t = tensors[i] && tensors[i]->buffer ? tensors[i] : nullptr;
             if (t && t->offset + t->bytes() > device_->limits.maxStorageBufferRange)
                 return fail(Unsupported("a tensor lies beyond this device's storage-buffer range"));
+            if (t && vbuf(*t).split())
+                return fail(Unsupported(shader + " reads a weight held in parts"));
             bound[i] = t ? &vbuf(*t) : dummy_.get();
             pc.off[i] = t ? uint32_t(t->offset) : 0;
         }
@@ -1298,6 +1362,7 @@ class VulkanBackend final : public Backend {
     bool fuse_norm_ = true;
     bool tiled_ = true;  // the many-column matmul (SPECULA_VULKAN_TILED=0|1 forces)
     bool fuse_rope_ = true;
+    size_t max_range_ = SIZE_MAX;  // SPECULA_VULKAN_MAX_RANGE
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;
