@@ -186,8 +186,9 @@ class BackendOps : public ::testing::TestWithParam<specula_backend_kind> {
 TEST_P(BackendOps, MatmulEveryTypeAndBatch) {
     for (GgmlType type : weight_types(*p.gpu)) {
         const bool all = is_representative(*p.gpu, type);
-        std::vector<int64_t> lengths = row_lengths(type, {32, 96, 256});  // 96: rows that start
-        if (!all) lengths.resize(1);                                       // 2-byte aligned
+        // 96: Q4_0/Q8_0 rows that start 2-byte aligned
+        std::vector<int64_t> lengths = row_lengths(type, {32, 96, 256});
+        if (!all) lengths.resize(1);
         for (int64_t cols : lengths) {
             for (int64_t n : {1, 3, 8, 16, 19}) {  // 19: wider than one shader pass
                 if (!all && n != 1 && n != 19) continue;
