@@ -87,32 +87,25 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
     const uint32_t length = p.top_k > 0 && uint32_t(p.top_k) < n ? uint32_t(p.top_k) : n;
     if (order.size() < n + 64) order.resize(n + 64);
     std::vector<uint32_t> maxima;
-    auto rank = [&](uint32_t L) {
+    const auto by_rank = [&](uint32_t a, uint32_t b) {
+        return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
+    };
+    // The tokens that can be among the first L, ascending, into order[0..count).
+    auto candidates = [&](uint32_t L) {
         const uint32_t block = std::max(1u, n / (2 * L));
         maxima.resize((n + block - 1) / block);
         rows::block_maxima(keys.data(), n, block, maxima.data());
         std::nth_element(maxima.begin(), maxima.begin() + (L - 1), maxima.end(), std::greater<>());
-        const uint32_t least = maxima[L - 1];
-        const auto end =
-            order.begin() + rows::ids_with_key_at_least(keys.data(), n, least, order.data());
-        std::partial_sort(order.begin(), order.begin() + L, end, [&](uint32_t a, uint32_t b) {
-            return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
-        });
+        return rows::ids_with_key_at_least(keys.data(), n, maxima[L - 1], order.data());
+    };
+    auto rank = [&](uint32_t L) {
+        std::partial_sort(order.begin(), order.begin() + L, order.begin() + candidates(L), by_rank);
     };
     if (p.top_p >= 1.0f) {
         // Top-k alone: the kept set is the first `length` of the ranking, which only its last
         // token (found by selection, not a sort) and its mass need; the candidates come in
         // ascending order, as the sparse sum and norm.ids take them.
-        const uint32_t block = std::max(1u, n / (2 * length));
-        maxima.resize((n + block - 1) / block);
-        rows::block_maxima(keys.data(), n, block, maxima.data());
-        std::nth_element(maxima.begin(), maxima.begin() + (length - 1), maxima.end(),
-                         std::greater<>());
-        const uint32_t count =
-            rows::ids_with_key_at_least(keys.data(), n, maxima[length - 1], order.data());
-        const auto by_rank = [&](uint32_t a, uint32_t b) {
-            return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
-        };
+        const uint32_t count = candidates(length);
         norm.ids.assign(order.begin(), order.begin() + count);
         std::nth_element(order.begin(), order.begin() + (length - 1), order.begin() + count,
                          by_rank);
