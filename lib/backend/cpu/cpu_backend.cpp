@@ -553,8 +553,10 @@ class CpuBackend final : public Backend {
 
     // Causal attention over a cache's transpose, which is brought up to the keys the last row
     // sees first (the rows written since it was last read: usually this forward's). A job is a
-    // query row and a key/value head, with the query heads that share it. False when the
-    // transpose cannot be had (no memory): attention() then reads the cache itself.
+    // block of query rows and a key/value head, with the query heads that share it: each key
+    // and value read serves every row of the block (a verification batch is one block), each
+    // row seeing its own keys. False when the transpose cannot be had (no memory): attention()
+    // then reads the cache itself.
     bool causal_attention(const Attention& a) {
         auto* cache = static_cast<CpuBuffer*>(a.k.buffer);
         CpuBuffer::KeyTranspose* kt = cache->key_transpose(a.k, a.head_dim);
@@ -568,22 +570,39 @@ class CpuBackend final : public Backend {
         const int group = a.n_head / a.n_head_kv;
         const int64_t head_floats =
             cpu::transposed_key_blocks(kt->rows) * a.head_dim * cpu::kKeyBlock;
+        const int64_t blocks = (a.q.rows + kAttentionRowBlock - 1) / kAttentionRowBlock;
+        const auto dim = size_t(a.head_dim);
         parallel_for(
-            size_t(a.q.rows) * size_t(a.n_head_kv),
-            size_t(a.head_dim) * size_t(seen) * 2 * size_t(group),
+            size_t(blocks) * size_t(a.n_head_kv),
+            dim * size_t(seen) * 2 * size_t(group) * size_t(std::min(a.q.rows, kAttentionRowBlock)),
             [&](size_t begin, size_t end) {
-                thread_local std::vector<float> scores;
+                thread_local std::vector<float> scores, queries, outs;
+                thread_local std::vector<int> keys;
                 for (size_t job = begin; job < end; ++job) {
-                    const auto i = int64_t(job / size_t(a.n_head_kv));
+                    const int64_t i0 = int64_t(job / size_t(a.n_head_kv)) * kAttentionRowBlock;
+                    const int rows = int(std::min(kAttentionRowBlock, a.q.rows - i0));
                     const int kv_head = int(job % size_t(a.n_head_kv));
-                    const int n_keys = a.keys_seen(i);
-                    scores.resize(size_t(group) * size_t(cpu::transposed_key_blocks(n_keys)) *
-                                  size_t(cpu::kKeyBlock));
                     const int64_t first = int64_t(kv_head) * a.head_dim * group;
-                    cpu::attend_transposed(
-                        row_f32(a.q, i) + first, group, kt->keys.get() + kv_head * head_floats,
-                        f32(a.v) + int64_t(kv_head) * a.head_dim, a.v.cols, n_keys, a.head_dim,
-                        a.scale, scores.data(), f32(a.out) + i * a.out.cols + first);
+                    const auto n_queries = size_t(rows) * size_t(group);
+                    // The block's queries side by side, as attend_transposed() takes them.
+                    queries.resize(n_queries * dim);
+                    outs.resize(n_queries * dim);
+                    keys.resize(n_queries);
+                    for (int r = 0; r < rows; ++r) {
+                        std::copy_n(row_f32(a.q, i0 + r) + first, size_t(group) * dim,
+                                    &queries[size_t(r) * size_t(group) * dim]);
+                        std::fill_n(&keys[size_t(r) * size_t(group)], group, a.keys_seen(i0 + r));
+                    }
+                    scores.resize(n_queries *
+                                  size_t(cpu::transposed_key_blocks(a.keys_seen(i0 + rows - 1))) *
+                                  size_t(cpu::kKeyBlock));
+                    cpu::attend_transposed(queries.data(), int(n_queries), keys.data(),
+                                           kt->keys.get() + kv_head * head_floats,
+                                           f32(a.v) + int64_t(kv_head) * a.head_dim, a.v.cols,
+                                           a.head_dim, a.scale, scores.data(), outs.data());
+                    for (int r = 0; r < rows; ++r)
+                        std::copy_n(&outs[size_t(r) * size_t(group) * dim], size_t(group) * dim,
+                                    f32(a.out) + (i0 + r) * a.out.cols + first);
                 }
             },
             /*uneven=*/true);

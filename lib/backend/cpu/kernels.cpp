@@ -1125,9 +1125,10 @@ constexpr auto ScoresTable(std::integer_sequence<int, Qs...>) {
 }
 constexpr auto kScoresOfABlock = ScoresTable(std::make_integer_sequence<int, kScoreQueries>());
 
-void AttendTransposed(const float* q, int n_queries, const float* kt, const float* v,
-                      int64_t v_stride, int n_keys, int head_dim, float scale, float* scores,
+void AttendTransposed(const float* q, int n_queries, const int* keys, const float* kt,
+                      const float* v, int64_t v_stride, int head_dim, float scale, float* scores,
                       float* out) {
+    const int n_keys = *std::max_element(keys, keys + n_queries);
     const int blocks = (n_keys + int(kKeyBlock) - 1) / int(kKeyBlock);
     const int64_t stride = int64_t(blocks) * kKeyBlock;  // a query's scores, whole blocks
     for (int c0 = 0; c0 < n_queries; c0 += kScoreQueries) {
@@ -1137,11 +1138,17 @@ void AttendTransposed(const float* q, int n_queries, const float* kt, const floa
                                                  kt + int64_t(b) * head_dim * kKeyBlock,
                                                  scores + c0 * stride + b * kKeyBlock, stride);
     }
+    // A query that sees fewer keys than the most weighs the rest by 0: each output element's
+    // chain adds +0 * v to a partial sum that is never -0, which leaves it as it is: the same
+    // floats as its own keys alone.
     std::array<float, kWeighQueries> sums{};
     for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
         const int queries = std::min(int(kWeighQueries), n_queries - c0);
-        for (int c = 0; c < queries; ++c)
-            sums[size_t(c)] = SoftmaxNumerators(scores + (c0 + c) * stride, n_keys, scale);
+        for (int c = 0; c < queries; ++c) {
+            float* p = scores + (c0 + c) * stride;
+            sums[size_t(c)] = SoftmaxNumerators(p, keys[c0 + c], scale);
+            std::fill(p + keys[c0 + c], p + n_keys, 0.0f);
+        }
         kWeighers[size_t(queries - 1)](scores + c0 * stride, stride, sums.data(), n_keys, v,
                                        v_stride, head_dim, out + c0 * head_dim);
     }
@@ -1203,11 +1210,11 @@ void attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
 void silu_times(const float* gate, const float* up, float* out, int64_t n) {
     HWY_DYNAMIC_DISPATCH(SiluTimes)(gate, up, out, n);
 }
-void attend_transposed(const float* q, int n_queries, const float* kt, const float* v,
-                       int64_t v_stride, int n_keys, int head_dim, float scale, float* scores,
+void attend_transposed(const float* q, int n_queries, const int* keys, const float* kt,
+                       const float* v, int64_t v_stride, int head_dim, float scale, float* scores,
                        float* out) {
     HWY_DYNAMIC_DISPATCH(AttendTransposed)
-    (q, n_queries, kt, v, v_stride, n_keys, head_dim, scale, scores, out);
+    (q, n_queries, keys, kt, v, v_stride, head_dim, scale, scores, out);
 }
 
 void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,

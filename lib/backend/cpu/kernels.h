@@ -149,10 +149,12 @@ constexpr int64_t transposed_key_floats(int n_head_kv, int head_dim, int64_t cap
 // transpose kt of `capacity` keys.
 void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,
                     int64_t begin, int64_t end, float* kt);
-// attend() with one head's keys transposed (kt: its first block; 64-byte aligned); scores holds
-// n_queries * kKeyBlock * transposed_key_blocks(n_keys) floats of scratch.
-void attend_transposed(const float* q, int n_queries, const float* kt, const float* v,
-                       int64_t v_stride, int n_keys, int head_dim, float scale, float* scores,
+// attend() with one head's keys transposed (kt: its first block; 64-byte aligned), query c
+// seeing keys 0 .. keys[c] - 1 (rows of a batch, each its own); scores holds
+// n_queries * kKeyBlock * transposed_key_blocks(max keys) floats of scratch. A query's result
+// is the same floats in any set of queries.
+void attend_transposed(const float* q, int n_queries, const int* keys, const float* kt,
+                       const float* v, int64_t v_stride, int head_dim, float scale, float* scores,
                        float* out);
 
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i] (out may be gate).
