@@ -4,11 +4,13 @@
 // γ from 0 (plain sampling) to 16, batches, ties and -inf logits.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend_util.h"
+#include "sampling/token_rules.h"
 #include "sampling/verify.h"
 
 using namespace specula;
@@ -163,6 +165,123 @@ TEST_P(VerifyOn, LargeVocabularies) {
     };
     for (const Case& c : cases)
         check(c, 3);
+}
+
+// Whisper's rules in the layout of an English model with `n_timestamps` timestamps at the end.
+TokenRules whisper_like_rules(int V, int n_timestamps, bool timestamps) {
+    TokenRules r;
+    r.timestamp_begin = V - n_timestamps;
+    r.eot = r.timestamp_begin - 108;
+    r.sot = r.eot + 1;
+    r.language_begin = r.sot + 1;
+    r.language_end = r.language_begin + 99;
+    r.translate = r.language_end;
+    r.transcribe = r.translate + 1;
+    r.solm = r.transcribe + 1;
+    r.prev = r.solm + 1;
+    r.nosp = r.prev + 1;
+    r.no_timestamps = r.nosp + 1;
+    r.space = 220;
+    r.max_timestamp = n_timestamps - 1;
+    r.timestamps = timestamps;
+    return r;
+}
+
+// The device's rules mask a step's rows as sampling/token_rules.cpp does, bit for bit, each row
+// from its own prefix (the state, then the drafts before it), with each row's log-sum-exp.
+TEST_P(VerifyOn, TokenRulesMaskEveryRowAsTheHostDoes) {
+    struct RulesCase {
+        int V, n_timestamps, first_row, rows;
+        bool timestamps;
+        const char* what;
+    };
+    const RulesCase cases[] = {
+        {1000, 101, 0, 5, true, "small vocabulary"},
+        {1000, 101, 3, 4, true, "rows after three drafts"},
+        {1000, 101, 0, 3, false, "no timestamps"},
+        {51864, 1501, 0, 9, true, "English Whisper"},
+        {51866, 1501, 2, 3, true, "multilingual Whisper, rows after two drafts"},
+    };
+    int timestamps_won = 0, text_kept = 0;
+    for (const RulesCase& c : cases) {
+        for (uint32_t seed = 0; seed < 6; ++seed) {
+            SCOPED_TRACE(std::string(c.what) + " seed " + std::to_string(seed));
+            std::mt19937 rng(seed);
+            std::normal_distribution<float> z(0.0f, 3.0f);
+            const TokenRules rules = whisper_like_rules(c.V, c.n_timestamps, c.timestamps);
+            const int tb = rules.timestamp_begin;
+            auto text = [&] { return int(rng() % uint32_t(rules.eot)); };
+            auto timestamp = [&] { return tb + int(rng() % 40u); };
+            // States: the start of a window, text after text (where only the logits decide
+            // between text and a timestamp), and a random history; drafts of both kinds.
+            std::vector<int32_t> history;
+            if (seed % 3 == 1) history = {text(), text()};
+            if (seed % 3 == 2)
+                for (int i = 0; i < 6; ++i)
+                    history.push_back(rng() % 2 ? text() : timestamp());
+            const RulesState state = RulesState::of(rules, history);
+            std::vector<int32_t> drafts(size_t(c.first_row + c.rows));
+            for (int32_t& d : drafts)
+                d = rng() % 3 == 0 ? timestamp() : text();
+            // Half the rows put much weight on the timestamps.
+            std::vector<float> logits(size_t(c.rows) * size_t(c.V));
+            for (int row = 0; row < c.rows; ++row)
+                for (int x = 0; x < c.V; ++x) {
+                    float& v = logits[size_t(row) * size_t(c.V) + size_t(x)];
+                    v = z(rng) + (row % 2 == 1 && x >= tb ? 6.0f : 0.0f);
+                    if (x % 97 == 5) v = -INFINITY;
+                }
+
+            std::vector<float> want = logits, want_lse(size_t(c.rows));
+            apply_token_rules_to_step(rules, state, drafts, c.first_row, want, c.V, want_lse);
+            // Past a window's first token, no rule but the logits' masks all text (the
+            // pair-open rule keeps <|endoftext|>).
+            RulesState row_state = RulesState::of(rules, history);
+            for (int i = 0; i < c.first_row; ++i)
+                row_state = row_state.after(rules, drafts[size_t(i)]);
+            for (int row = 0; row < c.rows; ++row) {
+                if (row > 0)
+                    row_state = row_state.after(rules, drafts[size_t(c.first_row + row - 1)]);
+                if (row_state.count == 0 || !c.timestamps) continue;
+                bool text_left = false;
+                for (int x = 0; x < tb && !text_left; ++x)
+                    text_left = want[size_t(row) * size_t(c.V) + size_t(x)] != -INFINITY;
+                (text_left ? text_kept : timestamps_won) += 1;
+            }
+
+            std::vector<std::unique_ptr<Buffer>> keep;
+            auto tensor = [&](GgmlType type, int64_t cols, int64_t rows, const void* data) {
+                Tensor t{nullptr, 0, type, cols, rows};
+                std::unique_ptr<Buffer> b;
+                EXPECT_TRUE(gpu->allocate(t.bytes(), &b).ok());
+                t.buffer = b.get();
+                keep.push_back(std::move(b));
+                if (data != nullptr) gpu->upload(t, data);
+                return t;
+            };
+            TokenRulesArgs a;
+            a.logits = tensor(GgmlType::kF32, c.V, c.rows, logits.data());
+            a.drafts = tensor(GgmlType::kI32, int64_t(drafts.size()), 1, drafts.data());
+            a.first_row = c.first_row;
+            a.rules = rules;
+            a.state = state;
+            a.log_sum_exp = tensor(GgmlType::kF32, c.rows, 1, nullptr);
+            gpu->token_rules(a);
+            std::vector<float> got(logits.size()), got_lse(size_t(c.rows));
+            ASSERT_TRUE(gpu->download(a.logits, got.data()).ok());
+            ASSERT_TRUE(gpu->download(a.log_sum_exp, got_lse.data()).ok());
+            for (size_t i = 0; i < got.size(); ++i)
+                ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                    << "row " << i / size_t(c.V) << " token " << i % size_t(c.V);
+            for (size_t row = 0; row < got_lse.size(); ++row)
+                ASSERT_EQ(std::bit_cast<uint32_t>(got_lse[row]),
+                          std::bit_cast<uint32_t>(want_lse[row]))
+                    << "row " << row << ": " << got_lse[row] << " vs " << want_lse[row];
+        }
+    }
+    // Both outcomes of the one rule that reads the logits occurred.
+    EXPECT_GT(timestamps_won, 10);
+    EXPECT_GT(text_kept, 10);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, VerifyOn,

@@ -139,6 +139,31 @@ SPECULA_ABI_UINT(kMatmulTile, 64u)
 SPECULA_ABI_UINT(kMatmulTileStep, 16u)
 SPECULA_ABI_UINT(kMatmulTileThreads, 256u)
 
+// Token rules on the device (shaders/token_rules.comp): the rules and the state of the tokens
+// sampled before a step as 32-bit words (sampling/token_rules.h: rules_words), ids as int32.
+SPECULA_ABI_UINT(kRulesWordEot, 0u)
+SPECULA_ABI_UINT(kRulesWordSot, 1u)
+SPECULA_ABI_UINT(kRulesWordTranslate, 2u)
+SPECULA_ABI_UINT(kRulesWordTranscribe, 3u)
+SPECULA_ABI_UINT(kRulesWordSolm, 4u)
+SPECULA_ABI_UINT(kRulesWordPrev, 5u)
+SPECULA_ABI_UINT(kRulesWordNosp, 6u)
+SPECULA_ABI_UINT(kRulesWordNoTimestamps, 7u)
+SPECULA_ABI_UINT(kRulesWordLanguageBegin, 8u)
+SPECULA_ABI_UINT(kRulesWordLanguageEnd, 9u)
+SPECULA_ABI_UINT(kRulesWordTimestampBegin, 10u)
+SPECULA_ABI_UINT(kRulesWordSpace, 11u)
+SPECULA_ABI_UINT(kRulesWordFlags, 12u)  // kRulesFlag*
+SPECULA_ABI_UINT(kRulesWordMaxInitialTimestamp, 13u)
+SPECULA_ABI_UINT(kRulesWordMaxTimestamp, 14u)
+SPECULA_ABI_UINT(kRulesWordCount, 15u)  // RulesState
+SPECULA_ABI_UINT(kRulesWordLast, 16u)
+SPECULA_ABI_UINT(kRulesWordPenultimate, 17u)
+SPECULA_ABI_UINT(kRulesWordLastTimestamp, 18u)
+SPECULA_ABI_UINT(kRulesWords, 19u)
+SPECULA_ABI_UINT(kRulesFlagTimestamps, 1u)
+SPECULA_ABI_UINT(kRulesFlagSuppressBlank, 2u)
+
 #if defined(__cplusplus)
 }  // namespace specula::shared
 #endif

@@ -98,6 +98,31 @@ void apply_token_rules_to_step(const TokenRules& rules, const RulesState& state,
     }
 }
 
+std::array<int32_t, shared::kRulesWords> rules_words(const TokenRules& r, const RulesState& s) {
+    std::array<int32_t, shared::kRulesWords> w{};
+    w[shared::kRulesWordEot] = r.eot;
+    w[shared::kRulesWordSot] = r.sot;
+    w[shared::kRulesWordTranslate] = r.translate;
+    w[shared::kRulesWordTranscribe] = r.transcribe;
+    w[shared::kRulesWordSolm] = r.solm;
+    w[shared::kRulesWordPrev] = r.prev;
+    w[shared::kRulesWordNosp] = r.nosp;
+    w[shared::kRulesWordNoTimestamps] = r.no_timestamps;
+    w[shared::kRulesWordLanguageBegin] = r.language_begin;
+    w[shared::kRulesWordLanguageEnd] = r.language_end;
+    w[shared::kRulesWordTimestampBegin] = r.timestamp_begin;
+    w[shared::kRulesWordSpace] = r.space;
+    w[shared::kRulesWordFlags] = int32_t((r.timestamps ? shared::kRulesFlagTimestamps : 0u) |
+                                         (r.suppress_blank ? shared::kRulesFlagSuppressBlank : 0u));
+    w[shared::kRulesWordMaxInitialTimestamp] = r.max_initial_timestamp;
+    w[shared::kRulesWordMaxTimestamp] = r.max_timestamp;
+    w[shared::kRulesWordCount] = s.count;
+    w[shared::kRulesWordLast] = s.last;
+    w[shared::kRulesWordPenultimate] = s.penultimate;
+    w[shared::kRulesWordLastTimestamp] = s.last_timestamp;
+    return w;
+}
+
 float log_sum_exp(std::span<const float> logits) {
     float max = kMasked;
     for (float z : logits)

@@ -8,8 +8,11 @@
 // arithmetic, so every backend masks the same row the same way.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
+
+#include "core/device_abi.h"
 
 namespace specula {
 
@@ -49,6 +52,10 @@ void apply_token_rules(const TokenRules& rules, const RulesState& state, std::sp
 void apply_token_rules_to_step(const TokenRules& rules, const RulesState& state,
                                std::span<const int32_t> drafts, int first_row,
                                std::span<float> logits, int n_vocab, std::span<float> lse);
+
+// The rules and a state as the words a device reads (core/device_abi.h: kRulesWord*).
+std::array<int32_t, shared::kRulesWords> rules_words(const TokenRules& rules,
+                                                     const RulesState& state);
 
 // log(sum exp(z)) of a row (masked entries -infinity) in det:: arithmetic: max + ln of the
 // canonical sum of exp(z - max). -infinity for a row masked whole. A token's log-probability
