@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "platform/mapped_file.h"
@@ -204,8 +205,8 @@ TEST(Tokenizer, UnknownPreTokenizersAreUnsupported) {
     std::memcpy(&length, bytes.data() + value, 8);
     ASSERT_EQ(bytes.substr(value + 8, length), "gpt-2");
     const std::vector<std::string> known = {
-        "gpt-2",  "phi-2",     "llama-bpe", "qwen2",  "deepseek-llm",    "deepseek-coder",
-        "falcon", "starcoder", "command-r", "smollm", "deepseek-r1-qwen"};
+        "gpt-2",  "phi-2",     "llama-bpe", "qwen2",  "deepseek-llm",     "deepseek-coder",
+        "falcon", "starcoder", "command-r", "smollm", "deepseek-r1-qwen", "default"};
     for (const std::string pre :
          {"gpt-2", "phi-2", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder", "falcon",
           "starcoder", "command-r", "smollm", "deepseek-r1-qwen", "default", "tekken", "bloom",
@@ -220,6 +221,62 @@ TEST(Tokenizer, UnknownPreTokenizersAreUnsupported) {
             EXPECT_EQ(s.code(), SPECULA_ERR_UNSUPPORTED) << pre;
             EXPECT_NE(s.message().find("'" + pre + "'"), std::string::npos) << s.message();
         }
+    }
+}
+
+// The GPT-2 test vocabulary with tokenizer.ggml.pre set to `pre`, or without that key.
+std::string gpt2_vocabulary_with_pre(const std::optional<std::string>& pre) {
+    std::string bytes = read_file(test::data_path("ggml-vocab-gpt-2.gguf"));
+    const std::string key = "tokenizer.ggml.pre";
+    const size_t at = bytes.find(key);
+    EXPECT_NE(at, std::string::npos);
+    const size_t value = at + key.size() + 4;  // after the value's type (u32)
+    uint64_t length = 0;
+    std::memcpy(&length, bytes.data() + value, 8);
+    if (pre) {
+        const uint64_t n = pre->size();
+        bytes.replace(value, 8 + length, std::string(reinterpret_cast<const char*>(&n), 8) + *pre);
+    } else {  // the whole pair, from its key's length, and one pair fewer in the header
+        bytes.erase(at - 8, 8 + key.size() + 4 + 8 + length);
+        uint64_t n_kv = 0;
+        std::memcpy(&n_kv, bytes.data() + 16, 8);
+        --n_kv;
+        std::memcpy(bytes.data() + 16, &n_kv, 8);
+    }
+    return bytes;
+}
+
+// llama.cpp's "default" split (punctuation runs, GPT-2's, digit runs, digits in threes), which
+// llama.cpp also takes for a file that names no pre-tokenizer. The ids are llama.cpp's
+// (c392e50's llama-tokenize on this vocabulary with "default"); GPT-2's split gives other ids
+// for each of these strings.
+TEST(Tokenizer, TheDefaultPreTokenizerSplitsAsLlamaCppDoes) {
+    const std::vector<VocabCase> cases = {
+        {"ied 4 \u00bd months", {798, 220, 19, 220, 23141, 1933}},
+        {"w048 7tuijk dsdfhu", {86, 47202, 220, 22, 28047, 45961, 288, 82, 7568, 13415}},
+        {"3333333 33 333333333", {20370, 20370, 18, 220, 2091, 220, 20370, 20370, 20370}},
+        {"a  1,234,567.89!!! ~~|| <=> $$$ ^^^",
+         {64,  220,  220,   16,  11, 24409, 11,  20,    3134, 13,  4531,  10185,
+          220, 4907, 15886, 220, 27, 14804, 220, 13702, 3,    220, 18237, 61}},
+        {"def f(x):\n    return x**2 # ok?!",
+         {4299, 277, 7, 87, 2599, 198, 220, 220, 220, 1441, 2124, 1174, 17, 220, 2, 12876, 12248}},
+        {"Hello---world...,,, ;; 2024-11-25T12:00",
+         {15496, 6329, 6894, 986, 9832, 11, 220, 7665, 220, 19004, 19, 12, 1157, 12, 1495, 51, 1065,
+          25, 405}},
+    };
+    for (const auto& pre : {std::optional<std::string>("default"), std::optional<std::string>()}) {
+        SCOPED_TRACE(pre ? "tokenizer.ggml.pre = " + *pre : "no tokenizer.ggml.pre");
+        const std::string bytes = gpt2_vocabulary_with_pre(pre);
+        GgufFile gguf;
+        ASSERT_TRUE(
+            GgufFile::parse(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                            &gguf)
+                .ok());
+        std::unique_ptr<Tokenizer> tok;
+        const Status s = Tokenizer::from_gguf(gguf, &tok);
+        ASSERT_TRUE(s.ok()) << s.message();
+        for (const auto& c : cases)
+            EXPECT_EQ(tok->encode(c.text, false), c.expected) << "input: [" << c.text << "]";
     }
 }
 

@@ -101,6 +101,11 @@ const std::vector<PreTokenizer>& pre_tokenizers() {
         {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"},
          {R"(\p{N})", Tokenizer::kGpt2Regex},
          false},
+        // llama.cpp's split for "default": punctuation runs, GPT-2's split, digit runs, then
+        // digits in threes.
+        {{"default"},
+         {R"([\p{P}\$\+<=>\^~\|]+)", Tokenizer::kGpt2Regex, R"(\p{N}+)", "[0-9][0-9][0-9]"},
+         false},
         // Punctuation runs, GPT-2's split, then digits in threes.
         {{"falcon"}, {R"([\p{P}\$\+<=>\^~\|`]+)", Tokenizer::kGpt2Regex, "[0-9][0-9][0-9]"}, false},
         {{"deepseek-coder"},
@@ -135,11 +140,11 @@ Status find_pre_tokenizer(const GgufFile& gguf, const PreTokenizer** out) {
     bool found = false;
     SPECULA_TRY(gguf.get_string("tokenizer.ggml.pre", &pre, &found));
     if (!found) {
+        // As llama.cpp reads such a file, so both give the same ids.
         log(SPECULA_LOG_WARN,
-            "the GGUF file names no pre-tokenizer (tokenizer.ggml.pre): GPT-2's split is used, "
-            "which may not be the one the model was trained with");
-        *out = &pre_tokenizers().front();
-        return Status::Ok();
+            "the GGUF file names no pre-tokenizer (tokenizer.ggml.pre): llama.cpp's 'default' "
+            "split is used, which may not be the one the model was trained with");
+        pre = "default";
     }
     for (const PreTokenizer& p : pre_tokenizers())
         for (std::string_view name : p.names)
