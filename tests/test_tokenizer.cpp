@@ -206,7 +206,8 @@ TEST(Tokenizer, UnknownPreTokenizersAreUnsupported) {
     ASSERT_EQ(bytes.substr(value + 8, length), "gpt-2");
     const std::vector<std::string> known = {
         "gpt-2",  "phi-2",     "llama-bpe", "qwen2",  "deepseek-llm",     "deepseek-coder",
-        "falcon", "starcoder", "command-r", "smollm", "deepseek-r1-qwen", "default"};
+        "falcon", "starcoder", "command-r", "smollm", "deepseek-r1-qwen", "default",
+        "tekken"};
     for (const std::string pre :
          {"gpt-2", "phi-2", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder", "falcon",
           "starcoder", "command-r", "smollm", "deepseek-r1-qwen", "default", "tekken", "bloom",

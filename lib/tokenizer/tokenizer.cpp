@@ -60,6 +60,11 @@ constexpr std::string_view kGpt4oRegex =
     R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
     R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
     R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Mistral's Tekken (Mistral Nemo): GPT-4o's without the contractions, digits one by one.
+constexpr std::string_view kTekkenRegex =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*)"
+    R"(|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 // DeepSeek's splits (code points as escapes: editors and tools normalize some of these
 // letters to others, which would change the classes).
 constexpr std::string_view kDeepSeekCjk =
@@ -97,6 +102,7 @@ const std::vector<PreTokenizer>& pre_tokenizers() {
         {{"dbrx", "smaug-bpe", "chatglm-bpe"}, {kLlama3Regex}, false},
         {{"qwen2", "deepseek-r1-qwen", "stablelm2"}, {kQwen2Regex}, false},
         {{"gpt-4o"}, {kGpt4oRegex}, false},
+        {{"tekken"}, {kTekkenRegex}, true},
         // Digits one by one, then GPT-2's split.
         {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"},
          {R"(\p{N})", Tokenizer::kGpt2Regex},
