@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command that makes the Whisper pair from scratch (over 2 hours on a 2-core machine:
-# ~20 minutes of speech synthesis, 6000 training steps at ~1 s each): synthesizes the speech
+# One command that makes the Whisper pair from scratch (about 2 hours on a 2-core machine:
+# ~18 minutes of speech synthesis, 4500 training steps at 1-1.3 s each): synthesizes the speech
 # (asr_data.py), trains the target and its Distil-Whisper-style draft (train_asr.py, fixed
 # seed; it saves its whole state every 100 steps, and a rerun continues from there with the
 # same steps an unstopped run takes), writes both as Q8_0 whisper.cpp files with specula's

@@ -334,7 +334,7 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--header", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--steps", type=int, default=4500)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=1234)
