@@ -6,44 +6,15 @@
 // compared in lower case, with everything but letters and apostrophes as spaces.
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "specula.h"
+#include "word_error.h"
 
 namespace {
-
-std::vector<std::string> words(const std::string& text) {
-    std::string s;
-    for (unsigned char c : text)
-        s += std::isalpha(c) || c == '\'' ? char(std::tolower(c)) : ' ';
-    std::istringstream in(s);
-    std::vector<std::string> out;
-    for (std::string w; in >> w;)
-        out.push_back(w);
-    return out;
-}
-
-// Word-level edit distance.
-size_t edits(const std::vector<std::string>& ref, const std::vector<std::string>& hyp) {
-    std::vector<size_t> d(hyp.size() + 1);
-    for (size_t j = 0; j <= hyp.size(); ++j)
-        d[j] = j;
-    for (size_t i = 1; i <= ref.size(); ++i) {
-        size_t diag = d[0];
-        d[0] = i;
-        for (size_t j = 1; j <= hyp.size(); ++j) {
-            const size_t up = d[j];
-            d[j] = std::min({d[j] + 1, d[j - 1] + 1, diag + (ref[i - 1] != hyp[j - 1])});
-            diag = up;
-        }
-    }
-    return d[hyp.size()];
-}
 
 struct Clip {
     std::string wav, reference;
@@ -92,8 +63,8 @@ bool transcribe_all(specula_asr_context* ctx, const std::vector<Clip>& clips,
 double wer(const std::vector<Clip>& clips, const Run& run) {
     size_t e = 0, n = 0;
     for (size_t i = 0; i < clips.size(); ++i) {
-        const auto ref = words(clips[i].reference);
-        e += edits(ref, words(run.texts[i]));
+        const auto ref = specula::transcript_words(clips[i].reference);
+        e += specula::word_edits(ref, specula::transcript_words(run.texts[i]));
         n += ref.size();
     }
     return n ? double(e) / double(n) : 0.0;
