@@ -31,11 +31,10 @@ uint group_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroup
 // The feed-forward's gate: silu(g) * u (elementwise.comp, and the gated matmul's output).
 float silu_times(float g, float u) { return g / (1.0 + exp(-g)) * u; }
 
-// erf(x) to 1.5e-7 (Abramowitz and Stegun 7.1.26): GLSL has no erf.
+// erf(x) to 1.5e-7 (device_abi.h's kErf*): GLSL has no erf.
 float erf_approx(float x) {
-    const float t = 1.0 / (1.0 + 0.3275911 * abs(x));
-    const float poly =
-        t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+    const float t = 1.0 / (1.0 + kErfP * abs(x));
+    const float poly = t * (kErfA1 + t * (kErfA2 + t * (kErfA3 + t * (kErfA4 + t * kErfA5))));
     return sign(x) * (1.0 - poly * exp(-x * x));
 }
 

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
     if (s.ok()) s = WhisperModel::load(*backend, std::move(file), nullptr, &model);
     if (s.ok()) s = WhisperContext::create(*model, int(tokens.size()), &ctx);
     if (s.ok()) s = audio::log_mel(samples, model->mel_filters(), &mel);
-    if (s.ok()) s = ctx->encode(mel, 0, ctx->window_frames());
+    if (s.ok()) s = ctx->encode(mel, 0);
     std::vector<float> enc, logits, more;
     if (s.ok()) {
         const Tensor out = ctx->encoder_output();

@@ -180,6 +180,23 @@ TEST(CpuBackend, RunsTheInstructionSetTheEnvironmentNames) {
     EXPECT_STREQ(cpu::simd_target(), wanted);
 }
 
+// The vector GELU is x Phi(x) to within the erf approximation's 1.5e-7 (device_abi.h), on
+// whole vectors and on a tail, for tiny, ordinary and huge inputs of either sign.
+TEST(CpuKernels, GeluIsXTimesPhi) {
+    create_cpu_backend(1);  // applies SPECULA_CPU_SIMD to the kernels called below
+    std::vector<float> x;
+    for (int i = 0; i <= 1000; ++i)
+        x.push_back(-12.0f + 0.024f * float(i));
+    for (const float v : {1e-30f, -1e-30f, 1e20f, -1e20f, 30.0f, -30.0f})
+        x.push_back(v);
+    std::vector<float> out(x.size());
+    cpu::gelu(x.data(), out.data(), int64_t(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+        const double v = x[i], phi = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0)));
+        EXPECT_NEAR(out[i], v * phi, 3e-7 * std::max(1.0, std::abs(v))) << "x = " << v;
+    }
+}
+
 // kernels.h's definition of the integer matmul, restated with plain integers and std::fma:
 // inputs quantized per block (nearest even of x * (1 / dx)), then per weight row and input,
 // over the blocks in order, acc = fma(sum qw * qx, dw * dx, acc); for the types with a min

@@ -371,8 +371,7 @@ TEST(WhisperTranscribe, TheDetectedLanguageIsTheMostLikelyLanguageToken) {
 
     audio::LogMel mel;
     ASSERT_TRUE(audio::log_mel(audio, model->mel_filters(), &mel).ok());
-    const int content = mel.n_frames - audio::kWhisperChunkFrames;
-    ASSERT_TRUE(ctx->encode(mel, 0, std::min(content, ctx->window_frames())).ok());
+    ASSERT_TRUE(ctx->encode(mel, 0).ok());
     std::vector<float> logits, probs;
     ASSERT_TRUE(ctx->forward(std::span(&t.sot, 1), false, &logits).ok());
     const auto first = logits.begin() + t.language(0);
@@ -389,6 +388,31 @@ TEST(WhisperTranscribe, TheDetectedLanguageIsTheMostLikelyLanguageToken) {
     asr::TranscribeStats stats;
     ASSERT_TRUE(asr::transcribe(*ctx, audio, p, &segments, &stats).ok());
     EXPECT_EQ(stats.language, expected) << kWhisperLanguages[size_t(expected)];
+}
+
+// A window longer than the audio holds the log-mel of silence past it, as whisper.cpp's: the
+// encoding of a clip is the encoding of the same clip followed by 20 s of silence.
+TEST(WhisperContext, TheWindowPastTheAudioIsSilence) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_TRUE(backend) << why;
+    std::unique_ptr<MappedFile> file;
+    ASSERT_TRUE(MappedFile::open(small_whisper(9), &file).ok());
+    std::unique_ptr<WhisperModel> model;
+    ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &model).ok());
+    std::unique_ptr<WhisperContext> ctx;
+    ASSERT_TRUE(WhisperContext::create(*model, 1, &ctx).ok());
+    std::vector<float> audio = chirp(0.5);
+    std::vector<std::vector<float>> encodings;
+    for (int pass = 0; pass < 2; ++pass) {
+        audio::LogMel mel;
+        ASSERT_TRUE(audio::log_mel(audio, model->mel_filters(), &mel).ok());
+        ASSERT_TRUE(ctx->encode(mel, 0).ok());
+        encodings.emplace_back(ctx->encoder_output().bytes() / sizeof(float));
+        ASSERT_TRUE(ctx->backend().download(ctx->encoder_output(), encodings.back().data()).ok());
+        audio.resize(audio.size() + 20 * 16000, 0.0f);
+    }
+    EXPECT_EQ(encodings[0], encodings[1]);
 }
 
 // The Generator drives any Decoder: a Whisper decoder drafted by another (after both encoded
@@ -410,7 +434,7 @@ TEST(WhisperDecoder, SpeculativeGreedyIsTheTargetsGreedy) {
     for (size_t i = 0; i < contexts.size(); ++i) {
         ASSERT_TRUE(
             WhisperContext::create(*models[i == 2 ? 1 : 0], kMaxGamma + 1, &contexts[i]).ok());
-        ASSERT_TRUE(contexts[i]->encode(mel, 0, std::min(mel.n_frames, 128)).ok());
+        ASSERT_TRUE(contexts[i]->encode(mel, 0).ok());
     }
     const std::vector<int32_t> prompt = {kEn.sot, kEn.no_timestamps};
     auto generate = [&](Decoder* draft, GeneratorStats* stats) {

@@ -40,7 +40,7 @@ Status repetition(WhisperContext& ctx, const audio::LogMel& mel, int decode_toke
     // whisper-bench's 256 positions, or the decoder's whole context where it is shorter.
     const std::vector<int32_t> tokens(size_t(std::min(256, ctx.n_ctx())), ctx.model().tokens().sot);
     auto t0 = Clock::now();
-    SPECULA_TRY(ctx.encode(mel, 0, ctx.window_frames()));
+    SPECULA_TRY(ctx.encode(mel, 0));
     out->push_back(ms_since(t0));
     if (decode_tokens == 0) return Status::Ok();  // the encoder only
     t0 = Clock::now();

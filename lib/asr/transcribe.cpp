@@ -107,10 +107,10 @@ class Transcriber {
         while (seek < content) {
             const int count = std::min(window, content - seek);
             auto t0 = std::chrono::steady_clock::now();
-            SPECULA_TRY(ctx_.encode(mel, seek, count));
+            SPECULA_TRY(ctx_.encode(mel, seek));
             if (p_.draft != nullptr)
                 SPECULA_TRY(shared_encoder_ ? p_.draft->encode_shared(ctx_)
-                                            : p_.draft->encode(mel, seek, count));
+                                            : p_.draft->encode(mel, seek));
             stats_.encode_seconds += seconds_since(t0);
             ++stats_.windows;
             t0 = std::chrono::steady_clock::now();

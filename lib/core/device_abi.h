@@ -15,12 +15,24 @@
 #define SPECULA_ABI_FN inline constexpr
 #endif
 #define SPECULA_ABI_UINT(name, value) inline constexpr uint name = value;
+#define SPECULA_ABI_FLOAT(name, value) inline constexpr float name = value;
 namespace specula::shared {
 using uint = uint32_t;
 #else
 #define SPECULA_ABI_FN
 #define SPECULA_ABI_UINT(name, value) const uint name = value;
+#define SPECULA_ABI_FLOAT(name, value) const float name = value;
 #endif
+
+// GELU's erf(x) to 1.5e-7 (Abramowitz and Stegun 7.1.26; GLSL has no erf, and the cpu's
+// vector form is this too): t = 1 / (1 + p |x|), erf(x) = sign(x) (1 - t (a1 + t (a2 + t (a3 +
+// t (a4 + t a5)))) e^(-x^2)).
+SPECULA_ABI_FLOAT(kErfP, 0.3275911f)
+SPECULA_ABI_FLOAT(kErfA1, 0.254829592f)
+SPECULA_ABI_FLOAT(kErfA2, -0.284496736f)
+SPECULA_ABI_FLOAT(kErfA3, 1.421413741f)
+SPECULA_ABI_FLOAT(kErfA4, -1.453152027f)
+SPECULA_ABI_FLOAT(kErfA5, 1.061405429f)
 
 // Philox streams: every use of noise salts its counter with its own id, so draft
 // sampling, the acceptance test and the residual draw never share noise.

@@ -266,15 +266,16 @@ void WhisperContext::block(const WhisperModel::Block& b, const Tensor& x, int n,
     linear(b.mlp2, f, x, A::kYes);
 }
 
-Status WhisperContext::encode(const audio::LogMel& mel, int first, int count) {
+Status WhisperContext::encode(const audio::LogMel& mel, int first) {
     const WhisperHparams& hp = model_.hparams();
     if (mel.n_mel != hp.n_mels)
         return InvalidArgument("a mel of " + std::to_string(mel.n_mel) + " bands for a model of " +
                                std::to_string(hp.n_mels));
     const int frames = window_frames();
-    if (first < 0 || count < 0 || count > frames || first + count > mel.n_frames ||
+    if (first < 0 || first > mel.n_frames ||
         int64_t(mel.data.size()) != int64_t(mel.n_mel) * mel.n_frames)
         return InvalidArgument("mel frames out of range");
+    const int count = std::min(frames, mel.n_frames - first);
     Backend& be = model_.backend_;
     using A = Backend::Accumulate;
     // The window as rows of time (the convolutions run over rows).

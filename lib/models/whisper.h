@@ -105,10 +105,13 @@ class WhisperContext final : public Decoder {
     // The mel frames one window holds: 2 * n_audio_ctx (3000 for 30 s).
     int window_frames() const { return 2 * model_.hparams().n_audio_ctx; }
 
-    // Runs the encoder over the `count` (<= window_frames()) frames of mel from `first`, zeros
-    // after them (OpenAI's pad_or_trim), and computes every decoder layer's cross K/V. Forgets
-    // the decoder's cache. detect_language() needs an encoded window.
-    Status encode(const audio::LogMel& mel, int first, int count);
+    // Runs the encoder over the window_frames() frames of mel from `first` and computes every
+    // decoder layer's cross K/V. Past the audio the window holds what the mel holds there, the
+    // log-mel of the silence audio::log_mel appends, as whisper.cpp and OpenAI's
+    // log_mel_spectrogram(pad_or_trim(audio)) give a model (OpenAI's transcribe.py pads the
+    // mel with 0 instead); frames past the mel's end are 0. Forgets the decoder's cache.
+    // detect_language() needs an encoded window.
+    Status encode(const audio::LogMel& mel, int first);
     // Whether `target`'s encoder is this model's (WhisperModel::same_encoder), compared once per
     // target model (its encoder's bytes, up to gigabytes for large models) and then remembered.
     bool shares_encoder_with(const WhisperModel& target) const;

@@ -27,6 +27,12 @@ struct Row {
 // The largest order key of z[x] * scale over x < n, as a signed integer (order_key - 2^31).
 int32_t max_signed_key(const float* z, uint32_t n, float scale);
 
+// The float whose signed order key is k (max_signed_key's, order_keys' results).
+float from_signed_key(int32_t k);
+// The value of the largest order key of z[x] * scale over x < n: the maximum when z has no NaN
+// (keys rank NaNs beyond the infinities); -infinity when n is 0.
+float max_value(const float* z, uint32_t n, float scale);
+
 // keys[x] = order_key(z[x] * scale) for x < n; returns the largest as max_signed_key does.
 int32_t order_keys(const float* z, uint32_t n, float scale, uint32_t* keys);
 

@@ -17,17 +17,6 @@ float SamplingParams::nucleus() const {
 
 namespace {
 
-// The float whose signed order key (det::order_key - 2^31, as the row kernels give it) is k.
-float from_signed_key(int32_t k) {
-    return det::from_bits(uint32_t(k >= 0 ? k : k ^ 0x7FFFFFFF));
-}
-
-// The value of the largest order key of z[x] * scale over the row: the row's maximum when the
-// row has no NaN, else possibly a NaN (keys rank NaNs beyond the infinities).
-float max_by_key(std::span<const float> z, float scale) {
-    return from_signed_key(rows::max_signed_key(z.data(), uint32_t(z.size()), scale));
-}
-
 // Rows whose kept set is at most this fraction of the vocabulary race over their kept ids one
 // by one; longer ones over the whole row, a vector of tokens at a time.
 constexpr uint32_t kSparseRaceFraction = 16;
@@ -46,7 +35,7 @@ int32_t argmax(std::span<const float> logits) {
     // (no load of the best logit per token); a row with a NaN takes the definition.
     const auto n = uint32_t(logits.size());
     if (n == 0) return 0;
-    const float m = max_by_key(logits, 1.0f);
+    const float m = rows::max_value(logits.data(), uint32_t(logits.size()), 1.0f);
     const auto it = std::find(logits.begin(), logits.end(), m);
     if (std::isnan(logits[0]) || it == logits.end()) return first_maximal();
     return int32_t(it - logits.begin());
@@ -65,9 +54,9 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
     // float but where it is a zero (which sign comes first matters) or the row has a NaN.
     if (filtered) {
         if (keys.size() < n) keys.resize(n);
-        norm.max = from_signed_key(rows::order_keys(logits.data(), n, inv_t, keys.data()));
+        norm.max = rows::from_signed_key(rows::order_keys(logits.data(), n, inv_t, keys.data()));
     } else {
-        norm.max = max_by_key(logits, inv_t);
+        norm.max = rows::max_value(logits.data(), uint32_t(logits.size()), inv_t);
     }
     if (norm.max == 0.0f || std::isnan(norm.max)) {
         norm.max = -INFINITY;

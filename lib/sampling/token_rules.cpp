@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/detmath.h"
+#include "sampling/row_kernels.h"
 
 namespace specula {
 
@@ -68,18 +69,15 @@ void apply_token_rules(const TokenRules& r, const RulesState& s, std::span<float
     // Where the timestamps together are likelier than any one text token, a timestamp it is:
     // both sides share the log-softmax's normaliser, so the log-sum-exp of the timestamps' logits
     // is compared with the largest text logit.
-    float ts_max = kMasked, text_max = kMasked;
-    for (int32_t i = 0; i < n; ++i) {
-        const float z = logits[size_t(i)];
-        float& m = i >= r.timestamp_begin ? ts_max : text_max;
-        if (z > m) m = z;
-    }
-    if (ts_max == kMasked || text_max == kMasked) return;
+    // (row_kernels.h: the scalar definitions, a vector of tokens at a time.)
+    const int32_t n_text = std::clamp(r.timestamp_begin, 0, n);
+    const float* ts = logits.data() + n_text;
+    const auto n_ts = uint32_t(n - n_text);
+    const float text_max = rows::max_value(logits.data(), uint32_t(n_text), 1.0f);
+    const float ts_max = rows::max_value(ts, n_ts, 1.0f);
+    if (!(ts_max > kMasked) || !(text_max > kMasked)) return;
     // Summed over the timestamps only (1501 of Whisper's 51,865 tokens), in the canonical order.
-    const float* ts = logits.data() + r.timestamp_begin;
-    const float ts_sum = det::canonical_sum(uint32_t(n - r.timestamp_begin), [&](uint32_t i) {
-        return det::exp_nonpositive(ts[i] - ts_max);
-    });
+    const float ts_sum = rows::kept_weight_sum({ts, 1.0f, ts_max}, n_ts);
     if (det::log_positive(ts_sum) + ts_max > text_max) mask(0, r.timestamp_begin);
 }
 
@@ -124,12 +122,10 @@ std::array<int32_t, shared::kRulesWords> rules_words(const TokenRules& r, const 
 }
 
 float log_sum_exp(std::span<const float> logits) {
-    float max = kMasked;
-    for (float z : logits)
-        if (z > max) max = z;
-    if (max == kMasked) return kMasked;
-    const float sum = det::canonical_sum(
-        uint32_t(logits.size()), [&](uint32_t i) { return det::exp_nonpositive(logits[i] - max); });
+    const auto n = uint32_t(logits.size());
+    const float max = rows::max_value(logits.data(), n, 1.0f);
+    if (!(max > kMasked)) return kMasked;
+    const float sum = rows::kept_weight_sum({logits.data(), 1.0f, max}, n);
     return sum > 0.0f ? max + det::log_positive(sum) : max;  // an infinite max: no finite sum
 }
 

@@ -433,8 +433,7 @@ class CpuBackend final : public Backend {
         float* o = f32(out);
         const int64_t n = x.cols * x.rows;
         parallel_for(size_t(n), 8, [&](size_t begin, size_t end) {
-            for (size_t i = begin; i < end; ++i)
-                o[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * float(M_SQRT1_2)));
+            cpu::gelu(in + begin, o + begin, int64_t(end - begin));
         });
     }
 

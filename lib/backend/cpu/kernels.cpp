@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "core/device_abi.h"
 #include "format/quant.h"
 #include "hwy/contrib/math/math-inl.h"
 
@@ -961,6 +962,22 @@ void SiluTimes(const float* gate, const float* up, float* out, int64_t n) {
     });
 }
 
+void Gelu(const float* x, float* out, int64_t n) {
+    namespace abi = shared;
+    MapPairs(x, x, out, n, [](DF d, VF a, VF) {
+        const VF z = hn::Mul(a, hn::Set(d, float(M_SQRT1_2)));
+        const VF one = hn::Set(d, 1.0f);
+        const VF t = hn::Div(one, hn::MulAdd(hn::Set(d, abi::kErfP), hn::Abs(z), one));
+        VF poly = hn::Set(d, abi::kErfA5);
+        for (const float c : {abi::kErfA4, abi::kErfA3, abi::kErfA2, abi::kErfA1})
+            poly = hn::MulAdd(poly, t, hn::Set(d, c));
+        poly = hn::Mul(poly, t);
+        const VF erf_abs = hn::NegMulAdd(poly, hn::Exp(d, hn::Neg(hn::Mul(z, z))), one);
+        const VF erf = hn::CopySignToAbs(erf_abs, z);
+        return hn::Mul(hn::Mul(hn::Set(d, 0.5f), a), hn::Add(one, erf));
+    });
+}
+
 // out[c] = sum over keys t of p[c][t] * v[t] / sums[c] for Q queries: each value vector is loaded
 // once for all of them, two vectors of a row at a time (2Q independent chains). Every output
 // element is one chain of fma in key order, whatever Q, so a query's result does not depend on
@@ -1173,6 +1190,7 @@ HWY_EXPORT(DotF32);
 HWY_EXPORT(Attend);
 HWY_EXPORT(AttendTransposed);
 HWY_EXPORT(SiluTimes);
+HWY_EXPORT(Gelu);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(PackRows);
 HWY_EXPORT(QuantizeInputs);
@@ -1210,6 +1228,7 @@ void attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
 void silu_times(const float* gate, const float* up, float* out, int64_t n) {
     HWY_DYNAMIC_DISPATCH(SiluTimes)(gate, up, out, n);
 }
+void gelu(const float* x, float* out, int64_t n) { HWY_DYNAMIC_DISPATCH(Gelu)(x, out, n); }
 void attend_transposed(const float* q, int n_queries, const int* keys, const float* kt,
                        const float* v, int64_t v_stride, int head_dim, float scale, float* scores,
                        float* out) {

@@ -160,6 +160,10 @@ void attend_transposed(const float* q, int n_queries, const int* keys, const flo
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i] (out may be gate).
 void silu_times(const float* gate, const float* up, float* out, int64_t n);
 
+// out[i] = gelu(x[i]) = x[i] / 2 (1 + erf(x[i] / sqrt 2)), erf as device_abi.h's kErf*
+// approximation (out may be x).
+void gelu(const float* x, float* out, int64_t n);
+
 // Which instruction set the kernels run on ("AVX3", "AVX2", "NEON", ...).
 const char* simd_target();
 
