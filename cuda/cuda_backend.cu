@@ -266,6 +266,13 @@ class CudaBackend final : public Backend {
         cuda::im2col3(stream_, dev(x), x.cols, x.rows, stride, out.cols, out.rows, dev(out));
         check(cudaGetLastError(), "im2col3");
     }
+    void expand_columns(const Tensor& src, const Tensor& ids, float fill,
+                        const Tensor& out) override {
+        select();
+        cuda::expand_columns(stream_, dev(src), src.cols, dev<int32_t>(ids), fill, out.cols,
+                             out.rows, dev(out));
+        check(cudaGetLastError(), "expand_columns");
+    }
     void verify(const VerifyArgs& a) override {
         cuda::DecodeLaunch d;
         d.target = dev(a.target);

@@ -37,6 +37,9 @@ void gelu(cudaStream_t s, const float* x, int64_t n, float* out);
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n);
 void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
              int64_t out_rows, float* out);
+// out[r][ids[j]] = src[r][j], fill elsewhere (Backend::expand_columns; ids ascending).
+void expand_columns(cudaStream_t s, const float* src, int64_t src_cols, const int32_t* ids,
+                    float fill, int64_t cols, int64_t rows, float* out);
 
 // The verify passes of shaders/decode.comp. Pointers are null when unused;
 // scratch holds decode_scratch_words() 32-bit words.

@@ -597,6 +597,26 @@ void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, i
                                                                     out_cols * out_rows, out);
 }
 
+__global__ void expand_columns_kernel(const float* src, int64_t src_cols, const int32_t* ids,
+                                      float fill, int64_t cols, int64_t n, float* out) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int64_t c = i % cols;
+    int64_t lo = 0, hi = src_cols;  // the first j with ids[j] >= c lies in [lo, hi]
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (ids[mid] < c) lo = mid + 1;
+        else hi = mid;
+    }
+    out[i] = lo < src_cols && ids[lo] == c ? src[(i / cols) * src_cols + lo] : fill;
+}
+
+void expand_columns(cudaStream_t s, const float* src, int64_t src_cols, const int32_t* ids,
+                    float fill, int64_t cols, int64_t rows, float* out) {
+    expand_columns_kernel<<<blocks(cols * rows, 256), 256, 0, s>>>(src, src_cols, ids, fill, cols,
+                                                                   cols * rows, out);
+}
+
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n) {
     add_bias_kernel<<<blocks(n, 256), 256, 0, s>>>(x, bias, period, n);
 }

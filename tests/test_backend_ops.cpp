@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -398,6 +399,34 @@ TEST_P(BackendOps, GetRowsEveryType) {
         p.cpu->get_rows(table.first, ids.first, out.first);
         p.gpu->get_rows(table.second, ids.second, out.second);
         expect_close(p, out, 0.0);  // a copy: exact
+    }
+}
+
+// A subset's columns (3 rows of 40: the first, the last, runs and gaps) spread over 100 columns,
+// the rest filled: the same copy on every backend, and by its definition.
+TEST_P(BackendOps, ExpandColumnsIsTheSameCopy) {
+    std::vector<int32_t> kept, map(100, -1);  // map: each column's source column, or -1
+    for (int32_t c = 0; c < 100; ++c)
+        if (c == 0 || c == 99 || c % 7 < 3 || c % 11 == 5) kept.push_back(c);
+    kept.resize(40);
+    kept.back() = 99;
+    for (size_t j = 0; j < kept.size(); ++j)
+        map[size_t(kept[j])] = int32_t(j);
+    auto src = p.tensor(GgmlType::kF32, 40, 3, random_bytes(GgmlType::kF32, 40, 3, 8));
+    auto ids = p.tensor(GgmlType::kI32, 40, 1, as_bytes(kept));
+    auto out = p.tensor(GgmlType::kF32, 100, 3, {});
+    std::vector<float> s(40 * 3);
+    ASSERT_TRUE(p.cpu->download(src.first, s.data()).ok());
+    for (const float fill : {-std::numeric_limits<float>::infinity(), 2.5f}) {
+        p.cpu->expand_columns(src.first, ids.first, fill, out.first);
+        p.gpu->expand_columns(src.second, ids.second, fill, out.second);
+        std::vector<float> a(100 * 3), b(a.size());
+        ASSERT_TRUE(p.cpu->download(out.first, a.data()).ok());
+        ASSERT_TRUE(p.gpu->download(out.second, b.data()).ok());
+        EXPECT_EQ(a, b);
+        for (size_t r = 0; r < 3; ++r)
+            for (size_t c = 0; c < 100; ++c)
+                EXPECT_EQ(a[r * 100 + c], map[c] < 0 ? fill : s[r * 40 + size_t(map[c])]);
     }
 }
 

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <functional>
 #include <random>
 
@@ -317,12 +318,19 @@ TokenRules toy_rules() {
     return r;
 }
 
-std::vector<float> ruled_row(bool draft, int pos, int32_t prev, const RulesState* state) {
+// A draft restricted to a subset of the vocabulary (WhisperModel::restrict_output) never
+// proposes text token 1: its logit is -infinity before the rules.
+enum class DraftVocabulary { kWhole, kWithoutToken1 };
+
+std::vector<float> ruled_row(bool draft, int pos, int32_t prev, const RulesState* state,
+                             DraftVocabulary vocabulary = DraftVocabulary::kWhole) {
     std::vector<float> row(kRuledV);
     for (int v = 0; v < kRuledV; ++v) {
         const double phase = 0.9 * v + 1.7 * pos + 0.6 * (prev + 1) + (draft ? 2.1 : 0.0);
         row[size_t(v)] = float(std::sin(phase) + (draft ? 0.4 : 0.7) * std::cos(2.3 * phase));
     }
+    if (draft && vocabulary == DraftVocabulary::kWithoutToken1)
+        row[1] = -std::numeric_limits<float>::infinity();
     if (state != nullptr) apply_token_rules(toy_rules(), *state, row);
     return row;
 }
@@ -330,7 +338,7 @@ std::vector<float> ruled_row(bool draft, int pos, int32_t prev, const RulesState
 enum class RulesBug { kNone, kTargetRowsSeeNoDrafts, kVerifyGetsUnmaskedDraftRows };
 
 std::array<int32_t, kToyTokens> ruled_generation(const SamplingParams& p, int gamma, uint32_t trial,
-                                                 RulesBug bug) {
+                                                 RulesBug bug, DraftVocabulary vocabulary) {
     const TokenRules rules = toy_rules();
     std::vector<int32_t> out;
     for (uint32_t local = 0; out.size() < size_t(kToyTokens); ++local) {
@@ -345,10 +353,10 @@ std::array<int32_t, kToyTokens> ruled_generation(const SamplingParams& p, int ga
                                      bug == RulesBug::kTargetRowsSeeNoDrafts ? &before : &seen);
             s.target.insert(s.target.end(), t.begin(), t.end());
             if (c == gamma) break;
-            const auto q = ruled_row(true, pos + c, prev, &seen);
+            const auto q = ruled_row(true, pos + c, prev, &seen, vocabulary);
             prev = draft_token(q, p, step, uint32_t(c));
             const auto judged = bug == RulesBug::kVerifyGetsUnmaskedDraftRows
-                                    ? ruled_row(true, pos + c, prev, nullptr)
+                                    ? ruled_row(true, pos + c, prev, nullptr, vocabulary)
                                     : q;
             s.draft.insert(s.draft.end(), judged.begin(), judged.end());
             s.drafts.push_back(prev);
@@ -361,11 +369,12 @@ std::array<int32_t, kToyTokens> ruled_generation(const SamplingParams& p, int ga
     return {out[0], out[1], out[2]};
 }
 
-double ruled_joint_statistic(const SamplingParams& p, int gamma, int trials, RulesBug bug) {
+double ruled_joint_statistic(const SamplingParams& p, int gamma, int trials, RulesBug bug,
+                             DraftVocabulary vocabulary = DraftVocabulary::kWhole) {
     constexpr int kCells = kRuledV * kRuledV * kRuledV;
     std::vector<double> counts(kCells), expected(kCells);
     for (int i = 0; i < trials; ++i) {
-        const auto x = ruled_generation(p, gamma, uint32_t(i), bug);
+        const auto x = ruled_generation(p, gamma, uint32_t(i), bug, vocabulary);
         ++counts[size_t((x[0] * kRuledV + x[1]) * kRuledV + x[2])];
     }
     const TokenRules rules = toy_rules();
@@ -389,6 +398,18 @@ TEST(Verify, WithWhisperRulesTheFirstThreeTokensFollowTheTargetsJointLaw) {
             EXPECT_LT(ruled_joint_statistic(p, gamma, kJointTrials, RulesBug::kNone), 1.0)
                 << proc.name << " gamma " << gamma;
         }
+    }
+}
+
+// A draft that cannot propose a token the target says (a restricted vocabulary): the residual
+// draw still gives it its probability.
+TEST(Verify, WithWhisperRulesARestrictedDraftKeepsTheTargetsJointLaw) {
+    for (const auto& proc : kProcessings) {
+        SamplingParams p{proc.temperature, proc.top_k, proc.top_p, 31};
+        EXPECT_LT(ruled_joint_statistic(p, 2, kJointTrials, RulesBug::kNone,
+                                        DraftVocabulary::kWithoutToken1),
+                  1.0)
+            << proc.name;
     }
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <numeric>
@@ -415,6 +416,61 @@ TEST(WhisperContext, TheWindowPastTheAudioIsSilence) {
     EXPECT_EQ(encodings[0], encodings[1]);
 }
 
+// A draft restricted to some tokens (WhisperModel::restrict_output) has the whole model's logits
+// for them and for every token from <|endoftext|> on, and -infinity for the rest, on every
+// backend; bad subsets and a restriction after a context exists are refused.
+TEST(WhisperModel, ARestrictedOutputIsTheWholeOutputOnItsTokens) {
+    for (specula_backend_kind kind : {SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN}) {
+        std::string why;
+        auto backend = test::try_backend(kind, &why);
+        if (!backend) {
+            std::cout << "skipped " << test::backend_name(kind) << ": " << why << "\n";
+            continue;
+        }
+        std::vector<std::unique_ptr<WhisperModel>> models(3);
+        for (auto& m : models) {
+            std::unique_ptr<MappedFile> file;
+            ASSERT_TRUE(MappedFile::open(small_whisper(9), &file).ok());
+            ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &m).ok());
+        }
+        WhisperModel &whole = *models[0], &restricted = *models[1], &late = *models[2];
+        const int32_t eot = whole.tokens().eot, n_vocab = whole.hparams().n_vocab;
+        EXPECT_EQ(restricted.restrict_output(std::vector<int32_t>{5, n_vocab}).code(),
+                  SPECULA_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(restricted.restrict_output(std::vector<int32_t>{eot, eot + 7}).code(),
+                  SPECULA_ERR_INVALID_ARGUMENT);  // no text token
+        const std::vector<int32_t> kept = {50000, 5, 17, 300, 5, eot + 3};
+        ASSERT_TRUE(restricted.restrict_output(kept).ok());
+        EXPECT_EQ(restricted.output_rows(), 4 + (n_vocab - eot));
+        EXPECT_EQ(restricted.restrict_output(kept).code(), SPECULA_ERR_INVALID_ARGUMENT);
+
+        audio::LogMel mel;
+        ASSERT_TRUE(audio::log_mel(chirp(1.0), whole.mel_filters(), &mel).ok());
+        const std::vector<int32_t> prompt = {kEn.sot, kEn.no_timestamps, 300};
+        std::vector<std::vector<float>> logits(2);
+        for (size_t i = 0; i < 2; ++i) {
+            std::unique_ptr<WhisperContext> ctx;
+            ASSERT_TRUE(WhisperContext::create(i == 0 ? whole : restricted, 3, &ctx).ok());
+            ASSERT_TRUE(ctx->encode(mel, 0).ok());
+            ASSERT_TRUE(ctx->forward(prompt, true, &logits[i]).ok());
+        }
+        ASSERT_EQ(logits[0].size(), logits[1].size());
+        for (size_t r = 0; r < prompt.size(); ++r)
+            for (int32_t id = 0; id < n_vocab; ++id) {
+                const size_t at = r * size_t(n_vocab) + size_t(id);
+                const bool is_kept = id >= eot || id == 5 || id == 17 || id == 300 || id == 50000;
+                if (is_kept)
+                    ASSERT_NEAR(logits[1][at], logits[0][at], 1e-5 * std::abs(logits[0][at]) + 1e-6)
+                        << test::backend_name(kind) << " row " << r << " token " << id;
+                else
+                    ASSERT_EQ(logits[1][at], -std::numeric_limits<float>::infinity()) << id;
+            }
+        std::unique_ptr<WhisperContext> ctx;
+        ASSERT_TRUE(WhisperContext::create(late, 1, &ctx).ok());
+        EXPECT_EQ(late.restrict_output(kept).code(), SPECULA_ERR_INVALID_ARGUMENT);
+    }
+}
+
 // The Generator drives any Decoder: a Whisper decoder drafted by another (after both encoded
 // the same window) gives greedy tokens identical to the target's alone, whether the draft is
 // the target itself (every draft accepted) or an unrelated model (most rejected).
@@ -777,6 +833,28 @@ TEST(AsrApi, ADraftInTheParams) {
     p.gamma = 3;
     ASSERT_EQ(specula_asr_transcribe(ctx, audio.data(), audio.size(), &p), SPECULA_OK);
     EXPECT_EQ(texts(), alone);
+
+    // A draft that proposes a few tokens: the same transcript; bad token lists are refused.
+    const std::string draft_path = small_whisper(9, true, GgmlType::kQ4_0);
+    specula_asr_model* proposer = reinterpret_cast<specula_asr_model*>(&p);  // must be reset
+    const std::vector<int32_t> bad = {5, kVocabEn};
+    EXPECT_EQ(specula_asr_draft_load(api.backend, draft_path.c_str(), nullptr, bad.data(),
+                                     bad.size(), &proposer),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(proposer, nullptr);
+    EXPECT_EQ(specula_asr_draft_load(api.backend, draft_path.c_str(), nullptr, nullptr, 3,
+                                     &proposer),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    std::vector<int32_t> few(300);
+    std::iota(few.begin(), few.end(), 0);
+    ASSERT_EQ(specula_asr_draft_load(api.backend, draft_path.c_str(), nullptr, few.data(),
+                                     few.size(), &proposer),
+              SPECULA_OK);
+    p.draft = proposer;
+    ASSERT_EQ(specula_asr_transcribe(ctx, audio.data(), audio.size(), &p), SPECULA_OK)
+        << specula_last_error();
+    EXPECT_EQ(texts(), alone);
+    specula_asr_model_free(proposer);
     specula_asr_context_free(ctx);
     specula_asr_model_free(elsewhere);
     specula_asr_model_free(multilingual);
@@ -804,12 +882,19 @@ TEST(AsrApi, RealModelTranscribesJfk) {
 
 // The bundled pair (examples/models/specula-whisper-*.bin, tools/train/README.md) on the bundled
 // clip, a sentence and a voice it never heard in training: on every backend the pair's greedy
-// transcript is the target's alone, most drafts are accepted, and the target hears the sentence.
+// transcript is the target's alone, whether the draft proposes any token or only those of its
+// token list (specula_asr_draft_load), most drafts are accepted, and the target hears the
+// sentence.
 TEST(AsrApi, BundledPairTranscribesItsClipAsTheTargetAlone) {
     const std::string models = SPECULA_MODELS_DIR;
     const std::string target_path = models + "/specula-whisper-target.bin",
                       draft_path = models + "/specula-whisper-draft.bin",
                       clip = models + "/../audio/held-out-sentence.wav";
+    std::vector<int32_t> tokens;
+    std::ifstream list(models + "/specula-whisper-draft.tokens");
+    for (int32_t id = 0; list >> id;)
+        tokens.push_back(id);
+    ASSERT_EQ(tokens.size(), 2048u);
     const std::vector<std::string> reference =
         transcript_words("Instances of the bytes type are immutable just as strings are.");
     for (specula_backend_kind kind : {SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN}) {
@@ -843,6 +928,26 @@ TEST(AsrApi, BundledPairTranscribesItsClipAsTheTargetAlone) {
         specula_asr_timings t{};
         ASSERT_EQ(specula_asr_get_timings(ctx, &t), SPECULA_OK);
         EXPECT_GE(double(t.n_accepted), 0.6 * double(t.n_evaluated));
+
+        specula_asr_model* proposer = nullptr;
+        ASSERT_EQ(specula_asr_draft_load(backend, draft_path.c_str(), nullptr, tokens.data(),
+                                         tokens.size(), &proposer),
+                  SPECULA_OK)
+            << specula_last_error();
+        specula_asr_model_info info{};
+        ASSERT_EQ(specula_asr_model_get_info(proposer, &info), SPECULA_OK);
+        EXPECT_LT(info.n_output_tokens, info.n_vocab / 10);
+        p.draft = proposer;
+        ASSERT_EQ(specula_asr_transcribe_file(ctx, clip.c_str(), &p), SPECULA_OK)
+            << specula_last_error();
+        EXPECT_EQ(transcript(ctx), alone);
+        specula_asr_timings restricted{};
+        ASSERT_EQ(specula_asr_get_timings(ctx, &restricted), SPECULA_OK);
+        EXPECT_GE(double(restricted.n_accepted), 0.6 * double(restricted.n_evaluated));
+        specula_asr_context* refused = nullptr;  // it proposes; it does not transcribe
+        EXPECT_EQ(specula_asr_context_create(proposer, &refused), SPECULA_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(refused, nullptr);
+        specula_asr_model_free(proposer);
         const std::vector<std::string> heard = transcript_words(alone);
         size_t found = 0;
         for (const std::string& w : reference)

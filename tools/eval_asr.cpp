@@ -78,13 +78,15 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string target_path, draft_path, list_path, backend_name = "cpu";
+    std::string target_path, draft_path, tokens_path, list_path, backend_name = "cpu";
     int reps = 3, threads = 0, gamma = 4, gamma_max = 8;
     std::string policy = "analytic";
     bool timestamps = false;
     CLI::App app{"Word error rate and speculative speed of a Whisper pair on a list of clips"};
     app.add_option("-m,--model", target_path, "target whisper.cpp model")->required();
     app.add_option("--md,--model-draft", draft_path, "draft whisper.cpp model")->required();
+    app.add_option("--draft-tokens", tokens_path,
+                   "ids the draft proposes (whitespace-separated; specula_asr_draft_load)");
     app.add_option("-l,--list", list_path, "lines of: wav path <TAB> reference text")->required();
     app.add_option("--backend", backend_name, "cpu, vulkan, cuda or auto");
     app.add_option("--threads", threads, "cpu threads (0 = all)");
@@ -112,7 +114,20 @@ int main(int argc, char** argv) {
     specula_backend_params bp = specula_backend_default_params();
     bp.n_threads = threads;
     specula_backend* backend = nullptr;
-    specula_asr_model *target = nullptr, *draft = nullptr;
+    std::vector<int32_t> tokens;
+    if (!tokens_path.empty()) {
+        std::ifstream in(tokens_path);
+        for (int32_t id = 0; in >> id;)
+            tokens.push_back(id);
+        if (tokens.empty() || !in.eof()) {
+            std::fprintf(stderr, "specula-eval-asr: %s: no list of token ids\n",
+                         tokens_path.c_str());
+            return 1;
+        }
+    }
+    // The draft alone is transcribed with its whole vocabulary; the pair's proposer is the
+    // draft restricted to the tokens given, if any.
+    specula_asr_model *target = nullptr, *draft = nullptr, *proposer = nullptr;
     specula_asr_context *ctx = nullptr, *draft_ctx = nullptr;
     bool ok = check(specula_backend_kind_from_name(backend_name.c_str(), &bp.kind), "--backend") &&
               check(specula_backend_create(&bp, &backend), "backend") &&
@@ -120,13 +135,16 @@ int main(int argc, char** argv) {
                     target_path.c_str()) &&
               check(specula_asr_model_load(backend, draft_path.c_str(), nullptr, &draft),
                     draft_path.c_str()) &&
+              check(specula_asr_draft_load(backend, draft_path.c_str(), nullptr, tokens.data(),
+                                           tokens.size(), &proposer),
+                    draft_path.c_str()) &&
               check(specula_asr_context_create(target, &ctx), "context") &&
               check(specula_asr_context_create(draft, &draft_ctx), "draft context");
     specula_asr_params alone = specula_asr_default_params();
     alone.timestamps = timestamps;
     alone.temperature_increment = 0.0f;  // greedy: the pair's transcripts must be the target's
     specula_asr_params pair = alone;
-    pair.draft = draft;
+    pair.draft = proposer;
     ok = ok && check(specula_gamma_policy_from_name(policy.c_str(), &pair.gamma_policy),
                      "--gamma-policy");
     pair.gamma = gamma;
@@ -152,6 +170,12 @@ int main(int argc, char** argv) {
                     clips.size(), audio, backend_name.c_str(), std::max(1, reps));
         std::printf("WER: target %.2f%%, draft alone %.2f%%\n", 100 * wer(clips, a),
                     100 * wer(clips, d));
+        if (!tokens.empty()) {
+            specula_asr_model_info info{};
+            specula_asr_model_get_info(proposer, &info);
+            std::printf("the pair's draft proposes %d of %d tokens (%s)\n", info.n_output_tokens,
+                        info.n_vocab, tokens_path.c_str());
+        }
         std::printf(
             "pair: acceptance rate %.3f (%llu of %llu drafts), %.2f tokens per target "
             "call; transcripts identical to the target's: %zu of %zu\n",
@@ -170,6 +194,7 @@ int main(int argc, char** argv) {
     }
     specula_asr_context_free(draft_ctx);
     specula_asr_context_free(ctx);
+    specula_asr_model_free(proposer);
     specula_asr_model_free(draft);
     specula_asr_model_free(target);
     specula_backend_free(backend);

@@ -67,7 +67,7 @@ int fail(const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string model_path, draft_path, audio_path, output_path,
+    std::string model_path, draft_path, tokens_path, audio_path, output_path,
         language = "en", backend_name = "auto", policy = "analytic";
     bool translate = false, no_timestamps = false, otxt = false, osrt = false, ovtt = false,
          ojson = false, no_fallback = false, compare = false;
@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
     app.add_option("-f,--file", audio_path, "WAV file (any rate, mono or stereo)")->required();
     app.add_option("--md,--model-draft", draft_path,
                    "draft Whisper (same vocabulary): speculative decoding");
+    app.add_option("--draft-tokens", tokens_path,
+                   "a file of the token ids the draft may propose (whitespace-separated)");
     app.add_option("--gamma-policy", policy, "fixed, heuristic or analytic")
         ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
     app.add_option("--gamma", gamma, "drafts per step (fixed), or the start");
@@ -125,9 +127,22 @@ int main(int argc, char** argv) {
         specula_backend_free(backend);
         return fail("model");
     }
+    std::vector<int32_t> tokens;
+    if (!tokens_path.empty()) {
+        std::ifstream in(tokens_path);
+        for (int32_t id = 0; in >> id;)
+            tokens.push_back(id);
+        if (tokens.empty() || !in.eof()) {
+            std::fprintf(stderr, "specula-asr: %s: no list of token ids\n", tokens_path.c_str());
+            specula_asr_model_free(model);
+            specula_backend_free(backend);
+            return 1;
+        }
+    }
     specula_asr_model* draft = nullptr;
     if (!draft_path.empty() &&
-        specula_asr_model_load(backend, draft_path.c_str(), nullptr, &draft) != SPECULA_OK) {
+        specula_asr_draft_load(backend, draft_path.c_str(), nullptr, tokens.data(), tokens.size(),
+                               &draft) != SPECULA_OK) {
         specula_asr_model_free(model);
         specula_backend_free(backend);
         return fail("draft model");
@@ -138,6 +153,12 @@ int main(int argc, char** argv) {
                  model_path.c_str(), device.name, specula_backend_kind_name(device.kind),
                  info.n_audio_layer, info.n_text_layer, info.n_state,
                  info.multilingual ? "multilingual" : "English-only");
+    if (!tokens.empty()) {
+        specula_asr_model_info d{};
+        specula_asr_model_get_info(draft, &d);
+        std::fprintf(stderr, "specula-asr: the draft proposes %d of the %d tokens (%s)\n",
+                     d.n_output_tokens, d.n_vocab, tokens_path.c_str());
+    }
     int rc = 0;
     std::vector<Segment> segments;
     const bool tty = isatty(fileno(stderr)) != 0;

@@ -113,13 +113,18 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
 
 extern "C" {
 
-specula_status specula_asr_model_load(specula_backend* backend, const char* path,
-                                      const specula_model_params* params, specula_asr_model** out) {
+namespace {
+
+// specula_asr_model_load, and with output tokens given, specula_asr_draft_load.
+specula_status load_asr_model(specula_backend* backend, const char* path,
+                              const specula_model_params* params,
+                              const int32_t* tokens, size_t n_tokens, specula_asr_model** out) {
     return guarded([&] {
         SPECULA_TRY(need(out, "out"));
         *out = nullptr;
         SPECULA_TRY(need(backend, "backend"));
         SPECULA_TRY(need(path, "path"));
+        if (n_tokens > 0) SPECULA_TRY(need(tokens, "tokens"));
         const specula_model_params p = params ? *params : specula_model_params{};
         std::unique_ptr<MappedFile> file;
         SPECULA_TRY(MappedFile::open(path, &file, p.read_into_memory));
@@ -132,11 +137,25 @@ specula_status specula_asr_model_load(specula_backend* backend, const char* path
         auto m = std::make_unique<specula_asr_model>();
         m->backend = backend;
         std::lock_guard turn(backend->turn);
-        const Status s = WhisperModel::load(*backend->impl, std::move(file), progress, &m->impl);
+        Status s = WhisperModel::load(*backend->impl, std::move(file), progress, &m->impl);
+        if (s.ok() && n_tokens > 0) s = m->impl->restrict_output(std::span(tokens, n_tokens));
         if (!s.ok()) return Status(s.code(), std::string(path) + ": " + s.message());
         *out = m.release();
         return Status::Ok();
     });
+}
+
+}  // namespace
+
+specula_status specula_asr_model_load(specula_backend* backend, const char* path,
+                                      const specula_model_params* params, specula_asr_model** out) {
+    return load_asr_model(backend, path, params, nullptr, 0, out);
+}
+
+specula_status specula_asr_draft_load(specula_backend* backend, const char* path,
+                                      const specula_model_params* params, const int32_t* tokens,
+                                      size_t n_tokens, specula_asr_model** out) {
+    return load_asr_model(backend, path, params, tokens, n_tokens, out);
 }
 
 void specula_asr_model_free(specula_asr_model* model) {
@@ -160,7 +179,8 @@ specula_status specula_asr_model_get_info(const specula_asr_model* model,
                                        h.n_mels,
                                        model->impl->tokens().multilingual,
                                        model->impl->n_params(),
-                                       specula_weight_type(model->impl->weight_type())};
+                                       specula_weight_type(model->impl->weight_type()),
+                                       model->impl->output_rows()};
         return Status::Ok();
     });
 }
@@ -189,6 +209,9 @@ specula_status specula_asr_context_create(specula_asr_model* model, specula_asr_
         SPECULA_TRY(need(out, "out"));
         *out = nullptr;
         SPECULA_TRY(need(model, "model"));
+        if (model->impl->output_restricted())
+            return InvalidArgument(
+                "a draft whose output is restricted to some tokens transcribes nothing alone");
         auto c = std::make_unique<specula_asr_context>();
         c->model = model;
         std::lock_guard turn(model->backend->turn);

@@ -87,6 +87,9 @@ class Transcriber {
     }
 
     Status run(std::span<const float> samples, std::vector<Segment>* segments) {
+        if (m_.output_restricted())
+            return InvalidArgument(
+                "a draft whose output is restricted to some tokens transcribes nothing alone");
         SPECULA_TRY(check_draft());
         shared_encoder_ = p_.draft != nullptr && p_.draft->shares_encoder_with(m_);
         if (!t_.multilingual && (p_.translate || p_.language > 0))

@@ -201,6 +201,11 @@ class Backend {
     // whisper.cpp's conv1d weights (out_channels x C x 3); columns from 3C to out.cols are 0
     // (a matmul may want whole blocks). out: (T - 1) / stride + 1 rows.
     virtual void im2col3(const Tensor& x, int stride, const Tensor& out) = 0;
+    // out[r][ids[j]] = src[r][j], and fill in the other columns: a draft's logits over a subset
+    // of the vocabulary (src, ids.cols columns) as rows of the whole vocabulary (out). ids: I32,
+    // ascending, each < out.cols.
+    virtual void expand_columns(const Tensor& src, const Tensor& ids, float fill,
+                                const Tensor& out) = 0;
     // See VerifyArgs. The vocabulary size is target.cols (at most det::kMaxVocab).
     virtual void verify(const VerifyArgs& args) = 0;
     // See TokenRulesArgs. This default runs them on the host: it waits for the device, reads

@@ -389,12 +389,24 @@ typedef struct specula_asr_model_info {
     bool multilingual;
     uint64_t n_params;
     specula_weight_type weight_type; /* the matrices' */
+    int32_t n_output_tokens; /* the tokens it can output: n_vocab, fewer for a restricted draft */
 } specula_asr_model_info;
 
 /* Loads a whisper.cpp model file onto the backend (params as for specula_model_load; NULL for
  * the defaults). A GGUF file or another format: SPECULA_ERR_UNSUPPORTED / SPECULA_ERR_FORMAT. */
 SPECULA_API specula_status specula_asr_model_load(specula_backend* backend, const char* path,
                                                   const specula_model_params* params,
+                                                  specula_asr_model** out);
+/* Loads a whisper.cpp model as a draft that proposes only `tokens` (ids of the vocabulary) and
+ * the special and timestamp tokens, as FR-Spec does with the tokens a corpus uses most: its
+ * output projection reads those rows alone, so each draft token costs less, and it proposes no
+ * other token. Transcripts stay the target's (verification is exact whatever the subset); a
+ * subset that misses tokens the target says costs acceptance. Ids out of range, or none below
+ * <|endoftext|>: SPECULA_ERR_INVALID_ARGUMENT; n_tokens 0: as specula_asr_model_load. Such a
+ * model serves only as specula_asr_params.draft (specula_asr_context_create refuses it). */
+SPECULA_API specula_status specula_asr_draft_load(specula_backend* backend, const char* path,
+                                                  const specula_model_params* params,
+                                                  const int32_t* tokens, size_t n_tokens,
                                                   specula_asr_model** out);
 SPECULA_API void specula_asr_model_free(specula_asr_model* model);
 SPECULA_API specula_status specula_asr_model_get_info(const specula_asr_model* model,

@@ -1,7 +1,9 @@
 #include "models/whisper.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "format/quant.h"
@@ -163,12 +165,52 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     return Status::Ok();
 }
 
+Status WhisperModel::restrict_output(std::span<const int32_t> tokens) {
+    if (head_rows_ > 0) return InvalidArgument("the model's output is already restricted");
+    if (has_contexts_)
+        return InvalidArgument("a model's output is restricted before any context of it exists");
+    const int32_t n_vocab = hparams_.n_vocab;
+    std::vector<bool> kept(size_t(n_vocab), false);
+    for (int32_t id : tokens) {
+        if (id < 0 || id >= n_vocab)
+            return InvalidArgument("token " + std::to_string(id) + " is not in the vocabulary of " +
+                                   std::to_string(n_vocab));
+        kept[size_t(id)] = true;
+    }
+    if (std::find(kept.begin(), kept.begin() + tokens_.eot, true) == kept.begin() + tokens_.eot)
+        return InvalidArgument("a draft's output needs at least one text token");
+    std::fill(kept.begin() + tokens_.eot, kept.end(), true);
+    std::vector<int32_t> ids;  // ascending: the head's rows
+    for (size_t id = 0; id < kept.size(); ++id)
+        if (kept[id]) ids.push_back(int32_t(id));
+    const auto rows = int32_t(ids.size());
+    const GgufTensorInfo* info = ggml_.find_tensor("decoder.token_embedding.weight");
+    const size_t row_bytes = token_embd_.row_bytes();
+    std::vector<uint8_t> bytes(size_t(rows) * row_bytes);
+    for (size_t j = 0; j < ids.size(); ++j)
+        std::memcpy(&bytes[j * row_bytes], &info->data[size_t(ids[j]) * row_bytes], row_bytes);
+    std::unique_ptr<Buffer> head, head_ids;
+    SPECULA_TRY(backend_.load_weights(bytes, token_embd_.type, token_embd_.cols, rows, &head));
+    SPECULA_TRY(backend_.allocate(ids.size() * sizeof(int32_t), &head_ids));
+    const Tensor ids_tensor{head_ids.get(), 0, GgmlType::kI32, rows, 1};
+    backend_.upload(ids_tensor, ids.data());
+    SPECULA_TRY(backend_.flush());
+    head_ = Tensor{head.get(), 0, token_embd_.type, token_embd_.cols, rows};
+    head_ids_ = ids_tensor;
+    head_bytes_ = std::move(bytes);
+    buffers_.push_back(std::move(head));
+    buffers_.push_back(std::move(head_ids));
+    head_rows_ = rows;
+    return Status::Ok();
+}
+
 Status WhisperContext::create(const WhisperModel& model, int max_logit_rows,
                               std::unique_ptr<WhisperContext>* out) {
     const WhisperHparams& h = model.hparams();
     if (max_logit_rows <= 0 || max_logit_rows > h.n_text_ctx)
         return InvalidArgument("logit rows out of range");
     std::unique_ptr<WhisperContext> c(new WhisperContext(model));
+    model.has_contexts_ = true;
     c->max_logit_rows_ = max_logit_rows;
     const int64_t w = h.n_audio_state, frames = 2 * int64_t(h.n_audio_ctx);
     const int64_t audio = h.n_audio_ctx, text = h.n_text_ctx;
@@ -190,6 +232,7 @@ Status WhisperContext::create(const WhisperModel& model, int max_logit_rows,
         f32(t, w, text);
     f32(&c->f_, 4 * w, text);
     f32(&c->logits_, h.n_vocab, max_logit_rows);
+    if (model.output_restricted()) f32(&c->head_logits_, model.output_rows(), max_logit_rows);
     const auto layers = size_t(h.n_text_layer);
     for (auto* v : {&c->cross_k_, &c->cross_v_, &c->k_cache_, &c->v_cache_})
         v->resize(layers);
@@ -361,7 +404,14 @@ Status WhisperContext::record(const Tensor& ids, bool all_rows) {
         block(m.dec_[l], x, n, true, int(l));
     const Tensor last = x.row_range(n - rows, rows), h = h_.row_range(0, rows);
     be.layer_norm(last, m.dec_ln_w_, m.dec_ln_b_, 1e-5f, h);
-    be.matmul(m.token_embd_, h, logits(rows), Backend::Accumulate::kNo);
+    if (m.output_restricted()) {
+        const Tensor head_logits = head_logits_.row_range(0, rows);
+        be.matmul(m.head_, h, head_logits, Backend::Accumulate::kNo);
+        be.expand_columns(head_logits, m.head_ids_, -std::numeric_limits<float>::infinity(),
+                          logits(rows));
+    } else {
+        be.matmul(m.token_embd_, h, logits(rows), Backend::Accumulate::kNo);
+    }
     n_past_ += n;
     ++forward_calls_;
     return Status::Ok();

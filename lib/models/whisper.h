@@ -60,6 +60,18 @@ class WhisperModel {
     // Distil-Whisper draft's): then one encoder run serves both decoders.
     bool same_encoder(const WhisperModel& other) const;
 
+    // Makes this model a draft that proposes only `tokens` and the tokens from <|endoftext|> on
+    // (the special tokens and timestamps), as FR-Spec does with the tokens a corpus uses most:
+    // its output projection reads those rows of the token embedding instead of all n_vocab, and
+    // its logits of every other token are -infinity. Verification keeps the target's
+    // distribution whatever the subset; a smaller one only costs acceptance. Ids out of range
+    // or no text token are SPECULA_ERR_INVALID_ARGUMENT; only once, before any context of the
+    // model exists. Such a model is no target: its distribution is not the file's.
+    Status restrict_output(std::span<const int32_t> tokens);
+    // The rows of the output projection: n_vocab, or fewer after restrict_output().
+    int32_t output_rows() const { return head_rows_ > 0 ? head_rows_ : hparams_.n_vocab; }
+    bool output_restricted() const { return head_rows_ > 0; }
+
   private:
     friend class WhisperContext;
     struct Linear {
@@ -89,6 +101,12 @@ class WhisperModel {
     Tensor enc_pos_, enc_ln_w_, enc_ln_b_;
     std::vector<Block> enc_, dec_;
     Tensor dec_pos_, token_embd_, dec_ln_w_, dec_ln_b_;
+    // restrict_output(): the kept rows of token_embd_ (host copy the backend may read in place),
+    // their matrix, and their ids (I32, ascending).
+    int32_t head_rows_ = 0;
+    std::vector<uint8_t> head_bytes_;
+    Tensor head_, head_ids_;
+    mutable bool has_contexts_ = false;
 };
 
 // One transcription's state on the backend: the encoder's activations, every decoder layer's
@@ -151,6 +169,7 @@ class WhisperContext final : public Decoder {
     std::vector<Tensor> cross_k_, cross_v_, k_cache_, v_cache_;
     // Decoder: ids and positions, then activations of up to n_text_ctx rows.
     Tensor ids_, positions_, x_, pos_rows_, h_, q_, a_, f_, logits_;
+    Tensor head_logits_;  // a restricted output's rows (WhisperModel::restrict_output)
 };
 
 }  // namespace specula

@@ -4,7 +4,8 @@
 # (asr_data.py), trains the target and its Distil-Whisper-style draft (train_asr.py, fixed
 # seed; it saves its whole state every 100 steps, and a rerun continues from there with the
 # same steps an unstopped run takes), writes both as Q8_0 whisper.cpp files with specula's
-# writer, and evaluates the pair on held-out sentences spoken by held-out voices
+# writer and the tokens the draft proposes (draft_vocab.py), and evaluates the pair on
+# held-out sentences spoken by held-out voices
 # (specula-eval-asr: word error rates, acceptance rate, speedup).
 #   bash tools/train/run_asr.sh [whisper.cpp .en file for the mel filters and vocabulary]
 set -euo pipefail
@@ -23,5 +24,9 @@ for m in target draft; do
   build/release/tools/specula-import "$out/out/$m.manifest.json" --whisper-header "$header" \
     --type q8_0 -o "examples/models/specula-whisper-$m.bin"
 done
+# The 2048 text tokens the training sentences use most: what the draft proposes (FR-Spec).
+/usr/bin/python3 tools/train/draft_vocab.py --header "$header" --top 2048 \
+  --out examples/models/specula-whisper-draft.tokens
 build/release/tools/specula-eval-asr -m examples/models/specula-whisper-target.bin \
-  --md examples/models/specula-whisper-draft.bin -l "$out/eval/list.tsv" --backend cpu
+  --md examples/models/specula-whisper-draft.bin \
+  --draft-tokens examples/models/specula-whisper-draft.tokens -l "$out/eval/list.tsv" --backend cpu

@@ -449,6 +449,23 @@ class CpuBackend final : public Backend {
         }
     }
 
+    void expand_columns(const Tensor& src, const Tensor& ids, float fill,
+                        const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "expand_columns");
+        wrote(out);
+        const auto* id = reinterpret_cast<const int32_t*>(bytes_of(ids));
+        for (int64_t r = 0; r < out.rows; ++r) {
+            const float* s = f32(src) + r * src.cols;
+            float* o = f32(out) + r * out.cols;
+            int64_t c = 0;  // the columns before c are written
+            for (int64_t j = 0; j < ids.cols; c = id[j++] + 1) {
+                std::fill(o + c, o + id[j], fill);
+                o[id[j]] = s[j];
+            }
+            std::fill(o + c, o + out.cols, fill);
+        }
+    }
+
     void im2col3(const Tensor& x, int stride, const Tensor& out) override {
         const OpProfile::Scope timed(profile_, "im2col3");
         wrote(out);

@@ -924,6 +924,18 @@ class VulkanBackend final : public Backend {
         dispatch("im2col3", {&x, &out}, kWrites1, pc, uint32_t((n + 255) / 256), {256, 1, 1});
     }
 
+    void expand_columns(const Tensor& src, const Tensor& ids, float fill,
+                        const Tensor& out) override {
+        PushConstants pc;
+        const uint64_t n = uint64_t(out.cols) * uint64_t(out.rows);
+        pc.u[0] = uint32_t(n);
+        pc.u[1] = uint32_t(out.cols);
+        pc.u[2] = uint32_t(src.cols);
+        pc.f[0] = fill;
+        dispatch("expand_columns", {&src, &ids, &out}, kWrites2, pc, uint32_t((n + 255) / 256),
+                 {256, 1, 1});
+    }
+
     void add_bias(const Tensor& x, const Tensor& bias) override {
         // b[i % period]: one row repeats, a whole tensor is read once.
         elementwise(4, x, bias, x, uint32_t(bias.rows > 1 ? x.cols * x.rows : x.cols));
