@@ -605,8 +605,10 @@ __global__ void expand_columns_kernel(const float* src, int64_t src_cols, const 
     int64_t lo = 0, hi = src_cols;  // the first j with ids[j] >= c lies in [lo, hi]
     while (lo < hi) {
         const int64_t mid = (lo + hi) / 2;
-        if (ids[mid] < c) lo = mid + 1;
-        else hi = mid;
+        if (ids[mid] < c)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     out[i] = lo < src_cols && ids[lo] == c ? src[(i / cols) * src_cols + lo] : fill;
 }

@@ -11,8 +11,8 @@
 
 #include <array>
 #include <cmath>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "backend_util.h"

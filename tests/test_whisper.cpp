@@ -842,9 +842,9 @@ TEST(AsrApi, ADraftInTheParams) {
                                      bad.size(), &proposer),
               SPECULA_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(proposer, nullptr);
-    EXPECT_EQ(specula_asr_draft_load(api.backend, draft_path.c_str(), nullptr, nullptr, 3,
-                                     &proposer),
-              SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(
+        specula_asr_draft_load(api.backend, draft_path.c_str(), nullptr, nullptr, 3, &proposer),
+        SPECULA_ERR_INVALID_ARGUMENT);
     std::vector<int32_t> few(300);
     std::iota(few.begin(), few.end(), 0);
     ASSERT_EQ(specula_asr_draft_load(api.backend, draft_path.c_str(), nullptr, few.data(),

@@ -117,8 +117,8 @@ namespace {
 
 // specula_asr_model_load, and with output tokens given, specula_asr_draft_load.
 specula_status load_asr_model(specula_backend* backend, const char* path,
-                              const specula_model_params* params,
-                              const int32_t* tokens, size_t n_tokens, specula_asr_model** out) {
+                              const specula_model_params* params, const int32_t* tokens,
+                              size_t n_tokens, specula_asr_model** out) {
     return guarded([&] {
         SPECULA_TRY(need(out, "out"));
         *out = nullptr;

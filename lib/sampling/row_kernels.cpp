@@ -386,7 +386,9 @@ HWY_EXPORT(ResidualRaces);
 int32_t max_signed_key(const float* z, uint32_t n, float scale) {
     return HWY_DYNAMIC_DISPATCH(MaxSignedKey)(z, n, scale);
 }
-float from_signed_key(int32_t k) { return det::from_bits(uint32_t(k >= 0 ? k : k ^ 0x7FFFFFFF)); }
+float from_signed_key(int32_t k) {
+    return det::from_bits(uint32_t(k >= 0 ? k : k ^ 0x7FFFFFFF));
+}
 float max_value(const float* z, uint32_t n, float scale) {
     return n == 0 ? -std::numeric_limits<float>::infinity()
                   : from_signed_key(max_signed_key(z, n, scale));

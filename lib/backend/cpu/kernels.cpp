@@ -1228,7 +1228,9 @@ void attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
 void silu_times(const float* gate, const float* up, float* out, int64_t n) {
     HWY_DYNAMIC_DISPATCH(SiluTimes)(gate, up, out, n);
 }
-void gelu(const float* x, float* out, int64_t n) { HWY_DYNAMIC_DISPATCH(Gelu)(x, out, n); }
+void gelu(const float* x, float* out, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(Gelu)(x, out, n);
+}
 void attend_transposed(const float* q, int n_queries, const int* keys, const float* kt,
                        const float* v, int64_t v_stride, int head_dim, float scale, float* scores,
                        float* out) {
