@@ -204,6 +204,12 @@ class Transcriber {
         sp.seed = p_.seed + 0x9E3779B97F4A7C15ull * ++attempts_;
         generator_.set_sampling(sp);
         generator_.begin_rules(token_rules(rules_));
+        // The mean log-probability decides a fallback, and whether a window whose no-speech
+        // probability is high is silence; without either question it is not computed (a
+        // log-sum-exp over the vocabulary for every verified row).
+        const bool can_fall_back = p_.temperature_increment > 0.0f &&
+                                   temperature + p_.temperature_increment <= 1.0f + 1e-6f;
+        const bool need_logprobs = can_fall_back || a.no_speech_prob > p_.no_speech_threshold;
         double sum = 0;
         const int most = std::min(n_ctx / 2, n_ctx - int(generator_.committed().size()));
         std::vector<int32_t> emitted;
@@ -211,9 +217,10 @@ class Transcriber {
         for (bool done = false; !done;) {
             emitted.clear();
             logprobs.clear();
-            SPECULA_TRY(generator_.step(most - int(a.tokens.size()), &emitted, &logprobs));
+            SPECULA_TRY(generator_.step(most - int(a.tokens.size()), &emitted,
+                                        need_logprobs ? &logprobs : nullptr));
             for (size_t i = 0; i < emitted.size() && !done; ++i) {
-                sum += logprobs[i];
+                if (need_logprobs) sum += logprobs[i];
                 done = emitted[i] == t_.eot;
                 if (done) break;
                 a.tokens.push_back(emitted[i]);

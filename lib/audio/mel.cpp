@@ -8,6 +8,8 @@
 #include <new>
 #include <numbers>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace specula::audio {
 
@@ -57,6 +59,16 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
         const long audio_frames = std::min<long>(
             out->n_frames,
             (long(samples.size()) + kWhisperFftSize / 2 + kWhisperHop - 1) / kWhisperHop);
+        // Each band's non-zero weights (a mel filter spans a few bins): the sums skip only
+        // products with a zero weight, which add exactly nothing.
+        std::vector<std::pair<int, int>> support(size_t(filters.n_mel), {0, 0});
+        for (int m = 0; m < filters.n_mel; ++m) {
+            const float* w = filters.weights.data() + size_t(m) * kWhisperFftBins;
+            int lo = 0, hi = kWhisperFftBins;
+            while (lo < hi && w[lo] == 0.0f) ++lo;
+            while (hi > lo && w[hi - 1] == 0.0f) --hi;
+            support[size_t(m)] = {lo, hi};
+        }
         float frame[kWhisperFftSize];
         kiss_fft_cpx spectrum[kWhisperFftBins];
         double power[kWhisperFftBins];
@@ -77,7 +89,7 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
             for (int m = 0; m < out->n_mel; ++m) {
                 const float* w = filters.weights.data() + size_t(m) * kWhisperFftBins;
                 double sum = 0.0;
-                for (int k = 0; k < kWhisperFftBins; ++k)
+                for (int k = support[size_t(m)].first; k < support[size_t(m)].second; ++k)
                     sum += double(w[k]) * power[k];
                 out->data[size_t(m) * size_t(out->n_frames) + size_t(t)] =
                     float(std::log10(std::max(sum, 1e-10)));

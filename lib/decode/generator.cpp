@@ -284,7 +284,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
         rules.logits = target_.logits(gamma + 1);
         rules.drafts = target_.input_ids(1, std::max(gamma, 1));
         rules.first_row = 0;
-        rules.log_sum_exp = lse_;
+        if (logprobs != nullptr) rules.log_sum_exp = lse_;
         be.token_rules(rules);
     }
     VerifyArgs v;
