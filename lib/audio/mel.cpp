@@ -65,8 +65,10 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
         for (int m = 0; m < filters.n_mel; ++m) {
             const float* w = filters.weights.data() + size_t(m) * kWhisperFftBins;
             int lo = 0, hi = kWhisperFftBins;
-            while (lo < hi && w[lo] == 0.0f) ++lo;
-            while (hi > lo && w[hi - 1] == 0.0f) --hi;
+            while (lo < hi && w[lo] == 0.0f)
+                ++lo;
+            while (hi > lo && w[hi - 1] == 0.0f)
+                --hi;
             support[size_t(m)] = {lo, hi};
         }
         float frame[kWhisperFftSize];
