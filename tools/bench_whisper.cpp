@@ -3,7 +3,9 @@
 // window (the decoder layers' cross K/V included), 256 one-token decoder forwards at positions
 // 0..255, 64 forwards of 5 positions, 16 forwards of a 256-token prompt. The content does not
 // change the cost: the mel is silence and the tokens are fixed. Medians of --reps repetitions
-// after one warm-up; several backends given together are measured in one run.
+// after one warm-up; several backends given together are measured in one run. With
+// --output-tokens the decoder's output is restricted to the ids of that file, as a draft's
+// (specula_asr_draft_load).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -14,6 +16,7 @@
 #include "backend/backend.h"
 #include "models/whisper.h"
 #include "specula.h"
+#include "token_list.h"
 
 namespace {
 
@@ -62,8 +65,8 @@ Status repetition(WhisperContext& ctx, const audio::LogMel& mel, int decode_toke
     return Status::Ok();
 }
 
-Status run(const std::string& path, specula_backend_kind kind, int threads, int reps,
-           bool encoder_only, Times* times) {
+Status run(const std::string& path, const std::vector<int32_t>& output_tokens,
+           specula_backend_kind kind, int threads, int reps, bool encoder_only, Times* times) {
     specula_backend_params bp = specula_backend_default_params();
     bp.kind = kind;
     bp.n_threads = threads;
@@ -74,6 +77,7 @@ Status run(const std::string& path, specula_backend_kind kind, int threads, int 
     SPECULA_TRY(create_backend(bp, &backend));
     SPECULA_TRY(MappedFile::open(path, &file));
     SPECULA_TRY(WhisperModel::load(*backend, std::move(file), nullptr, &model));
+    if (!output_tokens.empty()) SPECULA_TRY(model->restrict_output(output_tokens));
     SPECULA_TRY(WhisperContext::create(*model, 5, &ctx));
     const int decode_tokens = encoder_only ? 0 : std::min(256, ctx->n_ctx());
     audio::LogMel mel;
@@ -98,7 +102,7 @@ Status run(const std::string& path, specula_backend_kind kind, int threads, int 
 
 int main(int argc, char** argv) {
     CLI::App app{"Whisper encoder and decoder costs on a model file (whisper-bench's workload)"};
-    std::string model;
+    std::string model, tokens_path;
     std::vector<std::string> backends = {"cpu"};
     int threads = 0, reps = 3;
     bool encoder_only = false;
@@ -108,7 +112,17 @@ int main(int argc, char** argv) {
     app.add_option("-t,--threads", threads, "cpu threads (0: all cores)");
     app.add_option("--reps", reps, "repetitions after a warm-up")->check(CLI::PositiveNumber);
     app.add_flag("--encoder-only", encoder_only, "measure the encoder alone (slow devices)");
+    app.add_option(
+        "--output-tokens", tokens_path,
+        "restrict the decoder's output to these ids (whitespace-separated), as a draft's");
     CLI11_PARSE(app, argc, argv);
+    std::vector<int32_t> output_tokens;
+    if (!tokens_path.empty()) {
+        if (!read_token_list(tokens_path, &output_tokens)) {
+            std::fprintf(stderr, "%s: no list of token ids\n", tokens_path.c_str());
+            return 2;
+        }
+    }
 
     std::printf("| backend | encode ms | decode ms/token | batch of 5 ms | prompt of 256 ms |\n");
     std::printf("|---|---|---|---|---|\n");
@@ -120,7 +134,7 @@ int main(int argc, char** argv) {
             return 2;
         }
         Times t;
-        const Status s = run(model, kind, threads, reps, encoder_only, &t);
+        const Status s = run(model, output_tokens, kind, threads, reps, encoder_only, &t);
         if (!s.ok()) {
             std::fprintf(stderr, "%s: %s\n", name.c_str(), s.message().c_str());
             ++failures;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "specula.h"
+#include "token_list.h"
 #include "word_error.h"
 
 namespace {
@@ -116,10 +117,7 @@ int main(int argc, char** argv) {
     specula_backend* backend = nullptr;
     std::vector<int32_t> tokens;
     if (!tokens_path.empty()) {
-        std::ifstream in(tokens_path);
-        for (int32_t id = 0; in >> id;)
-            tokens.push_back(id);
-        if (tokens.empty() || !in.eof()) {
+        if (!read_token_list(tokens_path, &tokens)) {
             std::fprintf(stderr, "specula-eval-asr: %s: no list of token ids\n",
                          tokens_path.c_str());
             return 1;
