@@ -76,10 +76,11 @@ int main(int argc, char** argv) {
     CLI::App app{"specula-asr: speech to text with a whisper.cpp model file"};
     app.add_option("-m,--model", model_path, "whisper.cpp model (ggml-*.bin)")->required();
     app.add_option("-f,--file", audio_path, "WAV file (any rate, mono or stereo)")->required();
-    app.add_option("--md,--model-draft", draft_path,
-                   "draft Whisper (same vocabulary): speculative decoding");
+    auto* draft_option = app.add_option("--md,--model-draft", draft_path,
+                                        "draft Whisper (same vocabulary): speculative decoding");
     app.add_option("--draft-tokens", tokens_path,
-                   "a file of the token ids the draft may propose (whitespace-separated)");
+                   "a file of the token ids the draft may propose (whitespace-separated)")
+        ->needs(draft_option);
     app.add_option("--gamma-policy", policy, "fixed, heuristic or analytic")
         ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
     app.add_option("--gamma", gamma, "drafts per step (fixed), or the start");
