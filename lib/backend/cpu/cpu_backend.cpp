@@ -457,12 +457,11 @@ class CpuBackend final : public Backend {
         for (int64_t r = 0; r < out.rows; ++r) {
             const float* s = f32(src) + r * src.cols;
             float* o = f32(out) + r * out.cols;
-            int64_t c = 0;  // the columns before c are written
-            for (int64_t j = 0; j < ids.cols; c = id[j++] + 1) {
-                std::fill(o + c, o + id[j], fill);
+            // One fill of the row, then the kept columns: the gaps between kept ids are short
+            // (a few floats each), and one fill each measured 3x slower.
+            std::fill(o, o + out.cols, fill);
+            for (int64_t j = 0; j < ids.cols; ++j)
                 o[id[j]] = s[j];
-            }
-            std::fill(o + c, o + out.cols, fill);
         }
     }
 
