@@ -239,6 +239,14 @@ TEST(Sampling, RowKernelsAreTheirDefinitionsOnEveryInstructionSet) {
             for (uint32_t x = 0; x < n; ++x)
                 want_max = std::max(want_max, int32_t(det::order_key(pz[x] * inv_t) ^ 0x80000000u));
             EXPECT_EQ(rows::max_signed_key(pz.data(), n, inv_t), want_max);
+            // first_equal is std::find: each value's first place, -0 for +0, NaN nowhere
+            for (const uint32_t at : {0u, n / 3, n - 1}) {
+                const float v = pz[at] == 0.0f ? -pz[at] : pz[at];
+                EXPECT_EQ(rows::first_equal(pz.data(), n, v),
+                          uint32_t(std::find(pz.begin(), pz.end(), v) - pz.begin()));
+            }
+            EXPECT_EQ(rows::first_equal(pz.data(), n, 1e30f), n);
+            EXPECT_EQ(rows::first_equal(pz.data(), n, NAN), n);
             EXPECT_EQ(rows::order_keys(pz.data(), n, inv_t, keys.data()), want_max);
             for (uint32_t x = 0; x < n; ++x)
                 ASSERT_EQ(keys[x], det::order_key(pz[x] * inv_t)) << x;

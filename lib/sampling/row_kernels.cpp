@@ -208,6 +208,20 @@ int32_t MaxSignedKey(const float* z, uint32_t n, float scale) {
     return m;
 }
 
+uint32_t FirstEqual(const float* z, uint32_t n, float v) {
+    const DF df;
+    const uint32_t L = uint32_t(hn::Lanes(df));
+    const VF value = hn::Set(df, v);
+    uint32_t x = 0;
+    for (; x + L <= n; x += L) {
+        const intptr_t i = hn::FindFirstTrue(df, hn::Eq(hn::LoadU(df, z + x), value));
+        if (i >= 0) return x + uint32_t(i);
+    }
+    for (; x < n; ++x)
+        if (z[x] == v) return x;
+    return n;
+}
+
 int32_t OrderKeys(const float* z, uint32_t n, float scale, uint32_t* keys) {
     const DF df;
     const DI di;
@@ -377,6 +391,7 @@ HWY_AFTER_NAMESPACE();
 namespace specula::rows {
 
 HWY_EXPORT(MaxSignedKey);
+HWY_EXPORT(FirstEqual);
 HWY_EXPORT(OrderKeys);
 HWY_EXPORT(BlockMaxima);
 HWY_EXPORT(KeptWeightSum);
@@ -385,6 +400,9 @@ HWY_EXPORT(ResidualRaces);
 
 int32_t max_signed_key(const float* z, uint32_t n, float scale) {
     return HWY_DYNAMIC_DISPATCH(MaxSignedKey)(z, n, scale);
+}
+uint32_t first_equal(const float* z, uint32_t n, float v) {
+    return HWY_DYNAMIC_DISPATCH(FirstEqual)(z, n, v);
 }
 float from_signed_key(int32_t k) {
     return det::from_bits(uint32_t(k >= 0 ? k : k ^ 0x7FFFFFFF));

@@ -33,6 +33,9 @@ float from_signed_key(int32_t k);
 // (keys rank NaNs beyond the infinities); -infinity when n is 0.
 float max_value(const float* z, uint32_t n, float scale);
 
+// The lowest x < n with z[x] == v (so -0 finds +0, and NaN nothing), or n: std::find's answer.
+uint32_t first_equal(const float* z, uint32_t n, float v);
+
 // keys[x] = order_key(z[x] * scale) for x < n; returns the largest as max_signed_key does.
 int32_t order_keys(const float* z, uint32_t n, float scale, uint32_t* keys);
 

@@ -35,10 +35,10 @@ int32_t argmax(std::span<const float> logits) {
     // (no load of the best logit per token); a row with a NaN takes the definition.
     const auto n = uint32_t(logits.size());
     if (n == 0) return 0;
-    const float m = rows::max_value(logits.data(), uint32_t(logits.size()), 1.0f);
-    const auto it = std::find(logits.begin(), logits.end(), m);
-    if (std::isnan(logits[0]) || it == logits.end()) return first_maximal();
-    return int32_t(it - logits.begin());
+    const float m = rows::max_value(logits.data(), n, 1.0f);
+    const uint32_t at = rows::first_equal(logits.data(), n, m);
+    if (std::isnan(logits[0]) || at == n) return first_maximal();
+    return int32_t(at);
 }
 
 RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
