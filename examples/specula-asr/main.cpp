@@ -178,25 +178,30 @@ int main(int argc, char** argv) {
         return fail("--gamma-policy");
     p.gamma = gamma;
     p.gamma_max = gamma_max;
-    // --compare: the target alone first (quietly), in the same run and context.
+    // --compare: the pair once quietly (its first run makes the draft's caches and touches its
+    // weights: cold costs the target alone has not paid either), then the target alone
+    // (quietly) and the pair, in the same run and context.
     specula_asr_timings alone{};
-    std::vector<Segment> alone_segments;
-    std::pair<bool, std::vector<Segment>*> quiet{false, &alone_segments};
+    std::vector<Segment> alone_segments, warm_up_segments;
+    std::pair<bool, std::vector<Segment>*> quiet{false, &alone_segments},
+        warm_up{false, &warm_up_segments};
     const auto collect = [](const specula_asr_segment* s, void* user) {
         static_cast<std::pair<bool, std::vector<Segment>*>*>(user)->second->push_back(
             {s->t0_ms, s->t1_ms, s->text});
     };
+    const auto quietly = [&](specula_asr_model* with, void* user) {
+        specula_asr_params a = p;
+        a.draft = with;
+        a.on_segment = collect;
+        a.segment_user_data = user;
+        a.progress = nullptr;
+        return specula_asr_transcribe_file(ctx, audio_path.c_str(), &a) == SPECULA_OK;
+    };
     if (specula_asr_context_create(model, &ctx) != SPECULA_OK) {
         rc = fail("context");
-    } else if (compare && draft != nullptr && [&] {
-                   specula_asr_params a = p;
-                   a.draft = nullptr;
-                   a.on_segment = collect;
-                   a.segment_user_data = &quiet;
-                   a.progress = nullptr;
-                   return specula_asr_transcribe_file(ctx, audio_path.c_str(), &a) != SPECULA_OK ||
-                          specula_asr_get_timings(ctx, &alone) != SPECULA_OK;
-               }()) {
+    } else if (compare && draft != nullptr &&
+               (!quietly(draft, &warm_up) || !quietly(nullptr, &quiet) ||
+                specula_asr_get_timings(ctx, &alone) != SPECULA_OK)) {
         rc = fail("transcription with the target alone");
     } else if (specula_asr_transcribe_file(ctx, audio_path.c_str(), &p) != SPECULA_OK) {
         if (tty) std::fprintf(stderr, "\n");
