@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "specula.h"
+#include "token_list.h"
 
 namespace {
 
@@ -130,10 +131,7 @@ int main(int argc, char** argv) {
     }
     std::vector<int32_t> tokens;
     if (!tokens_path.empty()) {
-        std::ifstream in(tokens_path);
-        for (int32_t id = 0; in >> id;)
-            tokens.push_back(id);
-        if (tokens.empty() || !in.eof()) {
+        if (!read_token_list(tokens_path, &tokens)) {
             std::fprintf(stderr, "specula-asr: %s: no list of token ids\n", tokens_path.c_str());
             specula_asr_model_free(model);
             specula_backend_free(backend);

@@ -209,9 +209,7 @@ specula_status specula_asr_context_create(specula_asr_model* model, specula_asr_
         SPECULA_TRY(need(out, "out"));
         *out = nullptr;
         SPECULA_TRY(need(model, "model"));
-        if (model->impl->output_restricted())
-            return InvalidArgument(
-                "a draft whose output is restricted to some tokens transcribes nothing alone");
+        SPECULA_TRY(model->impl->check_target());
         auto c = std::make_unique<specula_asr_context>();
         c->model = model;
         std::lock_guard turn(model->backend->turn);

@@ -87,9 +87,7 @@ class Transcriber {
     }
 
     Status run(std::span<const float> samples, std::vector<Segment>* segments) {
-        if (m_.output_restricted())
-            return InvalidArgument(
-                "a draft whose output is restricted to some tokens transcribes nothing alone");
+        SPECULA_TRY(m_.check_target());
         SPECULA_TRY(check_draft());
         shared_encoder_ = p_.draft != nullptr && p_.draft->shares_encoder_with(m_);
         if (!t_.multilingual && (p_.translate || p_.language > 0))
@@ -161,11 +159,15 @@ class Transcriber {
             if (best->no_speech_prob > p_.no_speech_threshold &&
                 best->avg_logprob < p_.logprob_threshold)
                 fallback = false;  // silence: no temperature makes it speech
-            if (!fallback || p_.temperature_increment <= 0.0f ||
-                temperature + p_.temperature_increment > 1.0f + 1e-6f)
-                return Status::Ok();
+            if (!fallback || !can_fall_back(temperature)) return Status::Ok();
             ++stats_.fallbacks;
         }
+    }
+
+    // Whether an attempt at `temperature` may be followed by one at a higher temperature.
+    bool can_fall_back(float temperature) const {
+        return p_.temperature_increment > 0.0f &&
+               temperature + p_.temperature_increment <= 1.0f + 1e-6f;
     }
 
     // OpenAI's DecodingTask for one sequence: <|startofprev|> and the previous text, the
@@ -207,9 +209,8 @@ class Transcriber {
         // The mean log-probability decides a fallback, and whether a window whose no-speech
         // probability is high is silence; without either question it is not computed (a
         // log-sum-exp over the vocabulary for every verified row).
-        const bool can_fall_back = p_.temperature_increment > 0.0f &&
-                                   temperature + p_.temperature_increment <= 1.0f + 1e-6f;
-        const bool need_logprobs = can_fall_back || a.no_speech_prob > p_.no_speech_threshold;
+        const bool need_logprobs =
+            can_fall_back(temperature) || a.no_speech_prob > p_.no_speech_threshold;
         double sum = 0;
         const int most = std::min(n_ctx / 2, n_ctx - int(generator_.committed().size()));
         std::vector<int32_t> emitted;

@@ -71,6 +71,14 @@ class WhisperModel {
     // The rows of the output projection: n_vocab, or fewer after restrict_output().
     int32_t output_rows() const { return head_rows_ > 0 ? head_rows_ : hparams_.n_vocab; }
     bool output_restricted() const { return head_rows_ > 0; }
+    // SPECULA_ERR_INVALID_ARGUMENT for a restricted model, which only proposes: its
+    // distribution is not the file's, so it transcribes nothing as a target.
+    Status check_target() const {
+        return output_restricted() ? InvalidArgument(
+                                         "a draft whose output is restricted to some "
+                                         "tokens transcribes nothing alone")
+                                   : Status::Ok();
+    }
 
   private:
     friend class WhisperContext;
