@@ -25,7 +25,7 @@ TEST(Sampling, GreedyTakesTheLowestIdAmongTies) {
 }
 
 // argmax and row_norm find their results by shortcuts (maxima by order key, candidates from
-// block maxima, the race over the kept ids only); the definitions, restated plainly, must
+// strided maxima, the race over the kept ids only); the definitions, restated plainly, must
 // agree on rows full of ties, signed zeros, infinities and NaN, at vocabulary sizes that
 // are no multiple of any block.
 TEST(Sampling, ShortcutsMatchTheDefinitions) {
@@ -118,6 +118,79 @@ TEST(Sampling, TopKAndTopPCut) {
         total += tp.prob;
     EXPECT_NEAR(total, 1.0, 1e-6);
     EXPECT_EQ(d.size(), 2u);
+}
+
+// Top-p by its definition (sampling.h): the shortest prefix of the ranking whose canonical mass
+// reaches top_p times the top-k set's, every prefix's mass summed over the whole row. Rows whose
+// likely tokens sit together at low ids (as in a BPE vocabulary), rows of ties, rows where
+// rounding decides, with and without top-k.
+TEST(Sampling, TopPKeepsTheShortestPrefixReachingItsMass) {
+    std::mt19937 rng(23);
+    for (int trial = 0; trial < 300; ++trial) {
+        const uint32_t n = 1 + rng() % (trial % 3 == 0 ? 300 : 2500);
+        std::vector<float> z(n);
+        std::normal_distribution<float> wide(0.0f, 3.0f);
+        for (uint32_t x = 0; x < n; ++x) {
+            switch (trial % 4) {
+                case 0:  // likely tokens first
+                    z[x] = 8.0f - 12.0f * float(x) / float(n) + wide(rng) * 0.3f;
+                    break;
+                case 1:  // ties
+                    z[x] = float(int(rng() % 6)) * 0.5f;
+                    break;
+                default:
+                    z[x] = wide(rng);
+            }
+        }
+        SamplingParams p;
+        p.temperature = 0.5f + float(rng() % 4) * 0.25f;
+        p.top_k = trial % 5 == 0 ? 0 : 1 + int(rng() % std::min<uint32_t>(n, 120));
+        p.top_p = trial % 7 == 0 ? 0.999f : 0.05f + float(rng() % 90) * 0.01f;
+        const float inv_t = p.inv_temperature();
+        std::vector<uint32_t> order(n);
+        std::iota(order.begin(), order.end(), 0u);
+        auto key = [&](uint32_t x) { return det::order_key(z[x] * inv_t); };
+        std::stable_sort(order.begin(), order.end(),
+                         [&](uint32_t a, uint32_t b) { return key(a) > key(b); });
+        float max = -INFINITY;
+        for (float v : z)
+            max = std::max(max, v * inv_t);
+        std::vector<uint32_t> rank(n);
+        for (uint32_t i = 0; i < n; ++i)
+            rank[order[i]] = i;
+        auto mass = [&](uint32_t prefix) {
+            return det::canonical_sum(n, [&](uint32_t x) {
+                return rank[x] < prefix ? det::exp_nonpositive(z[x] * inv_t - max) : 0.0f;
+            });
+        };
+        const uint32_t length = p.top_k > 0 ? std::min(n, uint32_t(p.top_k)) : n;
+        if (trial % 2 == 1 && length > 2) {
+            // A top_p whose target is exactly some prefix's mass: the answer then hangs on
+            // rounding, where any other order of addition may miss it by a token.
+            const float whole = mass(length), at = mass(1 + rng() % (length - 1));
+            float q = at / whole;
+            for (int step = 0; step < 64 && q * whole != at; ++step)
+                q = std::nextafter(q, q * whole < at ? 2.0f : 0.0f);
+            if (q * whole == at && q < 1.0f) p.top_p = q;
+        }
+        const float target = p.nucleus() * mass(length);
+        uint32_t lo = 0, hi = length;  // mass(lo) < target <= mass(hi), by bisection
+        while (hi - lo > 1) {
+            const uint32_t mid = lo + (hi - lo) / 2;
+            (mass(mid) >= target ? hi : lo) = mid;
+        }
+        const RowNorm norm = row_norm(z, p);
+        SCOPED_TRACE(::testing::Message() << "trial " << trial << " n " << n << " k " << p.top_k
+                                          << " p " << p.top_p << " kept " << hi);
+        ASSERT_EQ(det::to_bits(norm.inv_sum), det::to_bits(det::reciprocal(mass(hi))));
+        for (uint32_t x = 0; x < n; ++x)
+            ASSERT_EQ(norm.kept(key(x), x), hi == n || rank[x] < hi) << x;
+        if (hi < n) {
+            std::vector<uint32_t> kept(order.begin(), order.begin() + hi);
+            std::sort(kept.begin(), kept.end());
+            EXPECT_EQ(norm.ids, kept);
+        }
+    }
 }
 
 // Pearson chi-square of `draws` samples of `sampler` against the processed distribution.
@@ -250,12 +323,15 @@ TEST(Sampling, RowKernelsAreTheirDefinitionsOnEveryInstructionSet) {
             EXPECT_EQ(rows::order_keys(pz.data(), n, inv_t, keys.data()), want_max);
             for (uint32_t x = 0; x < n; ++x)
                 ASSERT_EQ(keys[x], det::order_key(pz[x] * inv_t)) << x;
-            const uint32_t block = 1 + n / 9;
-            rows::block_maxima(keys.data(), n, block, maxima.data());
-            for (uint32_t b = 0; b * block < n; ++b)
-                EXPECT_EQ(maxima[b],
-                          *std::max_element(keys.begin() + b * block,
-                                            keys.begin() + std::min(n, (b + 1) * block)));
+            for (const uint32_t m : {1u, 1 + n / 9, std::min(n, 80u), n}) {
+                rows::strided_maxima(keys.data(), n, m, maxima.data());
+                for (uint32_t j = 0; j < m; ++j) {
+                    uint32_t want = 0;
+                    for (uint32_t x = j; x < n; x += m)
+                        want = std::max(want, keys[x]);
+                    ASSERT_EQ(maxima[j], want) << "m " << m << " set " << j;
+                }
+            }
             const uint32_t least = keys[rng() % n];
             std::vector<uint32_t> want_ids;
             for (uint32_t x = 0; x < n; ++x)

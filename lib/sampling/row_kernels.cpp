@@ -242,22 +242,28 @@ int32_t OrderKeys(const float* z, uint32_t n, float scale, uint32_t* keys) {
     return m;
 }
 
-void BlockMaxima(const uint32_t* keys, uint32_t n, uint32_t block, uint32_t* maxima) {
+void StridedMaxima(const uint32_t* keys, uint32_t n, uint32_t m, uint32_t* maxima) {
     const DI di;
     const uint32_t L = uint32_t(hn::Lanes(di));
-    const VI flip = hn::Set(di, INT32_MIN);
-    // Unsigned maxima by the signed order (keys - 2^31), which every target compares.
-    for (uint32_t b = 0; b * block < n; ++b) {
-        const uint32_t begin = b * block, end = std::min(n, begin + block);
-        VI m = flip;
-        uint32_t i = begin;
-        for (; i + L <= end; i += L)
-            m = hn::Max(m, hn::Xor(hn::BitCast(di, hn::LoadU(DU(), keys + i)), flip));
-        int32_t best = hn::GetLane(hn::MaxOfLanes(di, m));
-        for (; i < end; ++i)
-            best = std::max(best, int32_t(keys[i] ^ 0x80000000u));
-        maxima[b] = uint32_t(best) ^ 0x80000000u;
+    const int32_t flip = INT32_MIN;
+    // Unsigned maxima by the signed order (keys - 2^31), which every target compares: kept
+    // flipped in `maxima` until the end.
+    std::fill(maxima, maxima + m, uint32_t(flip));
+    for (uint32_t begin = 0; begin < n; begin += m) {
+        const uint32_t len = std::min(m, n - begin);
+        uint32_t j = 0;
+        for (; j + L <= len; j += L) {
+            auto* to = reinterpret_cast<int32_t*>(maxima + j);
+            const VI k =
+                hn::Xor(hn::BitCast(di, hn::LoadU(DU(), keys + begin + j)), hn::Set(di, flip));
+            hn::StoreU(hn::Max(hn::LoadU(di, to), k), di, to);
+        }
+        for (; j < len; ++j)
+            maxima[j] =
+                uint32_t(std::max(int32_t(maxima[j]), int32_t(keys[begin + j] ^ 0x80000000u)));
     }
+    for (uint32_t j = 0; j < m; ++j)
+        maxima[j] ^= 0x80000000u;
 }
 
 uint32_t IdsWithKeyAtLeast(const uint32_t* keys, uint32_t n, uint32_t least, uint32_t* out) {
@@ -393,7 +399,7 @@ namespace specula::rows {
 HWY_EXPORT(MaxSignedKey);
 HWY_EXPORT(FirstEqual);
 HWY_EXPORT(OrderKeys);
-HWY_EXPORT(BlockMaxima);
+HWY_EXPORT(StridedMaxima);
 HWY_EXPORT(KeptWeightSum);
 HWY_EXPORT(IdsWithKeyAtLeast);
 HWY_EXPORT(ResidualRaces);
@@ -414,8 +420,8 @@ float max_value(const float* z, uint32_t n, float scale) {
 int32_t order_keys(const float* z, uint32_t n, float scale, uint32_t* keys) {
     return HWY_DYNAMIC_DISPATCH(OrderKeys)(z, n, scale, keys);
 }
-void block_maxima(const uint32_t* keys, uint32_t n, uint32_t block, uint32_t* maxima) {
-    HWY_DYNAMIC_DISPATCH(BlockMaxima)(keys, n, block, maxima);
+void strided_maxima(const uint32_t* keys, uint32_t n, uint32_t m, uint32_t* maxima) {
+    HWY_DYNAMIC_DISPATCH(StridedMaxima)(keys, n, m, maxima);
 }
 uint32_t ids_with_key_at_least(const uint32_t* keys, uint32_t n, uint32_t least, uint32_t* out) {
     return HWY_DYNAMIC_DISPATCH(IdsWithKeyAtLeast)(keys, n, least, out);

@@ -39,8 +39,9 @@ uint32_t first_equal(const float* z, uint32_t n, float v);
 // keys[x] = order_key(z[x] * scale) for x < n; returns the largest as max_signed_key does.
 int32_t order_keys(const float* z, uint32_t n, float scale, uint32_t* keys);
 
-// maxima[b] = the largest of keys [b * block, (b + 1) * block) (unsigned), for each block of n.
-void block_maxima(const uint32_t* keys, uint32_t n, uint32_t block, uint32_t* maxima);
+// maxima[j] = the largest of keys[x] over x < n with x % m == j (unsigned), for j < m <= n:
+// the maxima of m disjoint sets of ids, each spread over the whole row.
+void strided_maxima(const uint32_t* keys, uint32_t n, uint32_t m, uint32_t* maxima);
 
 // The ids x < n with keys[x] >= least (unsigned), ascending, into out (room for n + 64
 // ids: a vector's store may write past the last one); returns their number.

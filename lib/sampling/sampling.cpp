@@ -1,6 +1,7 @@
 #include "sampling/sampling.h"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <functional>
@@ -71,24 +72,29 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
 
     // Rank order (key desc, id asc); the kept set is a prefix of it, at most top_k long.
     // rank(L) sorts the first L tokens of the ranking into order[0..L), ranking only tokens that
-    // can be among them: the maxima of at least L disjoint blocks are keys of distinct tokens,
-    // so the L-th largest of them bounds the L-th largest key from below.
+    // can be among them: the maxima of at least L disjoint sets of tokens are keys of distinct
+    // tokens, so the L-th largest of them bounds the L-th largest key from below. The sets are
+    // strided (ids equal modulo m), not runs of neighbours: a vocabulary's likely tokens are
+    // often near each other (a BPE vocabulary's common words have low ids), and runs would let
+    // a few of them share a maximum and loosen the bound.
     const uint32_t length = p.top_k > 0 && uint32_t(p.top_k) < n ? uint32_t(p.top_k) : n;
     if (order.size() < n + 64) order.resize(n + 64);
-    std::vector<uint32_t> maxima;
+    thread_local std::vector<uint32_t> maxima;
     const auto by_rank = [&](uint32_t a, uint32_t b) {
         return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
     };
     // The tokens that can be among the first L, ascending, into order[0..count).
     auto candidates = [&](uint32_t L) {
-        const uint32_t block = std::max(1u, n / (2 * L));
-        maxima.resize((n + block - 1) / block);
-        rows::block_maxima(keys.data(), n, block, maxima.data());
+        const uint32_t m = std::min(n, (2 * L + 15) / 16 * 16);
+        maxima.resize(m);
+        rows::strided_maxima(keys.data(), n, m, maxima.data());
         std::nth_element(maxima.begin(), maxima.begin() + (L - 1), maxima.end(), std::greater<>());
         return rows::ids_with_key_at_least(keys.data(), n, maxima[L - 1], order.data());
     };
+    uint32_t ranked = 0;  // order[0..ranked) is the ranking's start
     auto rank = [&](uint32_t L) {
         std::partial_sort(order.begin(), order.begin() + L, order.begin() + candidates(L), by_rank);
+        ranked = L;
     };
     if (p.top_p >= 1.0f) {
         // Top-k alone: the kept set is the first `length` of the ranking, which only its last
@@ -110,40 +116,63 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
         c.cut_key = keys[c.cut_id];
         return c;
     };
-    // The mass of a prefix (each computed once): the whole row's without a cut; over its tokens
-    // alone where it is short (the same float), their weights computed once; else the row's
-    // with the cut.
-    std::vector<float> masses(length + 1, -1.0f);
-    std::vector<std::pair<uint32_t, float>> ranked, prefix_tokens;
-    std::vector<uint32_t> ids;
-    auto mass = [&](uint32_t prefix) {
-        float& m = masses[prefix];
-        if (m >= 0.0f) return m;
-        if (prefix == n) {
-            m = rows::kept_weight_sum({logits.data(), inv_t, norm.max}, n);
-        } else if (prefix * 8 > n) {
-            const RowNorm c = cut_at(prefix);
-            m = rows::kept_weight_sum({logits.data(), inv_t, c.max, c.cut_key, c.cut_id}, n);
-        } else {
-            for (auto i = uint32_t(ranked.size()); i < prefix; ++i)
-                ranked.emplace_back(order[i], weight(order[i]));
-            prefix_tokens.assign(ranked.begin(), ranked.begin() + prefix);
-            std::sort(prefix_tokens.begin(), prefix_tokens.end());
-            ids.clear();
-            for (const auto& [x, w] : prefix_tokens)
-                ids.push_back(x);
-            // canonical_sum_sparse asks for the ids' values in their (ascending) order.
-            size_t next = 0;
-            m = det::canonical_sum_sparse(n, ids,
-                                          [&](uint32_t) { return prefix_tokens[next++].second; });
+    // The weights of the ranking's first tokens (w[i] of order[i]), computed once each, and
+    // those tokens by id with their ranks (by_id, made again when the ranking grows): a short
+    // prefix's mass is the sparse sum over the entries of by_id ranked below it, no sort per
+    // prefix.
+    thread_local std::vector<float> w, values;
+    thread_local std::vector<std::pair<uint32_t, uint32_t>> by_id;
+    thread_local std::vector<uint32_t> ids;
+    w.clear();
+    by_id.clear();
+    auto weigh = [&](uint32_t prefix) {
+        for (auto i = uint32_t(w.size()); i < prefix; ++i)
+            w.push_back(weight(order[i]));
+    };
+    // The prefix's tokens ascending into ids, their weights into values.
+    auto prefix_ids = [&](uint32_t prefix) {
+        weigh(prefix);
+        if (by_id.size() != ranked) {
+            by_id.clear();
+            for (uint32_t i = 0; i < ranked; ++i)
+                by_id.emplace_back(order[i], i);
+            std::sort(by_id.begin(), by_id.end());
         }
+        ids.clear();
+        values.clear();
+        for (const auto& [x, i] : by_id) {
+            if (i >= prefix) continue;
+            ids.push_back(x);
+            values.push_back(w[i]);
+        }
+    };
+    // The mass of a prefix: the whole row's without a cut; over its tokens alone where it is
+    // short (the same float); else the row's with the cut.
+    auto compute_mass = [&](uint32_t prefix) {
+        if (prefix == n) return rows::kept_weight_sum({logits.data(), inv_t, norm.max}, n);
+        if (prefix * 8 > n) {
+            const RowNorm c = cut_at(prefix);
+            return rows::kept_weight_sum({logits.data(), inv_t, c.max, c.cut_key, c.cut_id}, n);
+        }
+        prefix_ids(prefix);
+        size_t next = 0;  // canonical_sum_sparse asks for the ids' values in their order
+        return det::canonical_sum_sparse(n, ids, [&](uint32_t) { return values[next++]; });
+    };
+    // The last masses computed (the search asks for some twice).
+    std::array<std::pair<uint32_t, float>, 4> recent{};
+    size_t next_recent = 0;
+    auto mass = [&](uint32_t prefix) {
+        for (const auto& [at, m] : recent)
+            if (at == prefix) return m;
+        const float m = compute_mass(prefix);
+        recent[next_recent++ % recent.size()] = {prefix, m};
         return m;
     };
 
     // Top-p: the shortest prefix whose mass reaches top_p * mass(top-k set); mass grows
-    // monotonically with the prefix (rounding is monotone), so bisect. Without top-k the ranked
-    // prefix starts short and grows fourfold until its mass reaches the target: a nucleus is
-    // usually a small part of the vocabulary, which is then never sorted.
+    // monotonically with the prefix (rounding is monotone). Without top-k the ranked prefix
+    // starts short and grows fourfold until its mass reaches the target: a nucleus is usually
+    // a small part of the vocabulary, which is then never sorted.
     uint32_t lo = 0, hi = std::min(length, length == n ? 64u : length);
     rank(hi);
     const float target = p.nucleus() * mass(length);
@@ -154,17 +183,40 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
     }
     if (hi == length && length == n && lo > 0) rank(std::min(n, hi));  // the whole row
     // Now mass(prefix lo) < target <= mass(prefix hi).
-    while (hi - lo > 1) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        (mass(mid) >= target ? hi : lo) = mid;
+    if (hi * 8 <= n) {
+        // A short prefix: the running sum of the ranked weights (another order of addition:
+        // close, not equal) points at the answer, which the exact masses then confirm or move
+        // by a token at a time (usually two masses instead of a bisection's six).
+        weigh(hi);
+        uint32_t k = hi;
+        double running = lo > 0 ? double(mass(lo)) : 0.0;  // the tokens before lo
+        for (uint32_t i = lo; i < hi; ++i)
+            if ((running += double(w[i])) >= double(target)) {
+                k = i + 1;
+                break;
+            }
+        bool moved_up = false;
+        while (k < hi && mass(k) < target) {
+            ++k;
+            moved_up = true;
+        }
+        while (!moved_up && k - 1 > lo && mass(k - 1) >= target)
+            --k;
+        hi = k;
+    } else {
+        while (hi - lo > 1) {
+            const uint32_t mid = lo + (hi - lo) / 2;
+            (mass(mid) >= target ? hi : lo) = mid;
+        }
     }
     const uint32_t kept = hi;
     if (kept == n) {  // nothing cut after all (top-p reached only with the whole row)
         norm.inv_sum = det::reciprocal(mass(n));
         return norm;
     }
+    const float kept_mass = mass(kept);
     norm = cut_at(kept);
-    norm.inv_sum = det::reciprocal(mass(kept));
+    norm.inv_sum = det::reciprocal(kept_mass);
     norm.ids.assign(order.begin(), order.begin() + kept);
     std::sort(norm.ids.begin(), norm.ids.end());
     return norm;
