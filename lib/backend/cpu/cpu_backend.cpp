@@ -350,8 +350,9 @@ class CpuBackend final : public Backend {
     void attention(const Attention& a) override {
         const OpProfile::Scope timed(profile_, "attention");
         wrote(a.out);
-        if (a.n_keys == 0 && causal_attention(a)) return;
-        // A job is a query row and a key/value head, with the query heads that share it; where
+        if (transposed_attention(a)) return;
+        // Without memory for the transpose: a job is a query row and a key/value head, with the
+        // query heads that share it; where
         // every row sees the same keys (the encoder, cross-attention) and heads are not shared,
         // a block of rows of one head, so that each key and value is read once for the block.
         const int group = a.n_head / a.n_head_kv;
@@ -566,13 +567,16 @@ class CpuBackend final : public Backend {
             quantized_from_ = {};
     }
 
-    // Causal attention over a cache's transpose, which is brought up to the keys the last row
-    // sees first (the rows written since it was last read: usually this forward's). A job is a
-    // block of query rows and a key/value head, with the query heads that share it: each key
-    // and value read serves every row of the block (a verification batch is one block), each
-    // row seeing its own keys. False when the transpose cannot be had (no memory): attention()
-    // then reads the cache itself.
-    bool causal_attention(const Attention& a) {
+    // Attention over the keys' transpose, which is brought up to the keys the last row sees
+    // first (the rows written since it was last read: a causal forward's own; an encoder
+    // layer's keys each time; a decoder's cross-attention keys once per audio window, then
+    // read by every token). A job is a block of query rows and a key/value head, with the
+    // query heads that share it: each key and value read serves every row of the block (a
+    // verification batch is one block), each row seeing its own keys. No sum across lanes per
+    // score: 1.6-2.4x faster than attend() over rows of keys (Whisper's 250 or 1500 keys,
+    // head_dim 64). False when the transpose cannot be had (no memory): attention() then reads
+    // the keys themselves.
+    bool transposed_attention(const Attention& a) {
         auto* cache = static_cast<CpuBuffer*>(a.k.buffer);
         CpuBuffer::KeyTranspose* kt = cache->key_transpose(a.k, a.head_dim);
         if (kt == nullptr) return false;
