@@ -182,11 +182,11 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
         if (hi < length) rank(hi);
     }
     if (hi == length && length == n && lo > 0) rank(std::min(n, hi));  // the whole row
-    // Now mass(prefix lo) < target <= mass(prefix hi).
-    if (hi * 8 <= n) {
-        // A short prefix: the running sum of the ranked weights (another order of addition:
-        // close, not equal) points at the answer, which the exact masses then confirm or move
-        // by a token at a time (usually two masses instead of a bisection's six).
+    // Now mass(prefix lo) < target <= mass(prefix hi): bisect, after a guess where the prefix
+    // is short. The running sum of the ranked weights (another order of addition: close, not
+    // equal) points at the answer, and the exact masses at it and next to it usually settle it
+    // (two masses instead of a bisection's six).
+    if (hi - lo > 1 && hi * 8 <= n) {
         weigh(hi);
         uint32_t k = hi;
         double running = lo > 0 ? double(mass(lo)) : 0.0;  // the tokens before lo
@@ -195,19 +195,13 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
                 k = i + 1;
                 break;
             }
-        bool moved_up = false;
-        while (k < hi && mass(k) < target) {
-            ++k;
-            moved_up = true;
-        }
-        while (!moved_up && k - 1 > lo && mass(k - 1) >= target)
-            --k;
-        hi = k;
-    } else {
-        while (hi - lo > 1) {
-            const uint32_t mid = lo + (hi - lo) / 2;
-            (mass(mid) >= target ? hi : lo) = mid;
-        }
+        (mass(k) >= target ? hi : lo) = k;
+        const uint32_t next = hi == k ? k - 1 : k + 1;
+        if (next > lo && next < hi) (mass(next) >= target ? hi : lo) = next;
+    }
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        (mass(mid) >= target ? hi : lo) = mid;
     }
     const uint32_t kept = hi;
     if (kept == n) {  // nothing cut after all (top-p reached only with the whole row)
