@@ -344,6 +344,8 @@ def main():
     ap.add_argument("--export-from", help="only export and evaluate this checkpoint (asr.pt)")
     ap.add_argument("--save-every", type=int, default=100, help="steps between resumable states")
     ap.add_argument("--resume", action="store_true", help="continue from <out>/state.pt")
+    ap.add_argument("--init-from", help="start from this checkpoint's weights (asr.pt) with a new "
+                    "optimizer and schedule: a second, shorter cosine cycle")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
@@ -362,6 +364,8 @@ def main():
         model.load_state_dict(ckpt["model"])
         finish(a, model, data, bpe, sub_of, sub_ids, vocab, n_audio_ctx, ckpt["step"], 0.0)
         return
+    if a.init_from:
+        model.load_state_dict(torch.load(a.init_from)["model"])
     batches = Batches(data, bpe, n_audio_ctx, a.seed)
     to_sub = torch.from_numpy(np.vectorize(lambda t: sub_of.get(int(t), 0))(np.arange(N_VOCAB)))
     print(f"{len(sub_ids)} trained tokens; target {sum(p.numel() for n, p in model.named_parameters() if not n.startswith(('draft', 'ctc')))/1e6:.2f}M "
