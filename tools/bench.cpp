@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@ struct Options {
     std::string prompt_text;  // the decode runs start from it (tokenized) instead of one token
     int n_prompt = 128, n_decode = 64, depth = 0, reps = 3, threads = 0, context = 256;
     std::vector<int> verify_sizes = {1, 4, 8, 16};
+    int draws = 0;  // rows of the model's own logits to time the draw over
 };
 
 struct Speculative {
@@ -225,6 +227,69 @@ bool run_device(const Options& o, specula_backend_kind kind, Result* r) {
     return s.ok();
 }
 
+// The cost of a draw (temperature, top-k, top-p of the options) on the host, as the cpu
+// backend draws: over rows of logits the model itself produced, decoding its own samples from
+// the prompt text (or one token), since a row's shape (how its likely tokens lie) decides
+// what top-k and top-p cost. Median microseconds per row of row_norm alone and of a whole draw.
+bool time_draws(const Options& o, double* norm_us, double* draw_us) {
+    specula_backend_params bp = specula_backend_default_params();
+    bp.kind = SPECULA_BACKEND_CPU;
+    bp.n_threads = o.threads;
+    specula_backend* backend = nullptr;
+    specula_model* model = nullptr;
+    specula_session* session = nullptr;
+    specula_model_info info{};
+    specula_session_params sp = specula_session_default_params();
+    sp.n_ctx = uint32_t(o.draws + 64 + int(o.prompt_text.size()));
+    specula_status s = specula_backend_create(&bp, &backend);
+    if (s == SPECULA_OK) s = specula_model_load(backend, o.model.c_str(), nullptr, &model);
+    if (s == SPECULA_OK) s = specula_model_get_info(model, &info);
+    if (s == SPECULA_OK) s = specula_session_create(model, &sp, &session);
+    std::vector<int32_t> start(o.prompt_text.size() + 2, 0);
+    size_t n = 1;
+    if (s == SPECULA_OK && !o.prompt_text.empty())
+        s = specula_tokenize(model, o.prompt_text.data(), o.prompt_text.size(), true, start.data(),
+                             start.size(), &n);
+    if (s == SPECULA_OK) s = specula_session_eval(session, start.data(), n);
+    specula::SamplingParams p;
+    p.temperature = o.temperature;
+    p.top_k = o.top_k;
+    p.top_p = o.top_p;
+    p.seed = o.seed;
+    const auto V = size_t(info.n_vocab);
+    std::vector<float> rows(size_t(o.draws) * V);
+    for (int i = 0; i < o.draws && s == SPECULA_OK; ++i) {
+        const std::span<float> row(rows.data() + size_t(i) * V, V);
+        s = specula_session_get_logits(session, row.data(), V);
+        const int32_t token = specula::sample_token(row, p, uint32_t(i));
+        if (s == SPECULA_OK) s = specula_session_eval(session, &token, 1);
+    }
+    if (s != SPECULA_OK) std::fprintf(stderr, "specula-bench: draws: %s\n", specula_last_error());
+    specula_session_free(session);
+    specula_model_free(model);
+    specula_backend_free(backend);
+    if (s != SPECULA_OK) return false;
+    std::vector<double> norm, draw;
+    uint64_t sink = 0;  // keeps the results alive
+    for (int rep = 0; rep < std::max(o.reps, 1); ++rep) {
+        auto t0 = Clock::now();
+        for (int i = 0; i < o.draws; ++i)
+            sink += specula::row_norm({rows.data() + size_t(i) * V, V}, p).ids.size();
+        auto t1 = Clock::now();
+        for (int i = 0; i < o.draws; ++i)
+            sink += uint64_t(specula::sample_token({rows.data() + size_t(i) * V, V}, p,
+                                                   uint32_t(rep * o.draws + i)));
+        auto t2 = Clock::now();
+        norm.push_back(std::chrono::duration<double>(t1 - t0).count() * 1e6 / o.draws);
+        draw.push_back(std::chrono::duration<double>(t2 - t1).count() * 1e6 / o.draws);
+    }
+    const volatile uint64_t keep = sink;
+    (void)keep;
+    *norm_us = median(norm);
+    *draw_us = median(draw);
+    return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,6 +319,9 @@ int main(int argc, char** argv) {
     app.add_option("--verify", o.verify_sizes, "verification batch sizes (0 to skip)")
         ->delimiter(',');
     app.add_option("--threads", o.threads, "cpu threads (0 = all cores), as llama-bench's -t");
+    app.add_option("--draws", o.draws,
+                   "also time a draw (--temp, --top-k, --top-p) on the host over this many rows "
+                   "of logits the model produced decoding its own samples");
     app.add_option("--json", json_path,
                    "also write the results as JSON to this file ('-' for stdout)");
     CLI11_PARSE(app, argc, argv);
@@ -333,6 +401,15 @@ int main(int argc, char** argv) {
                         r.decode_tps > 0 ? r.spec.decode_tps / r.decode_tps : 0.0, r.spec.alpha,
                         r.spec.tokens_per_step, r.spec.mean_gamma, r.spec.cost_ratio, predicted);
         }
+    }
+
+    if (o.draws > 0 && o.temperature > 0) {
+        double norm_us = 0, draw_us = 0;
+        if (!time_draws(o, &norm_us, &draw_us)) return 1;
+        std::printf(
+            "\ndraws over %d rows of the model's own logits (temperature %.2f, top-k %d, top-p "
+            "%.2f; host, as the cpu backend draws): row norm %.2f us, whole draw %.2f us a row\n",
+            o.draws, double(o.temperature), o.top_k, double(o.top_p), norm_us, draw_us);
     }
 
     if (!json_path.empty()) {
