@@ -355,10 +355,20 @@ Races ResidualRaces(const Row& p, const Row* q, uint32_t n, uint64_t seed, uint3
         if (!any) continue;
         PhiloxUniforms<K>(ids, seed, stream, step, row, u);
         for (int j = 0; j < K; ++j) {
-            const auto candidate = hn::Gt(px[j], zero);           // kept, below n, and p(x) > 0
-            const VF w = Reciprocal(hn::Neg(LogPositive(u[j])));  // det::race_weight
+            const auto candidate = hn::Gt(px[j], zero);  // kept, below n, and p(x) > 0
             const VF d = hn::Sub(px[j], qx[j]);
-            const VF a = hn::Mul(hn::IfThenElseZero(hn::Lt(zero, d), d), w);  // max(0, p - q) * w
+            const VF ax = hn::IfThenElseZero(hn::Lt(zero, d), d);  // max(0, p - q)
+            // det::race_cannot_win against each lane's own best: where no lane can win either
+            // race, the log and reciprocal of the weights are spared (no result changes: a
+            // skipped score is below its lane's best, which only a larger score replaces).
+            const VF bound =
+                hn::Mul(hn::Sub(hn::Set(df, 1.0f), u[j]), hn::Set(df, det::kRaceSlack));
+            const auto may_a =
+                hn::And(hn::Gt(ax, zero), hn::Not(hn::Lt(ax, hn::Mul(score_a, bound))));
+            const auto may_p = hn::And(candidate, hn::Not(hn::Lt(px[j], hn::Mul(score_p, bound))));
+            if (hn::AllFalse(df, hn::Or(may_a, may_p))) continue;
+            const VF w = Reciprocal(hn::Neg(LogPositive(u[j])));  // det::race_weight
+            const VF a = hn::Mul(ax, w);
             const VF b = hn::Mul(px[j], w);
             const auto take_a = hn::And(candidate, hn::Gt(a, score_a));
             const auto take_p = hn::And(candidate, hn::Gt(b, score_p));
