@@ -325,6 +325,10 @@ int main(int argc, char** argv) {
     app.add_option("--json", json_path,
                    "also write the results as JSON to this file ('-' for stdout)");
     CLI11_PARSE(app, argc, argv);
+    if (o.draws > 0 && !(o.temperature > 0)) {
+        std::fprintf(stderr, "specula-bench: --draws times a sampled draw: give --temp > 0\n");
+        return 2;
+    }
     o.verify_sizes.erase(std::remove_if(o.verify_sizes.begin(), o.verify_sizes.end(),
                                         [](int n) { return n <= 0 || n > 16; }),
                          o.verify_sizes.end());
@@ -403,7 +407,7 @@ int main(int argc, char** argv) {
         }
     }
 
-    if (o.draws > 0 && o.temperature > 0) {
+    if (o.draws > 0) {
         double norm_us = 0, draw_us = 0;
         if (!time_draws(o, &norm_us, &draw_us)) return 1;
         std::printf(

@@ -338,7 +338,7 @@ Races ResidualRaces(const Row& p, const Row* q, uint32_t n, uint64_t seed, uint3
     // p's race takes any candidate (b >= 0 beats -1).
     VF score_a = hn::Zero(df), score_p = hn::Set(df, -1.0f);
     VI id_a = hn::Set(di, -1), id_p = hn::Set(di, -1);
-    const VF zero = hn::Zero(df);
+    const VF zero = hn::Zero(df), one = hn::Set(df, 1.0f), slack = hn::Set(df, det::kRaceSlack);
     // K vectors of tokens at a time: their chains of dependent arithmetic interleave.
     constexpr int K = 2;
     for (uint32_t x0 = 0; x0 < n; x0 += K * L) {
@@ -361,8 +361,7 @@ Races ResidualRaces(const Row& p, const Row* q, uint32_t n, uint64_t seed, uint3
             // det::race_cannot_win against each lane's own best: where no lane can win either
             // race, the log and reciprocal of the weights are spared (no result changes: a
             // skipped score is below its lane's best, which only a larger score replaces).
-            const VF bound =
-                hn::Mul(hn::Sub(hn::Set(df, 1.0f), u[j]), hn::Set(df, det::kRaceSlack));
+            const VF bound = hn::Mul(hn::Sub(one, u[j]), slack);
             const auto may_a =
                 hn::And(hn::Gt(ax, zero), hn::Not(hn::Lt(ax, hn::Mul(score_a, bound))));
             const auto may_p = hn::And(candidate, hn::Not(hn::Lt(px[j], hn::Mul(score_p, bound))));

@@ -84,6 +84,7 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
         return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
     };
     // The tokens that can be among the first L, ascending, into order[0..count).
+    // 2L sets, rounded up to whole vectors of 16 lanes for strided_maxima.
     auto candidates = [&](uint32_t L) {
         const uint32_t m = std::min(n, (2 * L + 15) / 16 * 16);
         maxima.resize(m);
@@ -158,8 +159,9 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
         size_t next = 0;  // canonical_sum_sparse asks for the ids' values in their order
         return det::canonical_sum_sparse(n, ids, [&](uint32_t) { return values[next++]; });
     };
-    // The last masses computed (the search asks for some twice).
-    std::array<std::pair<uint32_t, float>, 4> recent{};
+    // The last masses computed (the search asks for some twice); no prefix is UINT32_MAX long.
+    std::array<std::pair<uint32_t, float>, 4> recent;
+    recent.fill({UINT32_MAX, 0.0f});
     size_t next_recent = 0;
     auto mass = [&](uint32_t prefix) {
         for (const auto& [at, m] : recent)
@@ -208,9 +210,8 @@ RowNorm row_norm(std::span<const float> logits, const SamplingParams& p) {
         norm.inv_sum = det::reciprocal(mass(n));
         return norm;
     }
-    const float kept_mass = mass(kept);
     norm = cut_at(kept);
-    norm.inv_sum = det::reciprocal(kept_mass);
+    norm.inv_sum = det::reciprocal(mass(kept));
     norm.ids.assign(order.begin(), order.begin() + kept);
     std::sort(norm.ids.begin(), norm.ids.end());
     return norm;

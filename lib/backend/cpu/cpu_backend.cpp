@@ -352,9 +352,9 @@ class CpuBackend final : public Backend {
         wrote(a.out);
         if (transposed_attention(a)) return;
         // Without memory for the transpose: a job is a query row and a key/value head, with the
-        // query heads that share it; where
-        // every row sees the same keys (the encoder, cross-attention) and heads are not shared,
-        // a block of rows of one head, so that each key and value is read once for the block.
+        // query heads that share it; where every row sees the same keys (the encoder,
+        // cross-attention) and heads are not shared, a block of rows of one head, so that each
+        // key and value is read once for the block.
         const int group = a.n_head / a.n_head_kv;
         const bool blocks = a.n_keys > 0 && group == 1;
         const int64_t rows_per_job = blocks ? kAttentionRowBlock : 1;
