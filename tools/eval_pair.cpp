@@ -1,8 +1,10 @@
 // specula-eval-pair: how good a target/draft pair is, through the public C API.
 //   - held-out perplexity of each model (non-overlapping windows of --window tokens),
-//   - the greedy acceptance rate α of the pair over --prompts prompts cut from the
+//   - the acceptance rate α of the pair over --prompts prompts cut from the
 //     held-out text, tokens per target call, and the speedup of speculative
-//     decoding over the target alone, both timed in this run.
+//     decoding over the target alone, both timed in this run; greedy, or sampled
+//     with --temp (--top-k, --top-p, --seed), where the draft's distribution must
+//     match the target's as the sampler shapes both.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
@@ -65,10 +67,20 @@ struct Generation {
     std::vector<int32_t> tokens;
 };
 
+struct Sampler {
+    float temperature = 0.0f;
+    int32_t top_k = 0;
+    float top_p = 1.0f;
+    uint64_t seed = 1;
+};
+
 Generation generate(specula_model* target, specula_model* draft, const std::vector<int32_t>& prompt,
-                    int n, int gamma, const std::string& policy) {
+                    int n, int gamma, const std::string& policy, const Sampler& sampler) {
     specula_session_params sp = specula_session_default_params();
-    sp.temperature = 0.0f;
+    sp.temperature = sampler.temperature;
+    sp.top_k = sampler.top_k;
+    sp.top_p = sampler.top_p;
+    sp.seed = sampler.seed;
     sp.n_ctx = uint32_t(prompt.size() + size_t(n) + 32);
     sp.draft = draft;
     sp.gamma = gamma;
@@ -98,6 +110,7 @@ int main(int argc, char** argv) {
                                                     policy = "fixed";
     int n_prompts = 50, prompt_tokens = 32, n_generate = 32, window = 128, ppl_tokens = 16384,
         gamma = 4;
+    Sampler sampler;
     CLI::App app{"specula-eval-pair: perplexity and speculative acceptance of a target/draft pair"};
     app.add_option("-m,--model", target_path)->required();
     app.add_option("--model-draft", draft_path)->required();
@@ -110,6 +123,10 @@ int main(int argc, char** argv) {
     app.add_option("--gamma", gamma);
     app.add_option("--gamma-policy", policy)
         ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
+    app.add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)");
+    app.add_option("--top-k", sampler.top_k, "top-k when sampling (0 = off)");
+    app.add_option("--top-p", sampler.top_p, "top-p when sampling (1 = off)");
+    app.add_option("--seed", sampler.seed, "seed of the sampled runs (prompt i uses seed + i)");
     app.add_option("--window", window, "perplexity window (tokens)");
     app.add_option("--ppl-tokens", ppl_tokens, "held-out tokens scored for perplexity");
     app.add_option("--json", json_path);
@@ -141,15 +158,21 @@ int main(int argc, char** argv) {
         const double ppl_target = perplexity(target, scored, window, info.n_vocab);
         const double ppl_draft = perplexity(draft, scored, window, info.n_vocab);
 
+        const bool greedy = sampler.temperature < 1e-6f;
         uint64_t drafted = 0, evaluated = 0, accepted = 0, steps = 0, generated = 0, mismatches = 0;
         double t_alone = 0, t_spec = 0;
         for (int p = 0; p < n_prompts; ++p) {
             const size_t at = ids.size() / size_t(n_prompts) * size_t(p);
             const std::vector<int32_t> prompt(ids.begin() + std::ptrdiff_t(at),
                                               ids.begin() + std::ptrdiff_t(at) + prompt_tokens);
-            const Generation alone = generate(target, nullptr, prompt, n_generate, gamma, policy);
-            const Generation spec = generate(target, draft, prompt, n_generate, gamma, policy);
-            mismatches += alone.tokens != spec.tokens;
+            Sampler s = sampler;
+            s.seed += uint64_t(p);
+            const Generation alone =
+                generate(target, nullptr, prompt, n_generate, gamma, policy, s);
+            const Generation spec = generate(target, draft, prompt, n_generate, gamma, policy, s);
+            // Sampled outputs follow one distribution, not one sequence: only greedy ones must
+            // match.
+            mismatches += greedy && alone.tokens != spec.tokens;
             t_alone += alone.stats.generate_seconds;
             t_spec += spec.stats.generate_seconds;
             drafted += spec.stats.n_drafted;
@@ -162,15 +185,23 @@ int main(int argc, char** argv) {
         std::printf("pair: %s + draft on %s\n", info.name, dev.name);
         std::printf("held-out perplexity (%zu tokens, windows of %d): target %.2f, draft %.2f\n",
                     scored.size() - 1, window, ppl_target, ppl_draft);
-        std::printf("greedy speculative decoding, %d prompts x %d tokens, %s gamma %d:\n",
-                    n_prompts, n_generate, policy.c_str(), gamma);
+        if (greedy)
+            std::printf("greedy speculative decoding, %d prompts x %d tokens, %s gamma %d:\n",
+                        n_prompts, n_generate, policy.c_str(), gamma);
+        else
+            std::printf(
+                "sampled speculative decoding (T %.2f, top-k %d, top-p %.2f), %d prompts x %d "
+                "tokens, %s gamma %d:\n",
+                double(sampler.temperature), sampler.top_k, double(sampler.top_p), n_prompts,
+                n_generate, policy.c_str(), gamma);
         std::printf(
             "  acceptance rate alpha %.3f (%llu of %llu judged drafts; %llu drafted in all), %.2f "
             "tokens per target call\n",
             alpha, (unsigned long long)accepted, (unsigned long long)evaluated,
             (unsigned long long)drafted, double(generated) / double(steps));
         std::printf(
-            "  speedup over the target alone (same run): %.3fx (%.2f vs %.2f tokens/s); outputs "
+            "  speedup over the target alone (same run): %.3fx (%.2f vs %.2f tokens/s); greedy "
+            "outputs "
             "differing: %llu\n",
             t_alone / t_spec, double(generated) / t_spec, double(generated) / t_alone,
             (unsigned long long)mismatches);
@@ -185,6 +216,9 @@ int main(int argc, char** argv) {
                                 {"n_generate", n_generate},
                                 {"gamma", gamma},
                                 {"policy", policy},
+                                {"temperature", sampler.temperature},
+                                {"top_k", sampler.top_k},
+                                {"top_p", sampler.top_p},
                                 {"alpha", alpha},
                                 {"accepted", accepted},
                                 {"judged", evaluated},
