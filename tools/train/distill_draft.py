@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Distils the demo draft further from the bundled target, for sampled speculative decoding.
+
+A sampled draft token is accepted with probability 1 - TVD(p, q) on average, where p and q are
+the target's and the draft's distributions after the sampler's temperature, top-k and top-p
+(Leviathan et al. 2023, section 3.1). train.py distils the draft at temperature 1 over the whole
+vocabulary; this script starts from the bundled draft and trains it, with the bundled Q8_0 target
+frozen (the weights specula runs), on the target's distribution as the sampler shapes it
+(temperature 0.8, top-k 40, top-p 0.95 by default): the cross-entropy to it plus the total
+variation distance itself. It prints the held-out acceptance rate it expects (teacher-forced on
+the held-out documents) before and after, and exports the draft for specula-import.
+
+    /usr/bin/python3 tools/train/distill_draft.py --out build/distill   (see tools/train/README.md)
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bpe  # noqa: E402
+import gguf_read  # noqa: E402
+import train  # noqa: E402
+
+_LAYER_NAMES = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
+                "wo": "attn_output", "ffn_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up",
+                "w_down": "ffn_down"}
+
+
+def load_model(path, config):
+    """A train.Llama with the weights of a GGUF file (Q8_0 dequantized) and the file's tokenizer."""
+    meta, t = gguf_read.read(path)
+    vocab = len(meta["tokenizer.ggml.tokens"])
+    model = train.Llama(config, vocab)
+    with torch.no_grad():
+        model.tok_emb.weight.copy_(torch.from_numpy(t["token_embd.weight"]))
+        model.out_norm.weight.copy_(torch.from_numpy(t["output_norm.weight"]))
+        for i, b in enumerate(model.blocks):
+            for attr, name in _LAYER_NAMES.items():
+                m = getattr(b, attr)
+                m.weight.copy_(torch.from_numpy(t[f"blk.{i}.{name}.weight"]))
+    enc = bpe.Encoder([tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]])
+    if enc.tokens != meta["tokenizer.ggml.tokens"]:
+        sys.exit(f"{path}: its merges do not give its tokens")
+    return model, enc
+
+
+def processed(z, temp, top_k, top_p):
+    """The sampler's distribution (docs/DESIGN.md "Sampling"): softmax of z / temp over the top_k
+    largest, then the shortest prefix whose mass reaches top_p. Returns (ids, probabilities), with
+    the probabilities of dropped ranks 0."""
+    s, ids = (z / temp).topk(top_k, dim=-1)
+    p = s.softmax(-1)
+    before = p.cumsum(-1) - p  # mass of the ranks ahead of each
+    p = torch.where(before < top_p, p, torch.zeros_like(p))
+    return ids, p / p.sum(-1, keepdim=True)
+
+
+def target_samples(cli, target, texts, n, a, rng):
+    """n continuations the target samples with specula-cli (the sampler of the distillation) from
+    prompts cut from the training texts: the text the draft is asked to predict when it drafts."""
+    out = []
+    for i in range(n):
+        t = texts[rng.integers(len(texts))]
+        at = rng.integers(max(1, len(t) - 300))
+        prompt = t[at:at + 200].split(" ", 1)[-1].rsplit(" ", 1)[0]
+        if not prompt.strip():
+            continue
+        r = subprocess.run([cli, "-m", target, "-p", prompt, "-n", str(a.seq), "--temp", str(a.temp),
+                            "--top-k", str(a.top_k), "--top-p", str(a.top_p), "--seed", str(i + 1),
+                            "--threads", "1", "--backend", "cpu", "--no-bos"],
+                           capture_output=True, text=True, check=True)
+        out.append(r.stdout)
+    return out
+
+
+def losses(zt, zd, a):
+    """(cross-entropy to the target's processed distribution, TVD of the draft's tempered one to
+    it, expected acceptance with the draft processed too, argmax agreement)"""
+    ids, p = processed(zt, a.temp, a.top_k, a.top_p)
+    logq = (zd / a.temp).log_softmax(-1)
+    q_on = logq.gather(-1, ids).exp()
+    ce = -(p * logq.gather(-1, ids)).sum(-1).mean()
+    tvd = 0.5 * ((p - q_on).abs().sum(-1) + (1 - q_on.sum(-1)).clamp(min=0)).mean()
+    with torch.no_grad():
+        dids, dp = processed(zd, a.temp, a.top_k, a.top_p)
+        # Σ min(p, q') over the target's kept tokens, q' the draft's processed distribution.
+        match = (ids[..., :, None] == dids[..., None, :]).float()
+        q_proc = (match * dp[..., None, :]).sum(-1)
+        alpha = torch.minimum(p, q_proc).sum(-1).mean()
+        agree = (zt.argmax(-1) == zd.argmax(-1)).float().mean()
+    return ce, tvd, alpha, agree
+
+
+@torch.no_grad()
+def held_out(target, draft, ids, a, n_windows=64):
+    draft.eval()
+    stats = np.zeros(4)
+    starts = np.linspace(0, len(ids) - a.seq - 1, n_windows).astype(int)
+    for s in range(0, n_windows, a.batch):
+        x = torch.from_numpy(np.stack([ids[i:i + a.seq] for i in starts[s:s + a.batch]])).long()
+        stats += [v.item() for v in losses(target(x), draft(x), a)]
+    draft.train()
+    return stats / math.ceil(n_windows / a.batch)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="examples/models/specula-demo-target.gguf")
+    ap.add_argument("--draft", default="examples/models/specula-demo-draft.gguf")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--temp", type=float, default=0.8)
+    ap.add_argument("--top-k", type=int, default=40)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--samples", type=int, default=2000,
+                    help="continuations sampled from the target (half of each batch); 0: the corpus only")
+    ap.add_argument("--cli", default="build/release/examples/specula-cli")
+    a = ap.parse_args()
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(a.threads)
+    rng = np.random.default_rng(a.seed)
+    t_start = time.time()
+
+    target, enc = load_model(a.target, train.CONFIGS["target"])
+    draft, draft_enc = load_model(a.draft, train.CONFIGS["draft"])
+    if draft_enc.tokens != enc.tokens:
+        sys.exit("the draft's vocabulary is not the target's")
+    for p in target.parameters():
+        p.requires_grad_(False)
+    target.eval()
+    train_texts, held_texts = train.load_corpus()
+    train_ids = np.array([i for t in train_texts for i in enc.encode(t) + [enc.eos]], dtype=np.int32)
+    held_ids = np.array([i for t in held_texts for i in enc.encode(t) + [enc.eos]], dtype=np.int32)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "heldout.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(held_texts))
+    print(f"{len(train_ids)} training tokens, {len(held_ids)} held out; {time.time() - t_start:.0f} s", flush=True)
+    sampled = target_samples(a.cli, a.target, train_texts, a.samples, a, rng)
+    sample_ids = np.array([i for t in sampled for i in enc.encode(t) + [enc.eos]], dtype=np.int32)
+    print(f"{len(sampled)} samples of the target, {len(sample_ids)} tokens; {time.time() - t_start:.0f} s", flush=True)
+
+    def report(tag):
+        ce, tvd, alpha, agree = held_out(target, draft, held_ids, a)
+        print(f"{tag}: held-out cross-entropy {ce:.3f}, TVD {tvd:.3f}, expected acceptance {alpha:.3f} "
+              f"(T {a.temp}, top-k {a.top_k}, top-p {a.top_p}), argmax agreement {agree:.3f}", flush=True)
+        return {"cross_entropy": ce, "tvd": tvd, "alpha": alpha, "argmax_agreement": agree}
+
+    before = report("bundled draft")
+    opt = torch.optim.AdamW(draft.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    warmup = max(1, a.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, a.steps) / a.steps))))
+    half = a.batch // 2 if len(sample_ids) > a.seq + 1 else 0
+    corpus = train.batches(train_ids, a.seq, a.batch - half, rng)
+    samples = train.batches(sample_ids, a.seq, half, rng) if half else None
+    t0 = time.time()
+    for step in range(a.steps):
+        x = next(corpus)[0]
+        if samples:
+            x = torch.cat([x, next(samples)[0]])
+        with torch.no_grad():
+            zt = target(x)
+        ce, tvd, alpha, agree = losses(zt, draft(x), a)
+        opt.zero_grad(set_to_none=True)
+        (ce + tvd).backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 100 == 0:
+            print(f"step {step}: cross-entropy {ce.item():.3f}, TVD {tvd.item():.3f}, acceptance {alpha.item():.3f}, "
+                  f"{time.time() - t0:.0f} s", flush=True)
+        if (step + 1) % a.eval_every == 0 and step + 1 < a.steps:
+            report(f"step {step + 1}")
+    after = report(f"after {a.steps} steps")
+    result = {"steps": a.steps, "seed": a.seed, "threads": a.threads, "train_seconds": time.time() - t0,
+              "torch": torch.__version__, "temp": a.temp, "top_k": a.top_k, "top_p": a.top_p,
+              "before": before, "after": after}
+    with open(os.path.join(a.out, "report.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    train.export(draft, "draft", enc, a.out, 1024)
+
+
+if __name__ == "__main__":
+    main()
