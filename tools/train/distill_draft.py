@@ -3,7 +3,7 @@
 
 A sampled draft token is accepted with probability 1 - TVD(p, q) on average, where p and q are
 the target's and the draft's distributions after the sampler's temperature, top-k and top-p
-(Leviathan et al. 2023, section 3.1). train.py distils the draft at temperature 1 over the whole
+(Leviathan et al. 2023, Corollary 3.6). train.py distils the draft at temperature 1 over the whole
 vocabulary; this script starts from the bundled draft and trains it, with the bundled Q8_0 target
 frozen (the weights specula runs), on the target's distribution as the sampler shapes it
 (temperature 0.8, top-k 40, top-p 0.95 by default): the cross-entropy to it plus the total
