@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
         const double ppl_target = perplexity(target, scored, window, info.n_vocab);
         const double ppl_draft = perplexity(draft, scored, window, info.n_vocab);
 
-        const bool greedy = sampler.temperature < 1e-6f;
+        const bool greedy = sampler.temperature < SPECULA_MIN_TEMPERATURE;
         uint64_t drafted = 0, evaluated = 0, accepted = 0, steps = 0, generated = 0, mismatches = 0;
         double t_alone = 0, t_spec = 0;
         for (int p = 0; p < n_prompts; ++p) {
@@ -170,8 +170,7 @@ int main(int argc, char** argv) {
             const Generation alone =
                 generate(target, nullptr, prompt, n_generate, gamma, policy, s);
             const Generation spec = generate(target, draft, prompt, n_generate, gamma, policy, s);
-            // Sampled outputs follow one distribution, not one sequence: only greedy ones must
-            // match.
+            // Sampled outputs share a distribution, not a sequence: only greedy ones must match.
             mismatches += greedy && alone.tokens != spec.tokens;
             t_alone += alone.stats.generate_seconds;
             t_spec += spec.stats.generate_seconds;
@@ -201,8 +200,7 @@ int main(int argc, char** argv) {
             (unsigned long long)drafted, double(generated) / double(steps));
         std::printf(
             "  speedup over the target alone (same run): %.3fx (%.2f vs %.2f tokens/s); greedy "
-            "outputs "
-            "differing: %llu\n",
+            "outputs differing: %llu\n",
             t_alone / t_spec, double(generated) / t_spec, double(generated) / t_alone,
             (unsigned long long)mismatches);
         if (!json_path.empty()) {

@@ -21,13 +21,14 @@
 #include <vector>
 
 #include "core/philox.h"
+#include "specula.h"
 
 namespace specula {
 
 // Temperatures below this are greedy: 1/T must stay far from overflow when it scales logits
 // (below FLT_MIN it is infinite), and at 1e-6 logits 4e-5 apart already differ by more than the
 // e^-40 below which a probability counts as 0, so sampling is argmax but for near-ties.
-constexpr float kMinTemperature = 1e-6f;
+constexpr float kMinTemperature = SPECULA_MIN_TEMPERATURE;
 
 struct SamplingParams {
     float temperature = 0.0f;  // < kMinTemperature: greedy

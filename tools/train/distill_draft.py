@@ -83,20 +83,23 @@ def target_samples(cli, target, texts, n, a, rng):
 
 def losses(zt, zd, a):
     """(cross-entropy to the target's processed distribution, TVD of the draft's tempered one to
-    it, expected acceptance with the draft processed too, argmax agreement)"""
+    it): what the draft is trained on."""
     ids, p = processed(zt, a.temp, a.top_k, a.top_p)
-    logq = (zd / a.temp).log_softmax(-1)
-    q_on = logq.gather(-1, ids).exp()
-    ce = -(p * logq.gather(-1, ids)).sum(-1).mean()
+    logq_on = (zd / a.temp).log_softmax(-1).gather(-1, ids)
+    q_on = logq_on.exp()
+    ce = -(p * logq_on).sum(-1).mean()
     tvd = 0.5 * ((p - q_on).abs().sum(-1) + (1 - q_on.sum(-1)).clamp(min=0)).mean()
-    with torch.no_grad():
-        dids, dp = processed(zd, a.temp, a.top_k, a.top_p)
-        # Σ min(p, q') over the target's kept tokens, q' the draft's processed distribution.
-        match = (ids[..., :, None] == dids[..., None, :]).float()
-        q_proc = (match * dp[..., None, :]).sum(-1)
-        alpha = torch.minimum(p, q_proc).sum(-1).mean()
-        agree = (zt.argmax(-1) == zd.argmax(-1)).float().mean()
-    return ce, tvd, alpha, agree
+    return ce, tvd
+
+
+@torch.no_grad()
+def agreement(zt, zd, a):
+    """(expected acceptance Σ min(p, q) with both distributions processed, argmax agreement)"""
+    ids, p = processed(zt, a.temp, a.top_k, a.top_p)
+    dids, dp = processed(zd, a.temp, a.top_k, a.top_p)
+    match = (ids[..., :, None] == dids[..., None, :]).float()
+    q = (match * dp[..., None, :]).sum(-1)  # the draft's processed q at the target's kept ids
+    return torch.minimum(p, q).sum(-1).mean(), (zt.argmax(-1) == zd.argmax(-1)).float().mean()
 
 
 @torch.no_grad()
@@ -106,7 +109,8 @@ def held_out(target, draft, ids, a, n_windows=64):
     starts = np.linspace(0, len(ids) - a.seq - 1, n_windows).astype(int)
     for s in range(0, n_windows, a.batch):
         x = torch.from_numpy(np.stack([ids[i:i + a.seq] for i in starts[s:s + a.batch]])).long()
-        stats += [v.item() for v in losses(target(x), draft(x), a)]
+        zt, zd = target(x), draft(x)
+        stats += [v.item() for v in losses(zt, zd, a) + agreement(zt, zd, a)]
     draft.train()
     return stats / math.ceil(n_windows / a.batch)
 
@@ -159,7 +163,7 @@ def main():
               f"(T {a.temp}, top-k {a.top_k}, top-p {a.top_p}), argmax agreement {agree:.3f}", flush=True)
         return {"cross_entropy": ce, "tvd": tvd, "alpha": alpha, "argmax_agreement": agree}
 
-    before = report("bundled draft")
+    before = report("starting draft")
     opt = torch.optim.AdamW(draft.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = max(1, a.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -174,13 +178,15 @@ def main():
             x = torch.cat([x, next(samples)[0]])
         with torch.no_grad():
             zt = target(x)
-        ce, tvd, alpha, agree = losses(zt, draft(x), a)
+        zd = draft(x)
+        ce, tvd = losses(zt, zd, a)
         opt.zero_grad(set_to_none=True)
         (ce + tvd).backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         sched.step()
         if step % 100 == 0:
+            alpha, _ = agreement(zt, zd.detach(), a)
             print(f"step {step}: cross-entropy {ce.item():.3f}, TVD {tvd.item():.3f}, acceptance {alpha.item():.3f}, "
                   f"{time.time() - t0:.0f} s", flush=True)
         if (step + 1) % a.eval_every == 0 and step + 1 < a.steps:
