@@ -43,28 +43,58 @@ void warm_up(specula_model* model, specula_session_params sp, const std::vector<
     specula_session_free(session);
 }
 
-// The same generation without the draft, timed in this run: the speedup is measured, not assumed.
-int compare_with_target_alone(specula_model* model, specula_session_params sp,
-                              const std::vector<int32_t>& prompt, size_t n_prompt,
-                              specula_generate_params gp, const specula_session_stats& spec) {
-    sp.draft = nullptr;
+// One timed generation in a fresh session; its text is kept in memory.
+specula_status timed_generation(specula_model* model, const specula_session_params& sp,
+                                const std::vector<int32_t>& prompt, size_t n_prompt,
+                                specula_generate_params gp, specula_session_stats* st) {
     std::string text;
     gp.on_token = keep_piece;
     gp.on_token_user_data = &text;
     specula_session* session = nullptr;
-    specula_session_stats st{};
     specula_status s = specula_session_create(model, &sp, &session);
     if (s == SPECULA_OK) s = specula_session_eval(session, prompt.data(), n_prompt);
     if (s == SPECULA_OK) s = specula_generate(session, &gp, nullptr, 0, nullptr);
-    if (s == SPECULA_OK) s = specula_session_get_stats(session, &st);
+    if (s == SPECULA_OK) s = specula_session_get_stats(session, st);
     specula_session_free(session);
-    if (s != SPECULA_OK) return fail("target alone", s);
-    const double alone = double(st.n_generated) / st.generate_seconds;
-    const double speculative = double(spec.n_generated) / spec.generate_seconds;
+    return s;
+}
+
+double tokens_per_second(const specula_session_stats& st) {
+    return double(st.n_generated) / st.generate_seconds;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// The same generation without the draft, timed in this run: the speedup is measured, not
+// assumed. The target alone and the pair alternate, kCompareRuns each (the pair's first is the
+// run above), and the medians are compared: the machine's speed drifts between runs.
+constexpr int kCompareRuns = 3;
+int compare_with_target_alone(specula_model* model, const specula_session_params& sp,
+                              const std::vector<int32_t>& prompt, size_t n_prompt,
+                              const specula_generate_params& gp,
+                              const specula_session_stats& spec) {
+    specula_session_params alone_params = sp;
+    alone_params.draft = nullptr;
+    std::vector<double> alone, pair = {tokens_per_second(spec)};
+    specula_session_stats st{};
+    for (int run = 0; run < kCompareRuns; ++run) {
+        specula_status s = timed_generation(model, alone_params, prompt, n_prompt, gp, &st);
+        if (s != SPECULA_OK) return fail("target alone", s);
+        alone.push_back(tokens_per_second(st));
+        if (run + 1 == kCompareRuns) break;
+        specula_session_stats again{};
+        s = timed_generation(model, sp, prompt, n_prompt, gp, &again);
+        if (s != SPECULA_OK) return fail("speculative", s);
+        pair.push_back(tokens_per_second(again));
+    }
     std::fprintf(stderr,
-                 "target alone: %llu tokens, %.2f tokens/s; speculative speedup %.2fx (measured in "
-                 "this run)\n",
-                 (unsigned long long)st.n_generated, alone, speculative / alone);
+                 "target alone: %llu tokens, %.2f tokens/s; speculative %.2f tokens/s (medians of "
+                 "%d runs each, alternating); speculative speedup %.2fx (measured in this run)\n",
+                 (unsigned long long)st.n_generated, median(alone), median(pair), kCompareRuns,
+                 median(pair) / median(alone));
     return 0;
 }
 
