@@ -24,9 +24,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+sys.path.insert(0, os.path.join(_HERE, "..", "..", "tests", "reference"))
 import bpe  # noqa: E402
-import gguf_read  # noqa: E402
+import llama_ref  # noqa: E402  (its GGUF reader and dequantizers)
 import train  # noqa: E402
 
 _LAYER_NAMES = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
@@ -36,16 +38,21 @@ _LAYER_NAMES = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": 
 
 def load_model(path, config):
     """A train.Llama with the weights of a GGUF file (Q8_0 dequantized) and the file's tokenizer."""
-    meta, t = gguf_read.read(path)
+    g = llama_ref.Gguf(path)
+    meta = g.meta
     vocab = len(meta["tokenizer.ggml.tokens"])
     model = train.Llama(config, vocab)
+
+    def weight(name, like):
+        return torch.from_numpy(g.tensor(name).astype(np.float32)).reshape(like.shape)
+
     with torch.no_grad():
-        model.tok_emb.weight.copy_(torch.from_numpy(t["token_embd.weight"]))
-        model.out_norm.weight.copy_(torch.from_numpy(t["output_norm.weight"]))
+        model.tok_emb.weight.copy_(weight("token_embd.weight", model.tok_emb.weight))
+        model.out_norm.weight.copy_(weight("output_norm.weight", model.out_norm.weight))
         for i, b in enumerate(model.blocks):
             for attr, name in _LAYER_NAMES.items():
                 m = getattr(b, attr)
-                m.weight.copy_(torch.from_numpy(t[f"blk.{i}.{name}.weight"]))
+                m.weight.copy_(weight(f"blk.{i}.{name}.weight", m.weight))
     enc = bpe.Encoder([tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]])
     if enc.tokens != meta["tokenizer.ggml.tokens"]:
         sys.exit(f"{path}: its merges do not give its tokens")
@@ -165,9 +172,7 @@ def main():
 
     before = report("starting draft")
     opt = torch.optim.AdamW(draft.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    warmup = max(1, a.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, a.steps) / a.steps))))
+    sched = train.warmup_cosine(opt, a.steps)
     half = a.batch // 2 if len(sample_ids) > a.seq + 1 else 0
     corpus = train.batches(train_ids, a.seq, a.batch - half, rng)
     samples = train.batches(sample_ids, a.seq, half, rng) if half else None

@@ -171,6 +171,14 @@ def export(model, name, encoder, out_dir, n_ctx):
         json.dump({"metadata": meta, "tensors": tensors, "data": f"{name}.tensors.f32"}, f)
 
 
+def warmup_cosine(opt, steps):
+    """The learning rate: a linear warm-up over the first 5% of the steps, then a cosine down to
+    a tenth."""
+    warmup = max(1, steps // 20)
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+
+
 def batches(ids, seq, batch, rng):
     while True:
         starts = rng.integers(0, len(ids) - seq - 1, size=batch)
@@ -224,9 +232,7 @@ def main():
         print(f"{name}: {sum(p.numel() for p in m.parameters()) / 1e6:.2f}M parameters", flush=True)
     params = list(target.parameters()) + list(draft.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    warmup = max(1, args.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps))))
+    sched = warmup_cosine(opt, args.steps)
     data = batches(train_ids, args.seq, args.batch, rng)
     t0 = time.time()
     for step in range(args.steps):
