@@ -122,7 +122,8 @@ TEST_F(Api, BackendNamesRoundTrip) {
 TEST_F(Api, GammaPolicyNames) {
     for (auto [name, policy] : {std::pair{"fixed", SPECULA_GAMMA_FIXED},
                                 {"heuristic", SPECULA_GAMMA_HEURISTIC},
-                                {"analytic", SPECULA_GAMMA_ANALYTIC}}) {
+                                {"analytic", SPECULA_GAMMA_ANALYTIC},
+                                {"auto", SPECULA_GAMMA_AUTO}}) {
         specula_gamma_policy back =
             SPECULA_GAMMA_FIXED == policy ? SPECULA_GAMMA_ANALYTIC : SPECULA_GAMMA_FIXED;
         ASSERT_EQ(specula_gamma_policy_from_name(name, &back), SPECULA_OK);

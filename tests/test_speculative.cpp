@@ -631,6 +631,30 @@ TEST_P(SpeculativeOn, GreedyOutputEqualsTheTargetAlone) {
     }
 }
 
+TEST_P(SpeculativeOn, AutoPolicyIsAnalyticWhenGreedyAndHeuristicWhenSampling) {
+    // Two tokens: the analytic policy's first step is plain decoding (it measures a plain
+    // forward first), the heuristic's drafts min(gamma, 1) = 1. Greedy output is the target's
+    // whatever γ; sampled output depends on γ, which must not follow timings by default.
+    struct Case {
+        specula_gamma_policy policy;
+        float temperature;
+        uint64_t drafted;
+    };
+    for (const Case c :
+         {Case{SPECULA_GAMMA_AUTO, 0.0f, 0}, Case{SPECULA_GAMMA_AUTO, 0.8f, 1},
+          Case{SPECULA_GAMMA_HEURISTIC, 0.0f, 1}, Case{SPECULA_GAMMA_ANALYTIC, 0.8f, 0}}) {
+        SCOPED_TRACE("policy " + std::to_string(c.policy) + " temperature " +
+                     std::to_string(c.temperature));
+        specula_session_params sp = specula_session_default_params();
+        EXPECT_EQ(sp.gamma_policy, SPECULA_GAMMA_AUTO);
+        sp.gamma_policy = c.policy;
+        sp.temperature = c.temperature;
+        const Generation run = generate(GetParam(), models().target, models().close_draft, sp, 2);
+        ASSERT_EQ(run.status, SPECULA_OK) << specula_last_error();
+        EXPECT_EQ(run.stats.n_drafted, c.drafted);
+    }
+}
+
 TEST_P(SpeculativeOn, DraftEqualToTargetAcceptsEverySampledDraft) {
     // p == q exactly: u * q < p holds for every u < 1, so α must be exactly 1. Fails if
     // the q given to verify is not the distribution the draft token was drawn from.

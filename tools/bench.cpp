@@ -108,9 +108,7 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
         for (specula_model* d : drafts) {
             specula_session_params p = sp;
             p.draft = d;
-            p.gamma_policy = o.policy == "fixed"      ? SPECULA_GAMMA_FIXED
-                             : o.policy == "analytic" ? SPECULA_GAMMA_ANALYTIC
-                                                      : SPECULA_GAMMA_HEURISTIC;
+            specula_gamma_policy_from_name(o.policy.c_str(), &p.gamma_policy);  // checked
             p.gamma = o.gamma;
             p.gamma_max = std::max(o.gamma, 8);
             // As llama-bench's tests: pp N evaluates the prompt in a fresh session, tg N
@@ -302,7 +300,7 @@ int main(int argc, char** argv) {
     app.add_option("--gamma", o.gamma, "drafts per step (fixed) or the adaptive policies' start")
         ->check(CLI::Range(1, SPECULA_MAX_GAMMA));
     app.add_option("--gamma-policy", o.policy)
-        ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
+        ->check(CLI::IsMember({"fixed", "heuristic", "analytic", "auto"}));
     app.add_option("--temp", o.temperature, "sampling temperature of the decode runs (0 = greedy)");
     app.add_option("--top-k", o.top_k, "top-k of the decode runs (0 = off)");
     app.add_option("--top-p", o.top_p, "top-p of the decode runs (1 = off)");

@@ -81,7 +81,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
     std::string target_path, draft_path, tokens_path, list_path, backend_name = "cpu";
     int reps = 3, threads = 0, gamma = 4, gamma_max = 8;
-    std::string policy = "analytic";
+    std::string policy = "auto";
     bool timestamps = false;
     CLI::App app{"Word error rate and speculative speed of a Whisper pair on a list of clips"};
     app.add_option("-m,--model", target_path, "target whisper.cpp model")->required();
@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
     app.add_option("--backend", backend_name, "cpu, vulkan, cuda or auto");
     app.add_option("--threads", threads, "cpu threads (0 = all)");
     app.add_option("-r,--reps", reps, "repetitions (medians)");
-    app.add_option("--gamma-policy", policy, "fixed, heuristic or analytic");
+    app.add_option("--gamma-policy", policy,
+                   "fixed, heuristic, analytic or auto (analytic when greedy, else heuristic)");
     app.add_option("--gamma", gamma, "drafts per step (fixed), or the start");
     app.add_option("--draft-max", gamma_max, "most drafts per step (adaptive policies)");
     app.add_flag("--timestamps", timestamps, "decode with timestamp tokens");

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
     app.add_option("-n,--n-generate", n_generate);
     app.add_option("--gamma", gamma);
     app.add_option("--gamma-policy", policy)
-        ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
+        ->check(CLI::IsMember({"fixed", "heuristic", "analytic", "auto"}));
     app.add_option("--temp", sampler.temperature, "sampling temperature (0 = greedy)");
     app.add_option("--top-k", sampler.top_k, "top-k when sampling (0 = off)");
     app.add_option("--top-p", sampler.top_p, "top-p when sampling (1 = off)");

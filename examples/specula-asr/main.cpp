@@ -69,7 +69,7 @@ int fail(const char* what) {
 
 int main(int argc, char** argv) {
     std::string model_path, draft_path, tokens_path, audio_path, output_path,
-        language = "en", backend_name = "auto", policy = "analytic";
+        language = "en", backend_name = "auto", policy = "auto";
     bool translate = false, no_timestamps = false, otxt = false, osrt = false, ovtt = false,
          ojson = false, no_fallback = false, compare = false;
     int threads = 0, gamma = 4, gamma_max = 8;
@@ -82,8 +82,9 @@ int main(int argc, char** argv) {
     app.add_option("--draft-tokens", tokens_path,
                    "a file of the token ids the draft may propose (whitespace-separated)")
         ->needs(draft_option);
-    app.add_option("--gamma-policy", policy, "fixed, heuristic or analytic")
-        ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
+    app.add_option("--gamma-policy", policy,
+                   "fixed, heuristic, analytic or auto (analytic when greedy, else heuristic)")
+        ->check(CLI::IsMember({"fixed", "heuristic", "analytic", "auto"}));
     app.add_option("--gamma", gamma, "drafts per step (fixed), or the start");
     app.add_option("--draft-max", gamma_max, "most drafts per step (adaptive policies)");
     app.add_flag("--compare", compare,

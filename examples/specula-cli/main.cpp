@@ -204,7 +204,7 @@ int converse(specula_model* model, specula_session* session, specula_generate_pa
 
 int main(int argc, char** argv) {
     std::string model_path, draft_path, prompt = "Once upon a time", backend_name = "auto",
-                                        policy = "heuristic";
+                                        policy = "auto";
     int n_predict = 64, threads = 0, top_k = 40, draft_max = 5;
     unsigned ctx = 0;
     float temp = 0.8f, top_p = 0.95f;
@@ -219,8 +219,9 @@ int main(int argc, char** argv) {
     app.add_option("--draft-max", draft_max,
                    "drafts per step: the fixed gamma, or the adaptive policies' bound")
         ->check(CLI::Range(1, SPECULA_MAX_GAMMA));
-    app.add_option("--gamma-policy", policy, "fixed, heuristic or analytic")
-        ->check(CLI::IsMember({"fixed", "heuristic", "analytic"}));
+    app.add_option("--gamma-policy", policy,
+                   "fixed, heuristic, analytic or auto (analytic when greedy, else heuristic)")
+        ->check(CLI::IsMember({"fixed", "heuristic", "analytic", "auto"}));
     app.add_option("-p,--prompt", prompt);
     app.add_option("-n,--n-predict", n_predict, "tokens to generate");
     app.add_option("--temp", temp, "temperature (0 = greedy)");

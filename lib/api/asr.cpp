@@ -51,7 +51,8 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
         return InvalidArgument("temperature must be within 0 .. 1");
     if (p.draft != nullptr) {
         Generator::Config g;
-        SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max, &g));
+        SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max,
+                                   !(p.temperature >= SPECULA_MIN_TEMPERATURE), &g));
         if (p.draft->backend != ctx->model->backend)
             return InvalidArgument("the draft is loaded on another backend than the target");
         t.gamma_policy = g.policy;
@@ -194,7 +195,7 @@ specula_asr_params specula_asr_default_params(void) {
     p.entropy_threshold = 2.4f;
     p.logprob_threshold = -1.0f;
     p.no_speech_threshold = 0.6f;
-    p.gamma_policy = SPECULA_GAMMA_ANALYTIC;
+    p.gamma_policy = SPECULA_GAMMA_AUTO;
     p.gamma = 4;
     p.gamma_max = 8;
     return p;

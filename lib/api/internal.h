@@ -59,14 +59,17 @@ int enum_value(const E& e) {
     return int(v);
 }
 
-// A speculative decoder's γ settings from the C API (text sessions and speech alike).
+// A speculative decoder's γ settings from the C API (text sessions and speech alike); greedy:
+// whether the decoding starts greedy, which SPECULA_GAMMA_AUTO resolves by.
 inline Status gamma_settings(const specula_gamma_policy& policy, int32_t gamma, int32_t gamma_max,
-                             Generator::Config* out) {
+                             bool greedy, Generator::Config* out) {
     if (gamma < 1 || gamma > kMaxGamma || gamma_max < 1 || gamma_max > kMaxGamma)
         return InvalidArgument("gamma and gamma_max must lie in 1.." + std::to_string(kMaxGamma));
-    const int value = enum_value(policy);
-    if (value < SPECULA_GAMMA_FIXED || value > SPECULA_GAMMA_ANALYTIC)
+    int value = enum_value(policy);
+    if (value < SPECULA_GAMMA_FIXED || value > SPECULA_GAMMA_AUTO)
         return InvalidArgument("unknown gamma policy");
+    if (value == SPECULA_GAMMA_AUTO)
+        value = greedy ? SPECULA_GAMMA_ANALYTIC : SPECULA_GAMMA_HEURISTIC;
     out->policy = value == SPECULA_GAMMA_FIXED      ? GammaPolicy::kFixed
                   : value == SPECULA_GAMMA_ANALYTIC ? GammaPolicy::kAnalytic
                                                     : GammaPolicy::kHeuristic;

@@ -172,6 +172,7 @@ specula_status specula_gamma_policy_from_name(const char* name, specula_gamma_po
             {SPECULA_GAMMA_FIXED, "fixed"},
             {SPECULA_GAMMA_HEURISTIC, "heuristic"},
             {SPECULA_GAMMA_ANALYTIC, "analytic"},
+            {SPECULA_GAMMA_AUTO, "auto"},
         };
         for (const auto& [p, n] : kNames) {
             if (std::strcmp(n, name) == 0) {
@@ -180,7 +181,7 @@ specula_status specula_gamma_policy_from_name(const char* name, specula_gamma_po
             }
         }
         return InvalidArgument(std::string("unknown gamma policy '") + name +
-                               "' (fixed, heuristic, analytic)");
+                               "' (fixed, heuristic, analytic, auto)");
     });
 }
 
@@ -431,7 +432,7 @@ specula_session_params specula_session_default_params(void) {
     p.top_k = 40;
     p.top_p = 0.95f;
     p.draft = nullptr;
-    p.gamma_policy = SPECULA_GAMMA_HEURISTIC;
+    p.gamma_policy = SPECULA_GAMMA_AUTO;
     p.gamma = 5;
     p.gamma_max = 8;
     p.sigmoid_verify = false;
@@ -465,7 +466,8 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         if (!(p.temperature >= 0.0f) || !(p.top_p > 0.0f) || p.top_p > 1.0f || p.top_k < 0)
             return InvalidArgument("temperature must be >= 0, top_p in (0, 1], top_k >= 0");
         Generator::Config config;
-        SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max, &config));
+        SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max,
+                                   !(p.temperature >= SPECULA_MIN_TEMPERATURE), &config));
         if (p.sigmoid_verify && !(p.sigmoid_alpha < 0.0f && p.sigmoid_beta > 0.0f))
             return InvalidArgument("the sigmoid scale needs alpha < 0 < beta");
         std::lock_guard turn(model->backend->turn);

@@ -259,10 +259,14 @@ typedef enum specula_gamma_policy {
      * starts with a plain step and a step of `gamma` drafts. γ follows measured times, so a
      * sampled (temperature > 0) output is not reproducible from the seed; greedy output is
      * the target's whatever γ is. */
-    SPECULA_GAMMA_ANALYTIC = 2
+    SPECULA_GAMMA_ANALYTIC = 2,
+    /* The default: analytic where the output does not depend on γ (greedy: it is the target's),
+     * heuristic where it does (sampling), so that a sampled output stays reproducible from the
+     * seed. Speech: analytic when the transcription starts greedy (temperature 0). */
+    SPECULA_GAMMA_AUTO = 3
 } specula_gamma_policy;
 
-/* "fixed", "heuristic", "analytic" -> the policies: one spelling for every front end. */
+/* "fixed", "heuristic", "analytic", "auto" -> the policies: one spelling for every front end. */
 SPECULA_API specula_status specula_gamma_policy_from_name(const char* name,
                                                           specula_gamma_policy* policy);
 
@@ -281,7 +285,7 @@ typedef struct specula_session_params {
      * vocabulary (else SPECULA_ERR_VOCAB_MISMATCH). NULL decodes with the target alone.
      * The output distribution is the target's either way. */
     specula_model* draft;
-    specula_gamma_policy gamma_policy;
+    specula_gamma_policy gamma_policy; /* default SPECULA_GAMMA_AUTO */
     int32_t gamma;     /* drafts per step (fixed), or the starting value (1..SPECULA_MAX_GAMMA) */
     int32_t gamma_max; /* upper bound of the adaptive policies (1..SPECULA_MAX_GAMMA) */
     /* Opt-in, NOT exact: the sigmoid approximation of Wagner et al. (2024) in the
@@ -440,7 +444,7 @@ typedef struct specula_asr_params {
      * ones follow the target's distribution, with Whisper's rules on every position either way.
      * The context keeps the draft's caches between transcriptions with the same draft. */
     specula_asr_model* draft;
-    specula_gamma_policy gamma_policy; /* as for text sessions (default analytic) */
+    specula_gamma_policy gamma_policy; /* as for text sessions (default auto) */
     int32_t gamma;                     /* 1..SPECULA_MAX_GAMMA (default 4) */
     int32_t gamma_max;                 /* 1..SPECULA_MAX_GAMMA (default 8) */
     specula_asr_segment_fn on_segment; /* each segment as it is decoded; may be NULL */
