@@ -573,6 +573,14 @@ TEST_F(Api, MisuseGetsAStatusNeverUndefinedBehaviour) {
         std::memcpy(&sp.gamma_policy, &policy, sizeof policy);
         EXPECT_EQ(specula_session_create(model, &sp, &s), SPECULA_ERR_INVALID_ARGUMENT) << policy;
     }
+    // Two acceptance tests at once: refused, not one silently chosen.
+    sp = specula_session_default_params();
+    sp.sigmoid_verify = true;
+    EXPECT_EQ(specula_session_create(model, &sp, &s), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(specula_last_error()).find("coupled"), std::string::npos);
+    sp.coupled_acceptance = false;
+    ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
+    specula_session_free(s);
     // Empty texts into a NULL buffer: nothing to copy.
     size_t length = 99;
     EXPECT_EQ(specula_detokenize(model, nullptr, 0, nullptr, 0, &length), SPECULA_OK);

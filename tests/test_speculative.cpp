@@ -631,24 +631,93 @@ TEST_P(SpeculativeOn, GreedyOutputEqualsTheTargetAlone) {
     }
 }
 
-TEST_P(SpeculativeOn, AutoPolicyIsAnalyticWhenGreedyAndHeuristicWhenSampling) {
+TEST_P(SpeculativeOn, SampledWithTheCoupledAcceptanceTheOutputIsTheTargetAlones) {
+    // The default acceptance: every draft drawn with the noise the target draws with at its
+    // position, the target's own draws emitted: token for token what the target alone samples
+    // with the seed, for every γ, policy and draft. Fails if a draw's noise follows the step
+    // instead of the position, or if a rejected step emits anything but the target's draw.
+    struct Sampler {
+        float temperature;
+        int top_k;
+        float top_p;
+    };
+    // On a GPU backend (llvmpipe in CI: a sampled step there costs ~0.1 s) the first case and
+    // the first variants only; the cpu runs them all.
+    const bool all = GetParam() == SPECULA_BACKEND_CPU;
+    for (const Sampler sampler : {Sampler{0.8f, 40, 0.95f}, Sampler{1.0f, 0, 1.0f}}) {
+        if (!all && sampler.top_k == 0) continue;
+        for (uint64_t seed : {1u, 2u}) {
+            if (!all && seed > 1) continue;
+            specula_session_params sp = specula_session_default_params();
+            EXPECT_TRUE(sp.coupled_acceptance);
+            sp.temperature = sampler.temperature;
+            sp.top_k = sampler.top_k;
+            sp.top_p = sampler.top_p;
+            sp.seed = seed;
+            const int n = all ? 40 : 24;
+            const Generation alone = generate(GetParam(), models().target, "", sp, n);
+            ASSERT_EQ(alone.status, SPECULA_OK) << specula_last_error();
+            ASSERT_EQ(alone.tokens.size(), size_t(n));
+            struct Variant {
+                specula_gamma_policy policy;
+                int gamma;
+                const std::string* draft;
+            };
+            const Variant variants[] = {{SPECULA_GAMMA_FIXED, 4, &models().close_draft},
+                                        {SPECULA_GAMMA_FIXED, 3, &models().target},
+                                        {SPECULA_GAMMA_AUTO, 5, &models().close_draft},
+                                        {SPECULA_GAMMA_FIXED, 1, &models().close_draft},
+                                        {SPECULA_GAMMA_FIXED, 16, &models().close_draft},
+                                        {SPECULA_GAMMA_HEURISTIC, 5, &models().close_draft},
+                                        {SPECULA_GAMMA_FIXED, 3, &models().far_draft}};
+            uint64_t accepted = 0;
+            for (size_t i = 0; i < (all ? std::size(variants) : 3); ++i) {
+                const Variant& v = variants[i];
+                SCOPED_TRACE("T " + std::to_string(sampler.temperature) + " seed " +
+                             std::to_string(seed) + " policy " + std::to_string(v.policy) +
+                             " gamma " + std::to_string(v.gamma) + " draft " + *v.draft);
+                sp.gamma_policy = v.policy;
+                sp.gamma = v.gamma;
+                sp.gamma_max = 16;
+                const Generation spec = generate(GetParam(), models().target, *v.draft, sp, n);
+                ASSERT_EQ(spec.status, SPECULA_OK) << specula_last_error();
+                EXPECT_EQ(spec.tokens, alone.tokens);
+                if (v.policy != SPECULA_GAMMA_AUTO) {
+                    EXPECT_GT(spec.stats.n_drafted, 0u);
+                }
+                if (v.draft == &models().target) {  // the same noise, the same distribution
+                    EXPECT_EQ(spec.stats.n_accepted, spec.stats.n_drafted);
+                } else {
+                    accepted += spec.stats.n_accepted;
+                }
+            }
+            EXPECT_GT(accepted, 0u);  // random models agree rarely, but they do
+        }
+    }
+}
+
+TEST_P(SpeculativeOn, AutoPolicyIsAnalyticWhereTheOutputDoesNotDependOnGamma) {
     // Two tokens: the analytic policy's first step is plain decoding (it measures a plain
-    // forward first), the heuristic's drafts min(gamma, 1) = 1. Greedy output is the target's
-    // whatever γ; sampled output depends on γ, which must not follow timings by default.
+    // forward first), the heuristic's drafts min(gamma, 1) = 1. Greedy output, and sampled
+    // output with the coupled acceptance, are the target alone's whatever γ; with Leviathan et
+    // al.'s test a sampled output depends on γ, which must not follow timings by default.
     struct Case {
         specula_gamma_policy policy;
         float temperature;
+        bool coupled;
         uint64_t drafted;
     };
     for (const Case c :
-         {Case{SPECULA_GAMMA_AUTO, 0.0f, 0}, Case{SPECULA_GAMMA_AUTO, 0.8f, 1},
-          Case{SPECULA_GAMMA_HEURISTIC, 0.0f, 1}, Case{SPECULA_GAMMA_ANALYTIC, 0.8f, 0}}) {
+         {Case{SPECULA_GAMMA_AUTO, 0.0f, false, 0}, Case{SPECULA_GAMMA_AUTO, 0.8f, true, 0},
+          Case{SPECULA_GAMMA_AUTO, 0.8f, false, 1}, Case{SPECULA_GAMMA_HEURISTIC, 0.0f, true, 1},
+          Case{SPECULA_GAMMA_ANALYTIC, 0.8f, false, 0}}) {
         SCOPED_TRACE("policy " + std::to_string(c.policy) + " temperature " +
-                     std::to_string(c.temperature));
+                     std::to_string(c.temperature) + (c.coupled ? " coupled" : " residual"));
         specula_session_params sp = specula_session_default_params();
         EXPECT_EQ(sp.gamma_policy, SPECULA_GAMMA_AUTO);
         sp.gamma_policy = c.policy;
         sp.temperature = c.temperature;
+        sp.coupled_acceptance = c.coupled;
         const Generation run = generate(GetParam(), models().target, models().close_draft, sp, 2);
         ASSERT_EQ(run.status, SPECULA_OK) << specula_last_error();
         EXPECT_EQ(run.stats.n_drafted, c.drafted);
@@ -658,28 +727,35 @@ TEST_P(SpeculativeOn, AutoPolicyIsAnalyticWhenGreedyAndHeuristicWhenSampling) {
 TEST_P(SpeculativeOn, DraftEqualToTargetAcceptsEverySampledDraft) {
     // p == q exactly: u * q < p holds for every u < 1, so α must be exactly 1. Fails if
     // the q given to verify is not the distribution the draft token was drawn from.
-    specula_session_params sp = specula_session_default_params();
-    sp.temperature = 0.9f;
-    sp.top_k = 20;
-    sp.top_p = 0.9f;
-    sp.gamma_policy = SPECULA_GAMMA_FIXED;
-    sp.gamma = 4;
-    const Generation run = generate(GetParam(), models().target, models().target, sp, 40);
-    ASSERT_EQ(run.status, SPECULA_OK) << specula_last_error();
-    EXPECT_EQ(run.tokens.size(), 40u);
-    EXPECT_EQ(run.stats.n_accepted, run.stats.n_drafted);
-    EXPECT_EQ(run.stats.n_steps, 8u);  // 4 accepted + 1 bonus per step
+    // With the coupled acceptance the draft draws with the target's noise: the same token.
+    for (bool coupled : {false, true}) {
+        SCOPED_TRACE(coupled ? "coupled" : "residual");
+        specula_session_params sp = specula_session_default_params();
+        sp.temperature = 0.9f;
+        sp.top_k = 20;
+        sp.top_p = 0.9f;
+        sp.gamma_policy = SPECULA_GAMMA_FIXED;
+        sp.gamma = 4;
+        sp.coupled_acceptance = coupled;
+        const Generation run = generate(GetParam(), models().target, models().target, sp, 40);
+        ASSERT_EQ(run.status, SPECULA_OK) << specula_last_error();
+        EXPECT_EQ(run.tokens.size(), 40u);
+        EXPECT_EQ(run.stats.n_accepted, run.stats.n_drafted);
+        EXPECT_EQ(run.stats.n_steps, 8u);  // 4 accepted + 1 bonus per step
+    }
 }
 
 TEST_P(SpeculativeOn, OneHostWaitPerStep) {
     // Drafting with on-device sampling, the target forward and the verify passes are one
     // submission: the host waits once per step, to read n and the tokens.
-    for (float temperature : {0.0f, 0.8f}) {
-        SCOPED_TRACE("temperature " + std::to_string(temperature));
+    for (auto [temperature, coupled] : {std::pair{0.0f, true}, {0.8f, false}, {0.8f, true}}) {
+        SCOPED_TRACE("temperature " + std::to_string(temperature) +
+                     (coupled ? " coupled" : " residual"));
         specula_session_params sp = specula_session_default_params();
         sp.temperature = temperature;
         sp.top_k = 40;
         sp.gamma_policy = SPECULA_GAMMA_HEURISTIC;
+        sp.coupled_acceptance = coupled;
         const Generation run = generate(GetParam(), models().target, models().close_draft, sp, 48);
         ASSERT_EQ(run.status, SPECULA_OK) << specula_last_error();
         EXPECT_GT(run.stats.n_drafted, 0u);
@@ -739,13 +815,14 @@ TEST(Speculative, StoppingInsideAStepLosesNoTokens) {
     ASSERT_EQ(specula_model_load(backend, models().close_draft.c_str(), nullptr, &dm), SPECULA_OK);
     const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
     constexpr int kTokens = 12;
-    for (float temperature : {0.0f, 0.8f}) {
+    for (auto [temperature, coupled] : {std::pair{0.0f, true}, {0.8f, false}, {0.8f, true}}) {
         specula_session_params sp = specula_session_default_params();
         sp.draft = dm;
         sp.n_ctx = 64;
         sp.gamma = 4;
         sp.gamma_policy = SPECULA_GAMMA_FIXED;
         sp.temperature = temperature;
+        sp.coupled_acceptance = coupled;
         sp.seed = 5;
         auto run = [&](int stop_after) {  // stop_after 0: uninterrupted
             specula_session* s = nullptr;

@@ -39,6 +39,7 @@ struct Options {
     int n_prompt = 128, n_decode = 64, depth = 0, reps = 3, threads = 0, context = 256;
     std::vector<int> verify_sizes = {1, 4, 8, 16};
     int draws = 0;  // rows of the model's own logits to time the draw over
+    bool residual = false;
 };
 
 struct Speculative {
@@ -109,6 +110,7 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
             specula_session_params p = sp;
             p.draft = d;
             specula_gamma_policy_from_name(o.policy.c_str(), &p.gamma_policy);  // checked
+            p.coupled_acceptance = !o.residual;
             p.gamma = o.gamma;
             p.gamma_max = std::max(o.gamma, 8);
             // As llama-bench's tests: pp N evaluates the prompt in a fresh session, tg N
@@ -299,6 +301,8 @@ int main(int argc, char** argv) {
                    "draft model: also measure speculative decoding against the target alone");
     app.add_option("--gamma", o.gamma, "drafts per step (fixed) or the adaptive policies' start")
         ->check(CLI::Range(1, SPECULA_MAX_GAMMA));
+    app.add_flag("--residual", o.residual,
+                 "Leviathan et al.'s acceptance test instead of the coupled acceptance");
     app.add_option("--gamma-policy", o.policy)
         ->check(CLI::IsMember({"fixed", "heuristic", "analytic", "auto"}));
     app.add_option("--temp", o.temperature, "sampling temperature of the decode runs (0 = greedy)");
@@ -388,9 +392,10 @@ int main(int argc, char** argv) {
 
     if (!o.draft.empty()) {
         std::printf(
-            "\nspeculative decoding (%s gamma %d, temperature %.2f, top-k %d, top-p %.2f), target "
-            "alone vs with the draft, alternating in this run:\n",
-            o.policy.c_str(), o.gamma, double(o.temperature), o.top_k, double(o.top_p));
+            "\nspeculative decoding (%s%s gamma %d, temperature %.2f, top-k %d, top-p %.2f), "
+            "target alone vs with the draft, alternating in this run:\n",
+            o.policy.c_str(), o.residual ? " residual" : " coupled", o.gamma, double(o.temperature),
+            o.top_k, double(o.top_p));
         std::printf(
             "| backend | target tok/s | speculative tok/s | measured speedup | alpha | "
             "tokens/target call | mean gamma | c | Thm 3.8 speedup |\n");

@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
     unsigned ctx = 0;
     float temp = 0.8f, top_p = 0.95f;
     uint64_t seed = 0x5eed;
-    bool no_bos = false, compare = false, sigmoid = false, conversation = false;
+    bool no_bos = false, compare = false, sigmoid = false, conversation = false, residual = false;
     std::string chat_template, system_prompt;
     float sigmoid_range = 1000.0f;
     CLI::App app{"specula: generate text with a GGUF model"};
@@ -233,6 +233,10 @@ int main(int argc, char** argv) {
     app.add_option("--backend", backend_name, "auto, cpu, vulkan or cuda")
         ->check(CLI::IsMember({"auto", "cpu", "vulkan", "cuda"}));
     app.add_flag("--no-bos", no_bos, "do not start with the BOS token");
+    app.add_flag(
+        "--residual", residual,
+        "Leviathan et al.'s acceptance test and residual resampling instead of the coupled "
+        "acceptance: more drafts accepted, but the sampled text depends on the draft");
     app.add_flag("--sigmoid-verify", sigmoid,
                  "NOT exact: the sigmoid approximation in the acceptance test");
     app.add_option("--sigmoid-range", sigmoid_range, "sigmoid scale: alpha = -R, beta = R");
@@ -295,6 +299,7 @@ int main(int argc, char** argv) {
     sp.top_p = top_p;
     sp.draft = draft;
     sp.sigmoid_verify = sigmoid;
+    sp.coupled_acceptance = !residual && !sigmoid;
     sp.sigmoid_alpha = -sigmoid_range;
     sp.sigmoid_beta = sigmoid_range;
     s = specula_gamma_policy_from_name(policy.c_str(), &sp.gamma_policy);

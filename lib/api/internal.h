@@ -59,17 +59,18 @@ int enum_value(const E& e) {
     return int(v);
 }
 
-// A speculative decoder's γ settings from the C API (text sessions and speech alike); greedy:
-// whether the decoding starts greedy, which SPECULA_GAMMA_AUTO resolves by.
+// A speculative decoder's γ settings from the C API (text sessions and speech alike);
+// same_output: whether the output is the same at every γ (greedy decoding, the coupled
+// acceptance), which SPECULA_GAMMA_AUTO resolves by.
 inline Status gamma_settings(const specula_gamma_policy& policy, int32_t gamma, int32_t gamma_max,
-                             bool greedy, Generator::Config* out) {
+                             bool same_output, Generator::Config* out) {
     if (gamma < 1 || gamma > kMaxGamma || gamma_max < 1 || gamma_max > kMaxGamma)
         return InvalidArgument("gamma and gamma_max must lie in 1.." + std::to_string(kMaxGamma));
     int value = enum_value(policy);
     if (value < SPECULA_GAMMA_FIXED || value > SPECULA_GAMMA_AUTO)
         return InvalidArgument("unknown gamma policy");
     if (value == SPECULA_GAMMA_AUTO)
-        value = greedy ? SPECULA_GAMMA_ANALYTIC : SPECULA_GAMMA_HEURISTIC;
+        value = same_output ? SPECULA_GAMMA_ANALYTIC : SPECULA_GAMMA_HEURISTIC;
     out->policy = value == SPECULA_GAMMA_FIXED      ? GammaPolicy::kFixed
                   : value == SPECULA_GAMMA_ANALYTIC ? GammaPolicy::kAnalytic
                                                     : GammaPolicy::kHeuristic;

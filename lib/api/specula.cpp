@@ -438,6 +438,7 @@ specula_session_params specula_session_default_params(void) {
     p.sigmoid_verify = false;
     p.sigmoid_alpha = -1000.0f;
     p.sigmoid_beta = 1000.0f;
+    p.coupled_acceptance = true;
     return p;
 }
 
@@ -466,8 +467,13 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         if (!(p.temperature >= 0.0f) || !(p.top_p > 0.0f) || p.top_p > 1.0f || p.top_k < 0)
             return InvalidArgument("temperature must be >= 0, top_p in (0, 1], top_k >= 0");
         Generator::Config config;
+        const bool greedy = !(p.temperature >= SPECULA_MIN_TEMPERATURE);
         SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max,
-                                   !(p.temperature >= SPECULA_MIN_TEMPERATURE), &config));
+                                   greedy || p.coupled_acceptance, &config));
+        if (p.sigmoid_verify && p.coupled_acceptance)
+            return InvalidArgument(
+                "the sigmoid verification and the coupled acceptance are two "
+                "different tests: choose one");
         if (p.sigmoid_verify && !(p.sigmoid_alpha < 0.0f && p.sigmoid_beta > 0.0f))
             return InvalidArgument("the sigmoid scale needs alpha < 0 < beta");
         std::lock_guard turn(model->backend->turn);
@@ -489,6 +495,7 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         config.sampling = {p.temperature, p.top_k, p.top_p, p.seed};
         config.sigmoid_verify = p.sigmoid_verify;
         config.sigmoid_scale = {p.sigmoid_alpha, p.sigmoid_beta};
+        config.coupled = p.coupled_acceptance;
         s->generator = std::make_unique<Generator>(*s->target, s->draft.get(), config);
         *out = s.release();
         return Status::Ok();

@@ -36,10 +36,12 @@ SPECULA_ABI_FLOAT(kErfA5, 1.061405429f)
 
 // Philox streams: every use of noise salts its counter with its own id, so draft
 // sampling, the acceptance test and the residual draw never share noise.
-SPECULA_ABI_UINT(kStreamSample, 1u)    // standalone sampling; plain decoding is a step with γ = 0
-SPECULA_ABI_UINT(kStreamDraft, 2u)     // draft tokens inside a speculative step
-SPECULA_ABI_UINT(kStreamAccept, 3u)    // the uniforms of the acceptance test
-SPECULA_ABI_UINT(kStreamResidual, 4u)  // the residual / bonus-token draw
+SPECULA_ABI_UINT(kStreamSample, 1u)  // standalone sampling
+SPECULA_ABI_UINT(kStreamDraft, 2u)   // draft tokens inside a step of Leviathan et al.'s test
+SPECULA_ABI_UINT(kStreamAccept, 3u)  // the uniforms of the acceptance test
+// The residual / bonus-token draw; plain decoding (a step with γ = 0) and the coupled
+// acceptance (draft and target alike) draw on it at a position's own row (position_row).
+SPECULA_ABI_UINT(kStreamResidual, 4u)
 
 // Philox4x32-10's multipliers and key increments.
 SPECULA_ABI_UINT(kPhiloxMul0, 0xD2511F53u)

@@ -212,16 +212,14 @@ Status Generator::device_buffers(int n_vocab) {
     draft_rows_ = {nullptr, 0, GgmlType::kF32, n_vocab, rows};
     result_ = {nullptr, 0, GgmlType::kI32, rows + 2, 1};
     lse_ = {nullptr, 0, GgmlType::kF32, rows + 1, 1};
-    std::unique_ptr<Buffer> a, b, c;
-    SPECULA_TRY(be.allocate(draft_ ? draft_rows_.bytes() : 16, &a));
-    SPECULA_TRY(be.allocate(result_.bytes(), &b));
-    SPECULA_TRY(be.allocate(lse_.bytes(), &c));
-    draft_rows_.buffer = a.get();
-    result_.buffer = b.get();
-    lse_.buffer = c.get();
-    buffers_.push_back(std::move(a));
-    buffers_.push_back(std::move(b));
-    buffers_.push_back(std::move(c));
+    // The coupled acceptance's tokens: the target's γ + 1 draws, then each draft's (n, token).
+    races_ = {nullptr, 0, GgmlType::kI32, rows + 1 + 2 * rows, 1};
+    for (Tensor* t : {&draft_rows_, &result_, &lse_, &races_}) {
+        std::unique_ptr<Buffer> b;
+        SPECULA_TRY(be.allocate(t != &draft_rows_ || draft_ ? t->bytes() : 16, &b));
+        t->buffer = b.get();
+        buffers_.push_back(std::move(b));
+    }
     return Status::Ok();
 }
 
@@ -234,6 +232,13 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     Backend& be = target_.backend();
     const int L = int(committed_.size());
     SPECULA_TRY(device_buffers(target_.n_vocab()));
+    // Greedy compares argmaxes either way.
+    const bool coupled = config_.coupled && !config_.sampling.greedy() && gamma > 0;
+    const int max_rows = std::max(config_.gamma, config_.gamma_max);
+    const auto drafted = [&](int c) {  // (0, token) of draft c, after the target's draws
+        return Tensor{races_.buffer, size_t(max_rows + 1 + 2 * c) * sizeof(int32_t), GgmlType::kI32,
+                      2, 1};
+    };
     // Rows c of the step (the draft's c-th, the target's c-th) see the drafts before c.
     TokenRulesArgs rules;
     if (rules_) {
@@ -270,10 +275,11 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
         VerifyArgs sample;
         sample.target = draft_->logits(1);
         sample.sampling = config_.sampling;
-        sample.step = step_;
-        sample.stream = RandomStream::kDraft;
-        sample.row_offset = uint32_t(c);
+        sample.step = coupled ? 0 : step_;
+        sample.stream = coupled ? RandomStream::kResidual : RandomStream::kDraft;
+        sample.row_offset = coupled ? position_row(size_t(L + c)) : uint32_t(c);
         sample.token = target_.input_ids(c + 1, 1);
+        if (coupled) sample.result = drafted(c);
         be.verify(sample);
     }
     be.mark_time(1);
@@ -289,19 +295,38 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     }
     VerifyArgs v;
     v.target = target_.logits(gamma + 1);
-    v.draft = draft_rows_.row_range(0, std::max(gamma, 1));
-    v.drafts = target_.input_ids(1, std::max(gamma, 1));
-    v.gamma = gamma;
     v.sampling = config_.sampling;
-    v.step = step_;
-    v.result = result_;
+    if (coupled) {
+        // Each of the γ + 1 rows draws as plain decoding draws at its position (a batch of
+        // one-row sequences); the drafts were drawn from q with the same noise.
+        v.batch = gamma + 1;
+        v.row_offset = position_row(size_t(L));
+        v.token = races_;
+        v.token.cols = gamma + 1;
+    } else {
+        v.draft = draft_rows_.row_range(0, std::max(gamma, 1));
+        v.drafts = target_.input_ids(1, std::max(gamma, 1));
+        v.gamma = gamma;
+        // Plain decoding draws where the coupled acceptance would: the same text either way.
+        v.step = gamma > 0 ? step_ : 0;
+        v.row_offset = gamma > 0 ? 0 : position_row(size_t(L));
+        v.result = result_;
+    }
     be.verify(v);
     be.mark_time(3);
-    std::vector<int32_t> result(size_t(result_.cols));
-    SPECULA_TRY(be.download(result_, result.data()));  // the step's one wait
-
-    const int n = result[0];
-    emitted->assign(result.begin() + 1, result.begin() + 2 + n);
+    if (coupled) {
+        std::vector<int32_t> races(size_t(races_.cols));
+        SPECULA_TRY(be.download(races_, races.data()));  // the step's one wait
+        int n = 0;
+        while (n < gamma && races[size_t(n)] == races[drafted(n).offset / 4 + 1])
+            ++n;
+        emitted->assign(races.begin(), races.begin() + n + 1);
+    } else {
+        std::vector<int32_t> result(size_t(result_.cols));
+        SPECULA_TRY(be.download(result_, result.data()));  // the step's one wait
+        emitted->assign(result.begin() + 1, result.begin() + 2 + result[0]);
+    }
+    const int n = int(emitted->size()) - 1;
     if (logprobs != nullptr) {  // reads of an idle device, after the step's wait
         std::vector<float> lse(size_t(lse_.cols));
         SPECULA_TRY(be.download(lse_, lse.data()));

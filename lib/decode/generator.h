@@ -51,6 +51,10 @@ class Generator {
         int gamma_max = 8;            // upper bound of the adaptive policies (<= kMaxGamma)
         bool sigmoid_verify = false;  // the non-exact variant (verify_sigmoid)
         SigmoidScale sigmoid_scale;
+        // Sampled drafts drawn with the noise the target draws with at their position, accepted
+        // while the target's draw agrees: the output is the target alone's for the seed,
+        // whatever the draft and γ (docs/DESIGN.md "Speculative decoding").
+        bool coupled = false;
     };
 
     // `draft` may be null (plain decoding). Both decoders must be empty and share a vocabulary.
@@ -113,7 +117,7 @@ class Generator {
     std::optional<TokenRules> rules_;
     size_t rules_from_ = 0;  // committed_[rules_from_..] are the tokens the rules see
     std::vector<std::unique_ptr<Buffer>> buffers_;
-    Tensor draft_rows_, result_, lse_;  // on the target's backend
+    Tensor draft_rows_, result_, lse_, races_;  // on the target's backend
 };
 
 // Leviathan et al. Theorem 3.8: the expected speedup of γ drafts per step with

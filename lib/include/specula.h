@@ -260,9 +260,10 @@ typedef enum specula_gamma_policy {
      * sampled (temperature > 0) output is not reproducible from the seed; greedy output is
      * the target's whatever γ is. */
     SPECULA_GAMMA_ANALYTIC = 2,
-    /* The default: analytic where the output does not depend on γ (greedy: it is the target's),
-     * heuristic where it does (sampling), so that a sampled output stays reproducible from the
-     * seed. Speech: analytic when the transcription starts greedy (temperature 0). */
+    /* The default: analytic where the output does not depend on γ (greedy, or sampled with
+     * coupled_acceptance: it is the target alone's), heuristic where it does (sampling with
+     * Leviathan et al.'s test), so that a sampled output stays reproducible from the seed.
+     * Speech: analytic when the transcription starts greedy (temperature 0). */
     SPECULA_GAMMA_AUTO = 3
 } specula_gamma_policy;
 
@@ -294,6 +295,14 @@ typedef struct specula_session_params {
     bool sigmoid_verify;
     float sigmoid_alpha; /* < 0; default -1000 */
     float sigmoid_beta;  /* > 0; default 1000 */
+    /* true (the default): the coupled acceptance. Each draft is drawn with the noise the target
+     * draws with at its position and accepted while the target's own draw there agrees, so the
+     * output is exactly what the target alone generates with the same seed, whatever the draft
+     * and γ (and SPECULA_GAMMA_AUTO follows measured costs when sampling too). false: Leviathan
+     * et al.'s test and residual resampling, which accepts more often (α = Σ min(p, q); the demo
+     * pair at T 0.8: 0.792 against 0.741, docs/DESIGN.md) but whose sampled output depends on
+     * the draft and on γ. Greedy decoding is the same either way. false with sigmoid_verify. */
+    bool coupled_acceptance;
 } specula_session_params;
 
 /* Streams each generated token; `piece` holds its bytes (a UTF-8 character

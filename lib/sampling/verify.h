@@ -7,6 +7,7 @@
 // same logits and seed.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -40,6 +41,14 @@ VerifyResult verify(std::span<const float> target_logits, std::span<const float>
 
 // Sequence b of a batch of verifications draws its noise at rows offset by b * 256.
 constexpr uint32_t kVerifyRowsPerSequence = shared::kVerifyRowsPerSequence;
+
+// The noise of the draw at a position of the sequence where it must not depend on how the
+// steps are cut (plain decoding; the coupled acceptance): step 0, row position * 256, which a
+// batch of one-row sequences that begins at that row also reads for its later positions.
+// Positions below 2^24; the speculative steps' own draws (row_offset < 256) never meet it.
+constexpr uint32_t position_row(size_t position) {
+    return uint32_t(position) * kVerifyRowsPerSequence;
+}
 
 // The non-exact sigmoid variant (Wagner et al. 2024, §3.2.2), opt-in. It replaces the
 // softmax of both models by the element-wise p̂(x) = σ((z(x)/T - alpha) / (beta - alpha)),
