@@ -46,10 +46,11 @@ void warm_up(specula_model* model, specula_session_params sp, const std::vector<
 // One timed generation in a fresh session; its text is kept in memory.
 specula_status timed_generation(specula_model* model, const specula_session_params& sp,
                                 const std::vector<int32_t>& prompt, size_t n_prompt,
-                                specula_generate_params gp, specula_session_stats* st) {
-    std::string text;
+                                specula_generate_params gp, specula_session_stats* st,
+                                std::string* text) {
+    text->clear();
     gp.on_token = keep_piece;
-    gp.on_token_user_data = &text;
+    gp.on_token_user_data = text;
     specula_session* session = nullptr;
     specula_status s = specula_session_create(model, &sp, &session);
     if (s == SPECULA_OK) s = specula_session_eval(session, prompt.data(), n_prompt);
@@ -72,29 +73,40 @@ double median(std::vector<double> v) {
 // assumed. The target alone and the pair alternate, kCompareRuns each (the pair's first is the
 // run above), and the medians are compared: the machine's speed drifts between runs.
 constexpr int kCompareRuns = 3;
+// The texts are compared too: greedy, or sampled with the coupled acceptance, the pair's must
+// be the target alone's.
 int compare_with_target_alone(specula_model* model, const specula_session_params& sp,
                               const std::vector<int32_t>& prompt, size_t n_prompt,
-                              const specula_generate_params& gp,
-                              const specula_session_stats& spec) {
+                              const specula_generate_params& gp, const specula_session_stats& spec,
+                              const std::string& pair_text) {
     specula_session_params alone_params = sp;
     alone_params.draft = nullptr;
     std::vector<double> alone, pair = {tokens_per_second(spec)};
     specula_session_stats st{};
+    std::string alone_text, text;
     for (int run = 0; run < kCompareRuns; ++run) {
-        specula_status s = timed_generation(model, alone_params, prompt, n_prompt, gp, &st);
+        specula_status s =
+            timed_generation(model, alone_params, prompt, n_prompt, gp, &st, &alone_text);
         if (s != SPECULA_OK) return fail("target alone", s);
         alone.push_back(tokens_per_second(st));
         if (run + 1 == kCompareRuns) break;
         specula_session_stats again{};
-        s = timed_generation(model, sp, prompt, n_prompt, gp, &again);
+        s = timed_generation(model, sp, prompt, n_prompt, gp, &again, &text);
         if (s != SPECULA_OK) return fail("speculative", s);
         pair.push_back(tokens_per_second(again));
     }
+    const bool same = alone_text == pair_text;
+    const bool must_be_same = !(sp.temperature >= SPECULA_MIN_TEMPERATURE) || sp.coupled_acceptance;
     std::fprintf(stderr,
                  "target alone: %llu tokens, %.2f tokens/s; speculative %.2f tokens/s (medians of "
-                 "%d runs each, alternating); speculative speedup %.2fx (measured in this run)\n",
+                 "%d runs each, alternating); speculative speedup %.2fx (measured in this run); "
+                 "the same text as the target alone: %s\n",
                  (unsigned long long)st.n_generated, median(alone), median(pair), kCompareRuns,
-                 median(pair) / median(alone));
+                 median(pair) / median(alone), same ? "yes" : "no");
+    if (must_be_same && !same) {
+        std::fprintf(stderr, "specula-cli: the speculative text differs from the target alone's\n");
+        return 1;
+    }
     return 0;
 }
 
@@ -364,7 +376,7 @@ int main(int argc, char** argv) {
                          st.draft_seconds, st.target_seconds, st.verify_seconds,
                          (unsigned long long)st.n_host_waits);
             if (compare && rc == 0)
-                rc = compare_with_target_alone(model, sp, tokens, n_tokens, gp, st);
+                rc = compare_with_target_alone(model, sp, tokens, n_tokens, gp, st, text);
         }
     }
     specula_session_free(session);

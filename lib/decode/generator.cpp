@@ -169,6 +169,8 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     if (L > target_.n_ctx())
         return {SPECULA_ERR_CONTEXT_FULL,
                 "the context of " + std::to_string(target_.n_ctx()) + " tokens is full"};
+    if (size_t(L) + size_t(kMaxGamma) >= kMaxPositions)  // position_row's range
+        return {SPECULA_ERR_CONTEXT_FULL, "sampling is defined for the first 2^24 positions"};
     // γ drafts need γ more target positions (and γ - 1 more draft positions) after the last
     // committed token.
     int gamma = std::min({next_gamma(), max_tokens - 1, target_.n_ctx() - L});

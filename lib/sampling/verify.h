@@ -45,7 +45,9 @@ constexpr uint32_t kVerifyRowsPerSequence = shared::kVerifyRowsPerSequence;
 // The noise of the draw at a position of the sequence where it must not depend on how the
 // steps are cut (plain decoding; the coupled acceptance): step 0, row position * 256, which a
 // batch of one-row sequences that begins at that row also reads for its later positions.
-// Positions below 2^24; the speculative steps' own draws (row_offset < 256) never meet it.
+// Positions below kMaxPositions; the speculative steps' own draws (row_offset < 256) never meet
+// it.
+constexpr size_t kMaxPositions = size_t(1) << 24;
 constexpr uint32_t position_row(size_t position) {
     return uint32_t(position) * kVerifyRowsPerSequence;
 }
