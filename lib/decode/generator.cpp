@@ -236,10 +236,9 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     SPECULA_TRY(device_buffers(target_.n_vocab()));
     // Greedy compares argmaxes either way.
     const bool coupled = config_.coupled && !config_.sampling.greedy() && gamma > 0;
-    const int max_rows = std::max(config_.gamma, config_.gamma_max);
-    const auto drafted = [&](int c) {  // (0, token) of draft c, after the target's draws
-        return Tensor{races_.buffer, size_t(max_rows + 1 + 2 * c) * sizeof(int32_t), GgmlType::kI32,
-                      2, 1};
+    // races_ word of draft c's (0, token), after the target's draws
+    const auto drafted_word = [&](int c) {
+        return size_t(std::max(config_.gamma, config_.gamma_max) + 1 + 2 * c);
     };
     // Rows c of the step (the draft's c-th, the target's c-th) see the drafts before c.
     TokenRulesArgs rules;
@@ -281,7 +280,9 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
         sample.stream = coupled ? RandomStream::kResidual : RandomStream::kDraft;
         sample.row_offset = coupled ? position_row(size_t(L + c)) : uint32_t(c);
         sample.token = target_.input_ids(c + 1, 1);
-        if (coupled) sample.result = drafted(c);
+        if (coupled)
+            sample.result = {races_.buffer, drafted_word(c) * sizeof(int32_t), GgmlType::kI32, 2,
+                             1};
         be.verify(sample);
     }
     be.mark_time(1);
@@ -320,7 +321,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
         std::vector<int32_t> races(size_t(races_.cols));
         SPECULA_TRY(be.download(races_, races.data()));  // the step's one wait
         int n = 0;
-        while (n < gamma && races[size_t(n)] == races[drafted(n).offset / 4 + 1])
+        while (n < gamma && races[size_t(n)] == races[drafted_word(n) + 1])
             ++n;
         emitted->assign(races.begin(), races.begin() + n + 1);
     } else {

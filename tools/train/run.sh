@@ -24,4 +24,4 @@ build/release/tools/specula-eval-pair -m examples/models/specula-demo-target.ggu
   --model-draft examples/models/specula-demo-draft.gguf -f build/train/heldout.txt --json build/train/eval.json
 build/release/tools/specula-eval-pair -m examples/models/specula-demo-target.gguf \
   --model-draft examples/models/specula-demo-draft.gguf -f build/train/heldout.txt \
-  --temp 0.8 --top-k 40 --top-p 0.95 --json build/train/eval-sampled.json
+  --temp 0.8 --top-k 40 --top-p 0.95 --residual --json build/train/eval-sampled.json
