@@ -256,9 +256,9 @@ typedef enum specula_gamma_policy {
      * measured α, draft cost and target cost per number of positions), 0 included: plain
      * decoding where no γ pays, with a step of drafts after 16 plain steps (32, 64, ... 256 while
      * those keep losing) to keep measuring. It
-     * starts with a plain step and a step of `gamma` drafts. γ follows measured times, so a
-     * sampled (temperature > 0) output is not reproducible from the seed; greedy output is
-     * the target's whatever γ is. */
+     * starts with a plain step and a step of `gamma` drafts. γ follows measured times: greedy
+     * output, and sampled output with coupled_acceptance, is the target alone's whatever γ is;
+     * sampled with Leviathan et al.'s test it is not reproducible from the seed. */
     SPECULA_GAMMA_ANALYTIC = 2,
     /* The default: analytic where the output does not depend on γ (greedy, or sampled with
      * coupled_acceptance: it is the target alone's), heuristic where it does (sampling with
