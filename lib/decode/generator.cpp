@@ -210,7 +210,7 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
 Status Generator::device_buffers(int n_vocab) {
     if (result_.buffer != nullptr) return Status::Ok();
     Backend& be = target_.backend();
-    const int rows = std::max(config_.gamma, config_.gamma_max);
+    const int rows = max_drafts();
     draft_rows_ = {nullptr, 0, GgmlType::kF32, n_vocab, rows};
     result_ = {nullptr, 0, GgmlType::kI32, rows + 2, 1};
     lse_ = {nullptr, 0, GgmlType::kF32, rows + 1, 1};
@@ -237,9 +237,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     // Greedy compares argmaxes either way.
     const bool coupled = config_.coupled && !config_.sampling.greedy() && gamma > 0;
     // races_ word of draft c's (0, token), after the target's draws
-    const auto drafted_word = [&](int c) {
-        return size_t(std::max(config_.gamma, config_.gamma_max) + 1 + 2 * c);
-    };
+    const auto drafted_word = [&](int c) { return size_t(max_drafts() + 1 + 2 * c); };
     // Rows c of the step (the draft's c-th, the target's c-th) see the drafts before c.
     TokenRulesArgs rules;
     if (rules_) {
@@ -272,7 +270,9 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
             rules.first_row = c;
             be.token_rules(rules);
         }
-        if (!config_.sampling.greedy()) be.copy(draft_->logits(1), draft_rows_.row_range(c, 1));
+        // Leviathan et al.'s test reads q again; the coupled acceptance only compares tokens.
+        if (!config_.sampling.greedy() && !coupled)
+            be.copy(draft_->logits(1), draft_rows_.row_range(c, 1));
         VerifyArgs sample;
         sample.target = draft_->logits(1);
         sample.sampling = config_.sampling;

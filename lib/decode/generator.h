@@ -5,6 +5,7 @@
 // what was committed.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <functional>
@@ -92,6 +93,8 @@ class Generator {
     Status step_on_device(int gamma, std::vector<int32_t>* emitted, std::vector<float>* logprobs);
     Status sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted);
     Status device_buffers(int n_vocab);
+    // The most drafts a step can have: the rows of the step's buffers.
+    int max_drafts() const { return std::max(config_.gamma, config_.gamma_max); }
     void commit(std::span<const int32_t> tokens);
     void adapt_gamma(int n_accepted, int gamma);
 
