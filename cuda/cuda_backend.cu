@@ -10,8 +10,10 @@
 #include <string>
 #include <utility>
 
+#include "core/detmath.h"
 #include "format/quant.h"
 #include "kernels.h"
+#include "sampling/token_rules.h"
 
 namespace specula {
 
@@ -305,6 +307,26 @@ class CudaBackend final : public Backend {
         check(cudaGetLastError(), "verify");
     }
 
+    // On the device, so a speculative Whisper step keeps its one wait.
+    void token_rules(const TokenRulesArgs& a) override {
+        if (host_rules_) return Backend::token_rules(a);
+        cuda::TokenRulesLaunch t;
+        t.V = uint32_t(a.logits.cols);
+        if (t.V > det::kMaxVocab)
+            return fail(Unsupported("vocabularies above " + std::to_string(det::kMaxVocab) +
+                                    " tokens are not supported on the device"));
+        t.logits = dev(a.logits);
+        t.drafts = dev<int32_t>(a.drafts);
+        t.log_sum_exp = dev(a.log_sum_exp);
+        t.rows = uint32_t(a.logits.rows);
+        t.first_row = uint32_t(a.first_row);
+        const auto words = rules_words(a.rules, a.state);
+        std::copy(words.begin(), words.end(), t.words);
+        select();
+        cuda::token_rules(stream_, t);
+        check(cudaGetLastError(), "token_rules");
+    }
+
   private:
     // Work goes to this backend's device whichever device the calling thread used last (two
     // backends on two GPUs, one thread): every entry point that issues work selects it.
@@ -339,6 +361,12 @@ class CudaBackend final : public Backend {
     bool split_attention_ = [] {
         const char* e = std::getenv("SPECULA_CUDA_SPLIT_ATTENTION");
         return e == nullptr || std::string(e) != "0";
+    }();
+    // SPECULA_CUDA_HOST_RULES=1 runs Whisper's token rules on the host (the base class's read,
+    // mask and write: what the kernel is measured against).
+    bool host_rules_ = [] {
+        const char* e = std::getenv("SPECULA_CUDA_HOST_RULES");
+        return e != nullptr && std::string(e) == "1";
     }();
     Status pending_;
     bool lost_ = false;

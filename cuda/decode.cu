@@ -415,6 +415,145 @@ __global__ void finish_kernel(Ctx c) {
     write_outputs(c, b, *c.accepted(b), a.id != kNone ? a.id : (p.id != kNone ? p.id : 0));
 }
 
+// Whisper's token rules (shaders/token_rules.comp, read it for the steps): a block per row; row
+// r sees the state before the step, then drafts[0, first_row + r).
+struct RulesRow {
+    const TokenRulesLaunch& t;
+    const float* row;
+    int count, last, penultimate, last_timestamp;
+    bool timestamps_win = false;
+
+    __device__ int word(uint32_t i) const { return t.words[i]; }
+    __device__ int ts_begin() const { return word(kRulesWordTimestampBegin); }
+    __device__ bool is_timestamp(int id) const { return id >= ts_begin(); }
+    __device__ void after(int token) {
+        ++count;
+        penultimate = last;
+        last = token;
+        if (is_timestamp(token)) last_timestamp = token;
+    }
+    // Whether a rule that does not read the logits masks token x (apply_token_rules, in order).
+    __device__ bool ruled_out(int x) const {
+        const auto in_range = [](int v, int from, int to) { return v >= from && v < to; };
+        const auto flags = uint32_t(word(kRulesWordFlags));
+        const bool initial = count == 0;
+        if ((flags & kRulesFlagSuppressBlank) != 0 && initial &&
+            (x == word(kRulesWordEot) || x == word(kRulesWordSpace)))
+            return true;
+        if (x == word(kRulesWordSot) || x == word(kRulesWordTranslate) ||
+            x == word(kRulesWordTranscribe) || x == word(kRulesWordSolm) ||
+            x == word(kRulesWordPrev) || x == word(kRulesWordNosp) ||
+            x == word(kRulesWordNoTimestamps))
+            return true;
+        if (in_range(x, word(kRulesWordLanguageBegin), word(kRulesWordLanguageEnd))) return true;
+        const int tb = ts_begin();
+        if ((flags & kRulesFlagTimestamps) == 0) return x >= tb;
+        if (x >= tb + word(kRulesWordMaxTimestamp) + 1) return true;
+        const bool last_ts = count >= 1 && is_timestamp(last);
+        const bool penultimate_ts = count < 2 || is_timestamp(penultimate);
+        if (last_ts) {
+            if (penultimate_ts && x >= tb) return true;
+            if (!penultimate_ts && x < word(kRulesWordEot)) return true;
+        }
+        if (last_timestamp >= 0 &&
+            in_range(x, tb, last_ts && !penultimate_ts ? last_timestamp : last_timestamp + 1))
+            return true;
+        if (initial) {
+            if (x < tb) return true;
+            const int max_initial = word(kRulesWordMaxInitialTimestamp);
+            if (max_initial >= 0 && x >= tb + max_initial + 1) return true;
+        }
+        return false;
+    }
+    __device__ float ruled(int x) const { return ruled_out(x) ? -INFINITY : row[x]; }
+    __device__ float masked(int x) const {
+        return timestamps_win && x < ts_begin() ? -INFINITY : ruled(x);
+    }
+    // det::canonical_sum over i < n of det_exp(value(from + i) - m), value = ruled or masked.
+    __device__ float sum_exp(int from, int n, float m, bool final_row, float* sh,
+                             float* sh_tiles) const {
+        const uint32_t l = threadIdx.x, tiles = (uint32_t(n) + kTile - 1) / kTile;
+        for (uint32_t j = 0; j < tiles; ++j) {
+            float acc = 0.0f;
+            for (uint32_t k = 0; k < kLaneItems; ++k) {
+                const uint32_t i = j * kTile + k * kLanes + l;
+                if (i >= uint32_t(n)) break;
+                const int x = from + int(i);
+                acc = acc + det_exp((final_row ? masked(x) : ruled(x)) - m);
+            }
+            const float tile = lane_tree(acc, sh);
+            if (l == 0) sh_tiles[j] = tile;
+        }
+        __syncthreads();
+        return lane_tree(l < tiles ? sh_tiles[l] : 0.0f, sh);
+    }
+};
+
+__device__ float reduce_max(float v, float* sh) {
+    const uint32_t l = threadIdx.x;
+    sh[l] = v;
+    for (uint32_t stride = kLanes / 2; stride > 0; stride >>= 1) {
+        __syncthreads();
+        if (l < stride) sh[l] = fmaxf(sh[l], sh[l + stride]);  // any order: max is exact
+    }
+    __syncthreads();
+    const float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__global__ void token_rules_kernel(TokenRulesLaunch t) {
+    __shared__ float sh[kLanes], sh_tiles[kLanes];
+    const uint32_t r = blockIdx.x, l = threadIdx.x;
+    const int n = int(t.V);
+    float* row = t.logits + size_t(r) * t.V;
+    RulesRow s{t,
+               row,
+               t.words[kRulesWordCount],
+               t.words[kRulesWordLast],
+               t.words[kRulesWordPenultimate],
+               t.words[kRulesWordLastTimestamp]};
+    for (uint32_t i = 0; i < t.first_row + r; ++i)
+        s.after(t.drafts[i]);
+
+    // Where the timestamps together are likelier than any one text token, a timestamp it is.
+    const int tb = s.ts_begin();
+    if ((uint32_t(s.word(kRulesWordFlags)) & kRulesFlagTimestamps) != 0) {
+        float ts_max = -INFINITY, text_max = -INFINITY;
+        for (int x = int(l); x < n; x += int(kLanes)) {
+            const float z = s.ruled(x);
+            if (x >= tb)
+                ts_max = fmaxf(ts_max, z);
+            else
+                text_max = fmaxf(text_max, z);
+        }
+        ts_max = reduce_max(ts_max, sh);
+        text_max = reduce_max(text_max, sh);
+        if (ts_max != -INFINITY && text_max != -INFINITY) {
+            const float ts_sum = s.sum_exp(tb, n - tb, ts_max, false, sh, sh_tiles);
+            s.timestamps_win = det_log(ts_sum) + ts_max > text_max;
+        }
+    }
+
+    float lse = 0.0f;
+    if (t.log_sum_exp != nullptr) {
+        float m = -INFINITY;
+        for (int x = int(l); x < n; x += int(kLanes))
+            m = fmaxf(m, s.masked(x));
+        m = reduce_max(m, sh);
+        if (m == -INFINITY) {
+            lse = -INFINITY;
+        } else {
+            const float sum = s.sum_exp(0, n, m, true, sh, sh_tiles);
+            lse = sum > 0.0f ? m + det_log(sum) : m;  // an infinite max: no finite sum
+        }
+    }
+    // A thread writes only the columns it reads (a tile is whole lanes), after every reduction.
+    for (int x = int(l); x < n; x += int(kLanes))
+        row[x] = s.masked(x);
+    if (t.log_sum_exp != nullptr && l == 0) t.log_sum_exp[r] = lse;
+}
+
 Ctx context(const DecodeLaunch& d) {
     Ctx c{d, verify_rows_per_sequence(d.gamma, d.greedy), verify_tiles(d.V)};
     return c;
@@ -441,6 +580,10 @@ void verify(cudaStream_t s, const DecodeLaunch& d) {
     accept_kernel<<<d.batch, 1, 0, s>>>(c);
     race_kernel<<<d.batch * c.tiles, kLanes, 0, s>>>(c);
     finish_kernel<<<d.batch, 1, 0, s>>>(c);
+}
+
+void token_rules(cudaStream_t s, const TokenRulesLaunch& t) {
+    token_rules_kernel<<<t.rows, kLanes, 0, s>>>(t);
 }
 
 }  // namespace specula::cuda
