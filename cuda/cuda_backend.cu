@@ -197,8 +197,11 @@ class CudaBackend final : public Backend {
         if (reinterpret_cast<uintptr_t>(dev(x)) % 16 != 0 || w.cols % 32 != 0)
             return fail(Unsupported("CUDA matmul needs 16-byte aligned inputs of whole blocks"));
         select();
-        if (!cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows,
-                          dev(out), out.cols, accumulate == Accumulate::kYes))
+        // Wider than a verification forward (which must be batch invariant): in tiles.
+        const auto product =
+            tiled_ && x.rows > kVerificationColumns ? cuda::matmul_tiled : cuda::matmul;
+        if (!product(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows, dev(out),
+                     out.cols, accumulate == Accumulate::kYes))
             return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul");
     }
@@ -360,6 +363,12 @@ class CudaBackend final : public Backend {
     // what split-K is measured against).
     bool split_attention_ = [] {
         const char* e = std::getenv("SPECULA_CUDA_SPLIT_ATTENTION");
+        return e == nullptr || std::string(e) != "0";
+    }();
+    // SPECULA_CUDA_TILED=0 multiplies wide batches in slices of 16 columns too (what the tiled
+    // kernel is measured against).
+    bool tiled_ = [] {
+        const char* e = std::getenv("SPECULA_CUDA_TILED");
         return e == nullptr || std::string(e) != "0";
     }();
     // SPECULA_CUDA_HOST_RULES=1 runs Whisper's token rules on the host (the base class's read,

@@ -19,6 +19,11 @@ void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t
 // accumulate: out += w x instead of out = w x.
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
             const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate);
+// The same product in tiles of kMatmulTile rows x columns (core/device_abi.h), each weight read
+// once per tile of columns, for batches wider than a verification forward: its sums run in
+// another order than matmul's, so a column may differ from one of a narrow batch by rounding.
+bool matmul_tiled(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
+                  const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate);
 void rope(cudaStream_t s, float* x, int64_t cols, int64_t rows, const int32_t* positions,
           const float* table, int head_dim, int n_rot);
 void copy_f32(cudaStream_t s, const float* src, int64_t n, float* dst);

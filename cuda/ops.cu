@@ -284,6 +284,81 @@ __global__ void __launch_bounds__(kMatmulThreads)
     }
 }
 
+// out[c][r] = dot(w[r], x[c]) for batches wider than a verification forward (the Whisper
+// encoder's 1500 columns, a prompt), shaders/matmul_tiled.comp's tiles: a block of
+// kMatmulTileThreads threads computes kMatmulTile rows x kMatmulTile columns, a block of 32
+// weights at a time through shared memory (dequantized once, a quarter block per thread), each
+// thread 4 rows x 4 columns (rows tr + 16 i, columns tc + 16 j). A weight is read from memory
+// once per 64 columns, where the sliced kernel reads it once per 16. Each sum is one fma per
+// weight in row order, not matmul_kernel's order: such a column may differ from the same
+// column in a narrower batch by rounding (batch invariance is promised up to the verification
+// batch, as on Vulkan).
+constexpr int kTile = shared::kMatmulTile, kTileStep = shared::kMatmulTileStep,
+              kTilePer = kTile / kTileStep, kTileThreads = shared::kMatmulTileThreads;
+static_assert(kTileThreads == 4 * kTile && kTileThreads == kTileStep * kTileStep);
+
+template <GgmlType T>
+__global__ void __launch_bounds__(kTileThreads)
+    matmul_tiled_kernel(const uint8_t* __restrict__ w, int64_t in, int64_t rows,
+                        const float* __restrict__ x, int64_t n, float* __restrict__ out,
+                        int64_t out_stride, bool accumulate) {
+    // [k][row or column], padded: the stores of a warp's quarter blocks fall in distinct banks.
+    __shared__ float ws[kBlock][kTile + 1];
+    __shared__ float xs[kBlock][kTile + 1];
+    const int t = threadIdx.x, tr = t % kTileStep, tc = t / kTileStep, lr = t / 4, q = t % 4;
+    const int64_t r0 = int64_t(blockIdx.x) * kTile, c0 = int64_t(blockIdx.y) * kTile;
+    const int64_t blocks = in / kBlock;
+    const uint8_t* w_row = r0 + lr < rows ? w + (r0 + lr) * row_bytes<T>(in) : nullptr;
+    const float* x_row = c0 + lr < n ? x + (c0 + lr) * in : nullptr;
+    float acc[kTilePer][kTilePer];
+    for (int i = 0; i < kTilePer; ++i)
+        for (int j = 0; j < kTilePer; ++j)
+            acc[i][j] = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) {
+        float w8[8] = {};
+        if (w_row != nullptr) load_quarter<T>(w_row, b, q, w8);
+        float4 lo = {0.0f, 0.0f, 0.0f, 0.0f}, hi = lo;
+        if (x_row != nullptr) {
+            const auto* xp = reinterpret_cast<const float4*>(x_row + b * kBlock + q * 8);
+            lo = xp[0];
+            hi = xp[1];
+        }
+        for (int k = 0; k < 8; ++k)
+            ws[q * 8 + k][lr] = w8[k];
+        xs[q * 8 + 0][lr] = lo.x;
+        xs[q * 8 + 1][lr] = lo.y;
+        xs[q * 8 + 2][lr] = lo.z;
+        xs[q * 8 + 3][lr] = lo.w;
+        xs[q * 8 + 4][lr] = hi.x;
+        xs[q * 8 + 5][lr] = hi.y;
+        xs[q * 8 + 6][lr] = hi.z;
+        xs[q * 8 + 7][lr] = hi.w;
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < kBlock; ++k) {
+            float a[kTilePer], v[kTilePer];
+            for (int i = 0; i < kTilePer; ++i)
+                a[i] = ws[k][tr + kTileStep * i];
+            for (int j = 0; j < kTilePer; ++j)
+                v[j] = xs[k][tc + kTileStep * j];
+            for (int i = 0; i < kTilePer; ++i)
+                for (int j = 0; j < kTilePer; ++j)
+                    acc[i][j] = fmaf(a[i], v[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int j = 0; j < kTilePer; ++j) {
+        const int64_t c = c0 + tc + kTileStep * j;
+        if (c >= n) continue;
+        for (int i = 0; i < kTilePer; ++i) {
+            const int64_t r = r0 + tr + kTileStep * i;
+            if (r >= rows) continue;
+            float& o = out[c * out_stride + r];
+            o = accumulate ? o + acc[i][j] : acc[i][j];
+        }
+    }
+}
+
 __device__ float block_sum(float v, float* shared) {
     v = warp_sum(v);
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -627,6 +702,15 @@ bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t ou
             const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate) {
     return with_weight_type(type, [&]<GgmlType T>() {
         matmul_typed<T>(s, w, in, out_features, x, n, out, out_stride, accumulate);
+    });
+}
+
+bool matmul_tiled(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
+                  const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate) {
+    const dim3 grid(blocks(out_features, kTile), blocks(n, kTile));
+    return with_weight_type(type, [&]<GgmlType T>() {
+        matmul_tiled_kernel<T><<<grid, kTileThreads, 0, s>>>(
+            static_cast<const uint8_t*>(w), in, out_features, x, n, out, out_stride, accumulate);
     });
 }
 

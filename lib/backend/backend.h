@@ -23,6 +23,11 @@
 
 namespace specula {
 
+// The widest batch whose every column must be bit for bit the column alone (batch invariance):
+// a verification forward, the last committed token and up to SPECULA_MAX_GAMMA drafts. A
+// backend may multiply wider batches (prompts, Whisper's encoder) in another order.
+constexpr int64_t kVerificationColumns = SPECULA_MAX_GAMMA + 1;
+
 class Buffer {
   public:
     virtual ~Buffer() = default;

@@ -403,9 +403,6 @@ struct PushConstants {
 constexpr uint32_t kBindings = 6;
 
 constexpr uint32_t kMaxBatchColumns = 16;  // the widest N of shaders/matmul.comp
-// The widest batch that must be batch invariant: a verification forward (the last committed
-// token and up to SPECULA_MAX_GAMMA drafts). Wider ones may take the tiled matmul.
-constexpr int64_t kVerificationColumns = SPECULA_MAX_GAMMA + 1;
 constexpr uint32_t kMatmulThreads = 128;
 constexpr size_t kStagingBytes = 16u << 20;
 constexpr uint32_t kSetsPerPool = 1024;
