@@ -583,6 +583,7 @@ void verify(cudaStream_t s, const DecodeLaunch& d) {
 }
 
 void token_rules(cudaStream_t s, const TokenRulesLaunch& t) {
+    if (t.rows == 0) return;  // an empty grid is a launch error
     token_rules_kernel<<<t.rows, kLanes, 0, s>>>(t);
 }
 
