@@ -957,4 +957,20 @@ TEST(Speculative, BestGammaWeighsWhatTheTargetCostsPerPosition) {
     EXPECT_EQ(best_gamma(0.7, 1.0, linear, 1, 8), 1);
 }
 
+// The same costs (a draft 0.16, a target forward 1 + 0.3 (n - 1)), by hand:
+//   1 of 3 judged: α 2/5 = 0.4, γ 1 gives 1.4 / 1.46 = 0.959 < 1, but α + sqrt(0.24 / 5) =
+//   0.619 gives 1.109: one draft a step, to judge more;
+//   10 of 30: α 11/32 = 0.344, + sqrt(0.2256 / 32) = 0.428, 1.428 / 1.46 = 0.978: plain;
+//   7 of 8: α 0.8, γ 2 (2.44 / 1.92 = 1.271) beats γ 1 (1.233) and γ 3 (2.952 / 2.38 = 1.240).
+TEST(Speculative, AnalyticPolicyGivesAnUnluckyStartTheBenefitOfTheDoubt) {
+    std::vector<double> linear(18, 0.0);
+    linear[2] = 1.3;
+    linear[5] = 2.2;
+    EXPECT_EQ(analytic_gamma(1, 3, 0.16, linear, 0, 8), 1);
+    EXPECT_EQ(analytic_gamma(10, 30, 0.16, linear, 0, 8), 0);
+    EXPECT_EQ(analytic_gamma(7, 8, 0.16, linear, 0, 8), 2);
+    // A draft as costly as the target is not helped by any α.
+    EXPECT_EQ(analytic_gamma(1, 3, 1.0, linear, 0, 8), 0);
+}
+
 }  // namespace

@@ -71,6 +71,19 @@ int best_gamma(double alpha, double draft_seconds, std::span<const double> targe
     return best;
 }
 
+int analytic_gamma(uint64_t accepted, uint64_t judged, double draft_seconds,
+                   std::span<const double> target_seconds, int gamma_min, int gamma_max) {
+    const double n = double(judged) + 2.0;
+    const double alpha = std::min((double(accepted) + 1.0) / n, 0.999);
+    const int gamma = best_gamma(alpha, draft_seconds, target_seconds, gamma_min, gamma_max);
+    if (gamma > 0) return gamma;
+    // Plain decoding measures α no more: a few unlucky first drafts must not settle on it.
+    // One draft a step while α with one standard error added says drafting pays; a draft
+    // that is poor indeed loses the benefit of the doubt as its judged drafts accumulate.
+    const double optimistic = std::min(alpha + std::sqrt(alpha * (1.0 - alpha) / n), 0.999);
+    return std::min(best_gamma(optimistic, draft_seconds, target_seconds, 0, gamma_max), 1);
+}
+
 Generator::Generator(Decoder& target, Decoder* draft, const Config& config)
     : target_(target), draft_(draft), config_(config) {
     config_.gamma_max = std::clamp(config_.gamma_max, 1, kMaxGamma);
@@ -137,16 +150,14 @@ int Generator::next_gamma() const {
             // and a first α; then the best γ for what has been measured.
             if (target_seconds_[1] <= 0) return 0;
             if (draft_call_seconds_ <= 0) return config_.gamma;
-            const double alpha =
-                std::min((double(stats_.accepted) + 1.0) / (double(stats_.evaluated) + 2.0), 0.999);
             // While plain decoding wins, a step with drafts now and then keeps α and the
             // costs measured (they change with the text and the context length); while
             // drafting wins, a plain step now and then keeps the cost it is weighed against
             // measured (the first plain step, right after the prompt, runs cold).
             if (drafting_steps_ + 1 >= kProbeEvery) return 0;
             const int gamma_min = plain_steps_ + 1 >= probe_every_ ? 1 : 0;
-            return best_gamma(alpha, draft_call_seconds_, target_seconds_, gamma_min,
-                              config_.gamma_max);
+            return analytic_gamma(stats_.accepted, stats_.evaluated, draft_call_seconds_,
+                                  target_seconds_, gamma_min, config_.gamma_max);
         }
     }
     return config_.gamma;

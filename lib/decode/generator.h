@@ -141,4 +141,10 @@ double estimated_target_seconds(std::span<const double> measured, int n);
 int best_gamma(double alpha, double draft_seconds, std::span<const double> target_seconds,
                int gamma_min, int gamma_max);
 
+// The analytic policy's γ after `accepted` of `judged` drafts: best_gamma() for the estimate
+// (accepted + 1) / (judged + 2); where that is plain decoding, γ = 1 while the estimate plus one
+// standard error still has drafting pay (an unlucky start is judged again, a poor draft is not).
+int analytic_gamma(uint64_t accepted, uint64_t judged, double draft_seconds,
+                   std::span<const double> target_seconds, int gamma_min, int gamma_max);
+
 }  // namespace specula
