@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/detmath.h"
+#include "core/env.h"
 #include "format/quant.h"
 #include "kernels.h"
 #include "sampling/token_rules.h"
@@ -361,22 +362,13 @@ class CudaBackend final : public Backend {
     int multiprocessors_ = 1;
     // SPECULA_CUDA_SPLIT_ATTENTION=0 keeps every row's chunks in one block (the same results;
     // what split-K is measured against).
-    bool split_attention_ = [] {
-        const char* e = std::getenv("SPECULA_CUDA_SPLIT_ATTENTION");
-        return e == nullptr || std::string(e) != "0";
-    }();
+    bool split_attention_ = !env_is("SPECULA_CUDA_SPLIT_ATTENTION", "0");
     // SPECULA_CUDA_TILED=0 multiplies wide batches in slices of 16 columns too (what the tiled
     // kernel is measured against).
-    bool tiled_ = [] {
-        const char* e = std::getenv("SPECULA_CUDA_TILED");
-        return e == nullptr || std::string(e) != "0";
-    }();
+    bool tiled_ = !env_is("SPECULA_CUDA_TILED", "0");
     // SPECULA_CUDA_HOST_RULES=1 runs Whisper's token rules on the host (the base class's read,
     // mask and write: what the kernel is measured against).
-    bool host_rules_ = [] {
-        const char* e = std::getenv("SPECULA_CUDA_HOST_RULES");
-        return e != nullptr && std::string(e) == "1";
-    }();
+    bool host_rules_ = env_is("SPECULA_CUDA_HOST_RULES", "1");
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;

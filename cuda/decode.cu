@@ -4,6 +4,7 @@
 // scratch layout are lib/core/device_abi.h's; read decode.comp for the passes.
 #include <cfloat>
 
+#include "block_reduce.cuh"
 #include "core/device_abi.h"
 #include "kernels.h"
 
@@ -489,19 +490,6 @@ struct RulesRow {
     }
 };
 
-__device__ float reduce_max(float v, float* sh) {
-    const uint32_t l = threadIdx.x;
-    sh[l] = v;
-    for (uint32_t stride = kLanes / 2; stride > 0; stride >>= 1) {
-        __syncthreads();
-        if (l < stride) sh[l] = fmaxf(sh[l], sh[l + stride]);  // any order: max is exact
-    }
-    __syncthreads();
-    const float r = sh[0];
-    __syncthreads();
-    return r;
-}
-
 __global__ void token_rules_kernel(TokenRulesLaunch t) {
     __shared__ float sh[kLanes], sh_tiles[kLanes];
     const uint32_t r = blockIdx.x, l = threadIdx.x;
@@ -527,8 +515,8 @@ __global__ void token_rules_kernel(TokenRulesLaunch t) {
             else
                 text_max = fmaxf(text_max, z);
         }
-        ts_max = reduce_max(ts_max, sh);
-        text_max = reduce_max(text_max, sh);
+        ts_max = block_max(ts_max, sh);
+        text_max = block_max(text_max, sh);
         if (ts_max != -INFINITY && text_max != -INFINITY) {
             const float ts_sum = s.sum_exp(tb, n - tb, ts_max, false, sh, sh_tiles);
             s.timestamps_win = det_log(ts_sum) + ts_max > text_max;
@@ -540,7 +528,7 @@ __global__ void token_rules_kernel(TokenRulesLaunch t) {
         float m = -INFINITY;
         for (int x = int(l); x < n; x += int(kLanes))
             m = fmaxf(m, s.masked(x));
-        m = reduce_max(m, sh);
+        m = block_max(m, sh);
         if (m == -INFINITY) {
             lse = -INFINITY;
         } else {

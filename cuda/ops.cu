@@ -7,6 +7,7 @@
 #include <iterator>
 #include <utility>
 
+#include "block_reduce.cuh"
 #include "core/device_abi.h"
 #include "format/quant.h"
 #include "kernels.h"
@@ -14,14 +15,6 @@
 namespace specula::cuda {
 
 namespace {
-
-constexpr int kWarp = 32;
-
-__device__ float warp_sum(float v) {
-    for (int o = kWarp / 2; o > 0; o /= 2)
-        v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    return v;
-}
 
 __device__ float half_at(const uint8_t* p) {
     return __half2float(*reinterpret_cast<const __half*>(p));
@@ -357,32 +350,6 @@ __global__ void __launch_bounds__(kTileThreads)
             o = accumulate ? o + acc[i][j] : acc[i][j];
         }
     }
-}
-
-__device__ float block_sum(float v, float* shared) {
-    v = warp_sum(v);
-    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    const int warps = blockDim.x / kWarp;
-    v = lane < warps ? shared[lane] : 0.0f;
-    v = warp_sum(v);
-    __syncthreads();
-    return v;
-}
-
-__device__ float block_max(float v, float* shared) {
-    for (int o = kWarp / 2; o > 0; o /= 2)
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    const int warps = blockDim.x / kWarp;
-    v = lane < warps ? shared[lane] : -INFINITY;
-    for (int o = kWarp / 2; o > 0; o /= 2)
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-    __syncthreads();
-    return v;
 }
 
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t cols,

@@ -19,7 +19,7 @@ jobs=$(nproc)
 
 stage "style: clang-format"
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  git ls-files -z '*.c' '*.h' '*.cpp' '*.cu' | xargs -0 clang-format --dry-run --Werror
+  git ls-files -z '*.c' '*.h' '*.cpp' '*.cu' '*.cuh' | xargs -0 clang-format --dry-run --Werror
 else
   echo "not a git checkout: skipped"
 fi

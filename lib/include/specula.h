@@ -255,7 +255,8 @@ typedef enum specula_gamma_policy {
     /* The γ with the most expected tokens per second (Leviathan et al. Thm 3.8 with the
      * measured α, draft cost and target cost per number of positions), 0 included: plain
      * decoding where no γ pays, with a step of drafts after 16 plain steps (32, 64, ... 256 while
-     * those keep losing) to keep measuring. It
+     * those keep losing) to keep measuring, and one draft a step while α plus one standard
+     * error of its estimate would still pay (a few unlucky first drafts are judged again). It
      * starts with a plain step and a step of `gamma` drafts. γ follows measured times: greedy
      * output, and sampled output with coupled_acceptance, is the target alone's whatever γ is;
      * sampled with Leviathan et al.'s test it is not reproducible from the seed. */

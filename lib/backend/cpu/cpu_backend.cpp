@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "core/env.h"
 #include "core/fp16.h"
 #include "core/log.h"
 #include "format/quant.h"
@@ -122,10 +123,7 @@ const float* row_f32(const Tensor& t, int64_t r) {
 // destroyed, as SPECULA_VULKAN_PROFILE does for shaders.
 class OpProfile {
   public:
-    OpProfile() {
-        const char* v = std::getenv("SPECULA_CPU_PROFILE");
-        on_ = v != nullptr && std::string_view(v) == "1";
-    }
+    OpProfile() : on_(env_is("SPECULA_CPU_PROFILE", "1")) {}
     ~OpProfile() {
         if (!on_ || ops_.empty()) return;
         std::vector<std::pair<std::string_view, Entry>> rows(ops_.begin(), ops_.end());
@@ -168,7 +166,7 @@ class OpProfile {
         uint64_t calls = 0;
         double seconds = 0;
     };
-    bool on_ = false;
+    bool on_;
     std::map<std::string_view, Entry> ops_;
 };
 

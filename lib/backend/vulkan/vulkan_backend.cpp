@@ -14,6 +14,7 @@
 #include "backend/vulkan/shaders.h"
 #include "core/detmath.h"
 #include "core/device_abi.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "platform/vulkan_loader.h"
 
@@ -22,12 +23,6 @@ namespace specula {
 namespace {
 
 std::atomic<uint64_t> g_validation_errors{0};
-
-// Whether the environment variable `name` is set to `value` (the SPECULA_VULKAN_* switches).
-bool env_is(const char* name, const char* value) {
-    const char* env = std::getenv(name);
-    return env != nullptr && std::strcmp(env, value) == 0;
-}
 
 Status vk_check(VkResult r, const std::string& what) {
     switch (r) {
