@@ -21,8 +21,10 @@ inline std::vector<char> read_file_bytes(const std::string& path) {
     return {std::istreambuf_iterator<char>(f), {}};
 }
 
+// The build tree's folder for files the tests write (ctest runs each test as its own process,
+// so names that tests share must be written whole before they are read: see small_whisper()).
 inline std::filesystem::path temp_dir() {
-    auto dir = std::filesystem::temp_directory_path() / "specula-tests";
+    const std::filesystem::path dir = SPECULA_TEST_TMP_DIR;
     std::filesystem::create_directories(dir);
     return dir;
 }
