@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "core/aligned.h"
 #include "core/env.h"
 #include "core/fp16.h"
 #include "core/log.h"
@@ -39,8 +40,8 @@ class CpuBuffer final : public Buffer {
     // Zero-filled; check allocated() (a nothrow allocation: an exception, or a sanitizer
     // abort on a failed operator new, must not stand in for an out-of-memory status).
     explicit CpuBuffer(size_t bytes)
-        : owned_(new (std::nothrow) uint64_t[(bytes + 7) / 8]()), size_(bytes) {
-        data_ = reinterpret_cast<uint8_t*>(owned_.get());
+        : owned_(allocate_aligned<uint8_t>(bytes, true)), size_(bytes) {
+        data_ = owned_.get();
     }
     explicit CpuBuffer(std::span<const uint8_t> borrowed)
         : data_(const_cast<uint8_t*>(borrowed.data())), size_(borrowed.size()), read_only_(true) {}
@@ -53,7 +54,7 @@ class CpuBuffer final : public Buffer {
     const uint8_t* packed() const { return packed_.get(); }
     // Room for them (uninitialised), or nullptr when the memory cannot be had.
     uint8_t* allocate_packed(size_t bytes) {
-        packed_.reset(new (std::nothrow) uint8_t[bytes]);
+        packed_ = allocate_aligned<uint8_t>(bytes, false);
         return packed_.get();
     }
 
@@ -65,7 +66,7 @@ class CpuBuffer final : public Buffer {
         int64_t cols = 0, rows = 0;
         int head_dim = 0;
         int64_t valid = 0;
-        std::unique_ptr<float[], void (*)(float*)> keys{nullptr, [](float*) {}};
+        AlignedArray<float> keys;
     };
     // The transpose of cache `k` (created empty, or nullptr when the memory cannot be had).
     KeyTranspose* key_transpose(const Tensor& k, int head_dim) {
@@ -75,16 +76,13 @@ class CpuBuffer final : public Buffer {
                 return t.get();
         const auto floats =
             size_t(cpu::transposed_key_floats(int(k.cols / head_dim), head_dim, k.rows));
-        // 64-byte aligned: the kernels load whole blocks of keys as vectors.
-        void* data = ::operator new[](floats * sizeof(float), std::align_val_t(64), std::nothrow);
-        if (data == nullptr) return nullptr;
         auto t = std::make_unique<KeyTranspose>();
+        t->keys = allocate_aligned<float>(floats, false);
+        if (t->keys == nullptr) return nullptr;
         t->offset = k.offset;
         t->cols = k.cols;
         t->rows = k.rows;
         t->head_dim = head_dim;
-        t->keys = {static_cast<float*>(data),
-                   [](float* f) { ::operator delete[](f, std::align_val_t(64)); }};
         transposes_.push_back(std::move(t));
         return transposes_.back().get();
     }
@@ -101,8 +99,8 @@ class CpuBuffer final : public Buffer {
     bool has_key_transposes() const { return !transposes_.empty(); }
 
   private:
-    std::unique_ptr<uint64_t[]> owned_;  // uint64_t: 8-byte alignment for every element type
-    std::unique_ptr<uint8_t[]> packed_;
+    AlignedArray<uint8_t> owned_;
+    AlignedArray<uint8_t> packed_;
     std::vector<std::unique_ptr<KeyTranspose>> transposes_;
     uint8_t* data_ = nullptr;
     size_t size_ = 0;
@@ -362,7 +360,7 @@ class CpuBackend final : public Backend {
             size_t(a.head_dim) * size_t(a.keys_seen(a.q.rows - 1)) * 2 * size_t(group) *
                 size_t(rows_per_job),
             [&](size_t begin, size_t end) {
-                thread_local std::vector<float> scores, queries, outs;
+                thread_local AlignedVector<float> scores, queries, outs;
                 for (size_t job = begin; job < end; ++job) {
                     const int64_t i = int64_t(job / size_t(a.n_head_kv)) * rows_per_job;
                     const int kv_head = int(job % size_t(a.n_head_kv));
@@ -593,7 +591,7 @@ class CpuBackend final : public Backend {
             size_t(blocks) * size_t(a.n_head_kv),
             dim * size_t(seen) * 2 * size_t(group) * size_t(std::min(a.q.rows, kAttentionRowBlock)),
             [&](size_t begin, size_t end) {
-                thread_local std::vector<float> scores, queries, outs;
+                thread_local AlignedVector<float> scores, queries, outs;
                 thread_local std::vector<int> keys;
                 for (size_t job = begin; job < end; ++job) {
                     const int64_t i0 = int64_t(job / size_t(a.n_head_kv)) * kAttentionRowBlock;
