@@ -791,6 +791,54 @@ TEST_P(SpeculativeOn, CachesAreReusedAcrossSteps) {
     EXPECT_LE(target->positions_evaluated(), committed + steps * 4);
 }
 
+TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
+    // A new sequence of the same pair (reset(), or a speech context's next transcription)
+    // starts from the pair's measurements instead of probing again with a plain step and a
+    // step of `gamma` drafts. Fails if reset() forgets them or the caller's are not read.
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_NE(backend, nullptr) << why;
+    std::unique_ptr<LlamaModel> target_model, draft_model;
+    for (auto [path, model] : {std::pair{&models().target, &target_model},
+                               std::pair{&models().close_draft, &draft_model}}) {
+        std::unique_ptr<MappedFile> file;
+        ASSERT_TRUE(MappedFile::open(*path, &file).ok());
+        ASSERT_TRUE(LlamaModel::load(*backend, std::move(file), nullptr, model).ok());
+    }
+    std::unique_ptr<LlamaContext> target, draft;
+    ASSERT_TRUE(LlamaContext::create(*target_model, 256, 32, &target).ok());
+    ASSERT_TRUE(LlamaContext::create(*draft_model, 256, 32, &draft).ok());
+    Generator::Config config;
+    config.policy = GammaPolicy::kAnalytic;
+    config.gamma = 5;
+    config.gamma_max = 8;
+
+    // The costs of AnalyticPolicyGivesAnUnluckyStartTheBenefitOfTheDoubt, 7 of 8 accepted: γ 2.
+    PairMeasurements given;
+    given.draft_call_seconds = 0.16;
+    given.target_seconds[1] = 1.0;
+    given.target_seconds[2] = 1.3;
+    given.target_seconds[5] = 2.2;
+    given.judged = 8;
+    given.accepted = 7;
+    EXPECT_EQ(Generator(*target, draft.get(), config, &given).next_gamma(), 2);
+    EXPECT_EQ(Generator(*target, draft.get(), config).next_gamma(), 0);  // a plain first step
+
+    Generator g(*target, draft.get(), config);
+    const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
+    ASSERT_TRUE(g.append(prompt).ok());
+    std::vector<int32_t> out;
+    while (out.size() < 24)
+        ASSERT_TRUE(g.step(8, &out).ok());
+    g.reset();
+    const PairMeasurements& m = g.measurements();
+    ASSERT_GT(m.target_seconds[1], 0.0);
+    ASSERT_GT(m.draft_call_seconds, 0.0);
+    EXPECT_GT(m.judged, 0u);
+    EXPECT_EQ(g.next_gamma(), analytic_gamma(m.accepted, m.judged, m.draft_call_seconds,
+                                             m.target_seconds, 0, config.gamma_max));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,
                          ::testing::Values(SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN,
                                            SPECULA_BACKEND_CUDA),

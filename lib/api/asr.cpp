@@ -25,6 +25,7 @@ struct specula_asr_context {
     std::unique_ptr<WhisperContext> impl;
     specula_asr_model* draft = nullptr;  // the model of draft_impl
     std::unique_ptr<WhisperContext> draft_impl;
+    PairMeasurements measured;  // of the target and draft_impl
     std::vector<asr::Segment> segments;
     specula_asr_timings timings{};
 };
@@ -83,10 +84,12 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
     if (p.draft != nullptr && p.draft != ctx->draft) {  // the draft's caches, made once
         ctx->draft_impl.reset();
         ctx->draft = nullptr;
+        ctx->measured = {};
         SPECULA_TRY(WhisperContext::create(*p.draft->impl, 1, &ctx->draft_impl));
         ctx->draft = p.draft;
     }
     t.draft = p.draft != nullptr ? ctx->draft_impl.get() : nullptr;
+    t.measurements = p.draft != nullptr ? &ctx->measured : nullptr;
     const Status s = asr::transcribe(*ctx->impl, samples, t, &ctx->segments, &stats);
     specula_asr_timings& tm = ctx->timings;
     tm.audio_seconds = double(samples.size()) / audio::kWhisperSampleRate;

@@ -47,7 +47,7 @@ class Transcriber {
           t_(m_.tokens()),
           p_(p),
           stats_(*stats),
-          generator_(ctx, p.draft, generator_config(p)) {
+          generator_(ctx, p.draft, generator_config(p), p.measurements) {
         rules_.tokens = t_;
         rules_.timestamps = p.timestamps;
         rules_.max_timestamp = m_.hparams().n_audio_ctx;

@@ -38,6 +38,9 @@ struct TranscribeParams {
     // Speculative decoding: a draft Whisper with the target's vocabulary, mel bins and window
     // (it encodes each window itself), and how many drafts a step takes.
     WhisperContext* draft = nullptr;
+    // The analytic policy's measurements of this target and draft, kept by the caller from
+    // one transcription to the next (null: each transcription measures afresh).
+    PairMeasurements* measurements = nullptr;
     GammaPolicy gamma_policy = GammaPolicy::kAnalytic;
     int gamma = 4, gamma_max = 8;
     std::function<void(const Segment&)> on_segment;

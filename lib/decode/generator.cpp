@@ -84,8 +84,12 @@ int analytic_gamma(uint64_t accepted, uint64_t judged, double draft_seconds,
     return std::min(best_gamma(optimistic, draft_seconds, target_seconds, 0, gamma_max), 1);
 }
 
-Generator::Generator(Decoder& target, Decoder* draft, const Config& config)
-    : target_(target), draft_(draft), config_(config) {
+Generator::Generator(Decoder& target, Decoder* draft, const Config& config,
+                     PairMeasurements* measurements)
+    : target_(target),
+      draft_(draft),
+      config_(config),
+      measured_(measurements != nullptr ? measurements : &own_measurements_) {
     config_.gamma_max = std::clamp(config_.gamma_max, 1, kMaxGamma);
     config_.gamma = std::clamp(config_.gamma, 1, kMaxGamma);
     heuristic_gamma_ = config_.gamma;
@@ -97,9 +101,6 @@ void Generator::reset() {
     if (draft_) draft_->truncate(0);
     step_ = 0;
     heuristic_gamma_ = config_.gamma;
-    draft_call_seconds_ = 0;
-    target_seconds_ = {};
-    target_samples_ = {};
     plain_steps_ = 0;
     drafting_steps_ = 0;
     probe_every_ = kProbeEvery;
@@ -148,16 +149,17 @@ int Generator::next_gamma() const {
         case GammaPolicy::kAnalytic: {
             // First a plain step and a step of `gamma` drafts: two target widths measured,
             // and a first α; then the best γ for what has been measured.
-            if (target_seconds_[1] <= 0) return 0;
-            if (draft_call_seconds_ <= 0) return config_.gamma;
+            const PairMeasurements& m = *measured_;
+            if (m.target_seconds[1] <= 0) return 0;
+            if (m.draft_call_seconds <= 0) return config_.gamma;
             // While plain decoding wins, a step with drafts now and then keeps α and the
             // costs measured (they change with the text and the context length); while
             // drafting wins, a plain step now and then keeps the cost it is weighed against
             // measured (the first plain step, right after the prompt, runs cold).
             if (drafting_steps_ + 1 >= kProbeEvery) return 0;
             const int gamma_min = plain_steps_ + 1 >= probe_every_ ? 1 : 0;
-            return analytic_gamma(stats_.accepted, stats_.evaluated, draft_call_seconds_,
-                                  target_seconds_, gamma_min, config_.gamma_max);
+            return analytic_gamma(m.accepted, m.judged, m.draft_call_seconds, m.target_seconds,
+                                  gamma_min, config_.gamma_max);
         }
     }
     return config_.gamma;
@@ -202,6 +204,8 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
         if (c < n_accepted) ++stats_.accepted_at[size_t(c)];
     }
     stats_.evaluated += uint64_t(evaluated);
+    measured_->judged += uint64_t(evaluated);
+    measured_->accepted += uint64_t(n_accepted);
     stats_.drafted += uint64_t(gamma);
     stats_.accepted += uint64_t(n_accepted);
     stats_.emitted += emitted.size();
@@ -362,13 +366,14 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     // closed the usual gap of one or two tokens (after plain steps it evaluates all the tokens
     // the draft missed, up to a batch: not what a step of drafts costs), and a target call
     // with its verify pass, which sampling makes several rows long.
+    PairMeasurements& m = *measured_;
     if (gamma > 0 && draft_gap <= 2)
-        draft_call_seconds_ = draft_call_seconds_ > 0
-                                  ? 0.9 * draft_call_seconds_ + 0.1 * draft_s / gamma
-                                  : draft_s / gamma;
+        m.draft_call_seconds = m.draft_call_seconds > 0
+                                   ? 0.9 * m.draft_call_seconds + 0.1 * draft_s / gamma
+                                   : draft_s / gamma;
     const double step_s = be.seconds_between(1, 3);
-    double& t = target_seconds_[size_t(gamma + 1)];
-    t = target_samples_[size_t(gamma + 1)]++ < 2 ? step_s : 0.9 * t + 0.1 * step_s;
+    double& t = m.target_seconds[size_t(gamma + 1)];
+    t = m.target_samples[size_t(gamma + 1)]++ < 2 ? step_s : 0.9 * t + 0.1 * step_s;
     return Status::Ok();
 }
 

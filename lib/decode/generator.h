@@ -43,6 +43,21 @@ struct GeneratorStats {
     int last_gamma = 0;
 };
 
+// What the analytic policy has measured of a target/draft pair on its backend: running means
+// of the draft calls of a step (forwards and draws) per draft and of a target forward of n
+// positions with its verify pass (index n; 0 = not measured yet), and the drafts judged and
+// accepted. Generator::reset() keeps them, so a new sequence of the same pair starts from them
+// instead of probing again; a speech context keeps one per draft for all its transcriptions (a
+// 5 s window has ~15 tokens, about as many as the probes take).
+struct PairMeasurements {
+    double draft_call_seconds = 0;
+    std::array<double, kMaxGamma + 2> target_seconds{};
+    // How often each width was measured: the first measurement (cold caches, first-use
+    // allocations) stands only until the second replaces it.
+    std::array<int, kMaxGamma + 2> target_samples{};
+    uint64_t judged = 0, accepted = 0;
+};
+
 class Generator {
   public:
     struct Config {
@@ -59,7 +74,10 @@ class Generator {
     };
 
     // `draft` may be null (plain decoding). Both decoders must be empty and share a vocabulary.
-    Generator(Decoder& target, Decoder* draft, const Config& config);
+    // `measurements`, where given, outlives the generator and is the pair's: it is read and
+    // updated instead of the generator's own.
+    Generator(Decoder& target, Decoder* draft, const Config& config,
+              PairMeasurements* measurements = nullptr);
 
     // Appends tokens to the committed sequence (the prompt). Every token but the last
     // is evaluated now, in batches; the last is evaluated by the next step.
@@ -74,7 +92,7 @@ class Generator {
     void begin_rules(const TokenRules& rules);
     // The sampling of the next steps (e.g. a temperature fallback).
     void set_sampling(const SamplingParams& sampling) { config_.sampling = sampling; }
-    // Drops every committed token and all state.
+    // Drops every committed token and all state but the policy's measurements of the pair.
     void reset();
     // Drops the last n committed tokens (at most all but one): the caches forget them too.
     void forget(size_t n);
@@ -84,6 +102,7 @@ class Generator {
 
     const std::vector<int32_t>& committed() const { return committed_; }
     const GeneratorStats& stats() const { return stats_; }
+    const PairMeasurements& measurements() const { return *measured_; }
     int next_gamma() const;
 
   private:
@@ -104,16 +123,10 @@ class Generator {
     std::vector<int32_t> committed_;
     uint32_t step_ = 0;
     int heuristic_gamma_;
-    // Running means for the analytic policy: the draft calls of a step (forwards and draws)
-    // per draft, and a target forward of n positions with its verify pass (index n; 0 = not
-    // measured yet).
-    double draft_call_seconds_ = 0;
-    std::array<double, kMaxGamma + 2> target_seconds_{};
-    // How often each width was measured: the first measurement (cold caches, first-use
-    // allocations) stands only until the second replaces it.
-    std::array<int, kMaxGamma + 2> target_samples_{};
-    int plain_steps_ = 0;     // steps in a row without drafts
-    int drafting_steps_ = 0;  // steps in a row with drafts
+    PairMeasurements own_measurements_;
+    PairMeasurements* measured_;  // own_measurements_ or the caller's
+    int plain_steps_ = 0;         // steps in a row without drafts
+    int drafting_steps_ = 0;      // steps in a row with drafts
     static constexpr int kProbeEvery = 16, kMaxProbeEvery = 256;
     int probe_every_ = kProbeEvery;  // a step with drafts after this many plain ones
     GeneratorStats stats_;

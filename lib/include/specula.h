@@ -257,9 +257,11 @@ typedef enum specula_gamma_policy {
      * decoding where no γ pays, with a step of drafts after 16 plain steps (32, 64, ... 256 while
      * those keep losing) to keep measuring, and one draft a step while α plus one standard
      * error of its estimate would still pay (a few unlucky first drafts are judged again). It
-     * starts with a plain step and a step of `gamma` drafts. γ follows measured times: greedy
-     * output, and sampled output with coupled_acceptance, is the target alone's whatever γ is;
-     * sampled with Leviathan et al.'s test it is not reproducible from the seed. */
+     * starts with a plain step and a step of `gamma` drafts; what it measured is kept by the
+     * session across resets, and by a speech context from one transcription to the next. γ follows
+     * measured times: greedy output, and sampled output with coupled_acceptance, is the target
+     * alone's whatever γ is; sampled with Leviathan et al.'s test it is not reproducible from the
+     * seed. */
     SPECULA_GAMMA_ANALYTIC = 2,
     /* The default: analytic where the output does not depend on γ (greedy, or sampled with
      * coupled_acceptance: it is the target alone's), heuristic where it does (sampling with
@@ -362,7 +364,8 @@ SPECULA_API specula_status specula_session_create(specula_model* model,
                                                   const specula_session_params* params,
                                                   specula_session** out);
 SPECULA_API void specula_session_free(specula_session* session);
-/* Forgets the context (the KV cache) and the random step counter. */
+/* Forgets the context (the KV cache) and the random step counter; keeps what the analytic γ
+ * policy has measured of the pair (its costs and acceptance rate). */
 SPECULA_API specula_status specula_session_reset(specula_session* session);
 
 /* Appends tokens to the context and evaluates them in one batched forward per chunk. */
