@@ -759,26 +759,35 @@ TEST_P(SpeculativeOn, OneHostWaitPerStep) {
     }
 }
 
+// The test target and its close draft on `backend`, with contexts of n_ctx positions.
+struct LoadedPair {
+    std::unique_ptr<LlamaModel> target_model, draft_model;
+    std::unique_ptr<LlamaContext> target, draft;
+};
+void load_pair(Backend& backend, int n_ctx, LoadedPair* p) {
+    for (auto [path, model] : {std::pair{&models().target, &p->target_model},
+                               std::pair{&models().close_draft, &p->draft_model}}) {
+        std::unique_ptr<MappedFile> file;
+        ASSERT_TRUE(MappedFile::open(*path, &file).ok());
+        ASSERT_TRUE(LlamaModel::load(backend, std::move(file), nullptr, model).ok());
+    }
+    ASSERT_TRUE(LlamaContext::create(*p->target_model, n_ctx, 32, &p->target).ok());
+    ASSERT_TRUE(LlamaContext::create(*p->draft_model, n_ctx, 32, &p->draft).ok());
+}
+
 TEST_P(SpeculativeOn, CachesAreReusedAcrossSteps) {
     // Each step evaluates only what is new: the draft at most the committed tokens once
     // plus its drafts, the target at most the committed tokens plus the drafts it judged.
     std::string why;
     auto backend = test::try_backend(GetParam(), &why);
-    std::unique_ptr<LlamaModel> target_model, draft_model;
-    for (auto [path, model] : {std::pair{&models().target, &target_model},
-                               std::pair{&models().close_draft, &draft_model}}) {
-        std::unique_ptr<MappedFile> file;
-        ASSERT_TRUE(MappedFile::open(*path, &file).ok());
-        ASSERT_TRUE(LlamaModel::load(*backend, std::move(file), nullptr, model).ok());
-    }
-    std::unique_ptr<LlamaContext> target, draft;
-    ASSERT_TRUE(LlamaContext::create(*target_model, 512, 32, &target).ok());
-    ASSERT_TRUE(LlamaContext::create(*draft_model, 512, 32, &draft).ok());
+    LoadedPair pair;
+    ASSERT_NO_FATAL_FAILURE(load_pair(*backend, 512, &pair));
+    LlamaContext *target = pair.target.get(), *draft = pair.draft.get();
     Generator::Config config;
     config.sampling = {0.8f, 0, 1.0f, 3};
     config.policy = GammaPolicy::kFixed;
     config.gamma = 4;
-    Generator g(*target, draft.get(), config);
+    Generator g(*target, draft, config);
     std::vector<int32_t> prompt(100);
     for (size_t i = 0; i < prompt.size(); ++i)
         prompt[i] = int32_t(10 + i);
@@ -798,16 +807,9 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     std::string why;
     auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
     ASSERT_NE(backend, nullptr) << why;
-    std::unique_ptr<LlamaModel> target_model, draft_model;
-    for (auto [path, model] : {std::pair{&models().target, &target_model},
-                               std::pair{&models().close_draft, &draft_model}}) {
-        std::unique_ptr<MappedFile> file;
-        ASSERT_TRUE(MappedFile::open(*path, &file).ok());
-        ASSERT_TRUE(LlamaModel::load(*backend, std::move(file), nullptr, model).ok());
-    }
-    std::unique_ptr<LlamaContext> target, draft;
-    ASSERT_TRUE(LlamaContext::create(*target_model, 256, 32, &target).ok());
-    ASSERT_TRUE(LlamaContext::create(*draft_model, 256, 32, &draft).ok());
+    LoadedPair pair;
+    ASSERT_NO_FATAL_FAILURE(load_pair(*backend, 256, &pair));
+    LlamaContext *target = pair.target.get(), *draft = pair.draft.get();
     Generator::Config config;
     config.policy = GammaPolicy::kAnalytic;
     config.gamma = 5;
@@ -821,10 +823,10 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     given.target_seconds[5] = 2.2;
     given.judged = 8;
     given.accepted = 7;
-    EXPECT_EQ(Generator(*target, draft.get(), config, &given).next_gamma(), 2);
-    EXPECT_EQ(Generator(*target, draft.get(), config).next_gamma(), 0);  // a plain first step
+    EXPECT_EQ(Generator(*target, draft, config, &given).next_gamma(), 2);
+    EXPECT_EQ(Generator(*target, draft, config).next_gamma(), 0);  // a plain first step
 
-    Generator g(*target, draft.get(), config);
+    Generator g(*target, draft, config);
     const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
     ASSERT_TRUE(g.append(prompt).ok());
     std::vector<int32_t> out;
