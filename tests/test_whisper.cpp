@@ -198,7 +198,9 @@ std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type 
     // the next run would take for a whole one.
     const std::string partial = path + ".partial";
     EXPECT_TRUE(write_random_whisper(spec, partial).ok());
-    std::filesystem::rename(partial, path);
+    std::error_code renamed;
+    std::filesystem::rename(partial, path, renamed);
+    EXPECT_FALSE(renamed) << renamed.message();
     return path;
 }
 

@@ -7,8 +7,6 @@
 
 #include "asr/rules.h"
 #include "audio/mel.h"
-#include "core/detmath.h"
-#include "sampling/row_kernels.h"
 #include "sampling/sampling.h"
 
 namespace specula::asr {
@@ -21,15 +19,6 @@ constexpr int kEntropyTokens = 32;  // the window of whisper.cpp's entropy test
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// Entry i of softmax(row), by the sampling code's vectorised sum of exponentials (det::
-// arithmetic): a log_softmax of the whole row in double precision took ~0.6 ms a window.
-double softmax_entry(std::span<const float> row, size_t i) {
-    const auto n = uint32_t(row.size());
-    const float max = rows::max_value(row.data(), n, 1.0f);
-    const float mass = rows::kept_weight_sum({row.data(), 1.0f, max}, n);
-    return double(det::exp_nonpositive(row[i] - max)) / double(mass);
 }
 
 // One decoding of one window at one temperature.
@@ -206,7 +195,9 @@ class Transcriber {
         SPECULA_TRY(generator_.append(prefix));
         std::vector<float> row;
         SPECULA_TRY(generator_.last_logits(&row));
-        a.no_speech_prob = softmax_entry(row, size_t(t_.nosp));
+        // One entry of the softmax, by log_sum_exp()'s det:: arithmetic (a log_softmax of the
+        // whole row in double precision took ~0.6 ms a window).
+        a.no_speech_prob = std::exp(double(row[size_t(t_.nosp)]) - double(log_sum_exp(row)));
         if (!task.empty()) SPECULA_TRY(generator_.append(task));
 
         SamplingParams sp;

@@ -78,6 +78,9 @@ class Generator {
     // updated instead of the generator's own.
     Generator(Decoder& target, Decoder* draft, const Config& config,
               PairMeasurements* measurements = nullptr);
+    // Not copied or moved: it may point at its own measurements.
+    Generator(const Generator&) = delete;
+    Generator& operator=(const Generator&) = delete;
 
     // Appends tokens to the committed sequence (the prompt). Every token but the last
     // is evaluated now, in batches; the last is evaluated by the next step.
