@@ -7,8 +7,10 @@ the target's and the draft's distributions after the sampler's temperature, top-
 vocabulary; this script starts from the bundled draft and trains it, with the bundled Q8_0 target
 frozen (the weights specula runs), on the target's distribution as the sampler shapes it
 (temperature 0.8, top-k 40, top-p 0.95 by default): the cross-entropy to it plus the total
-variation distance itself. It prints the held-out acceptance rate it expects (teacher-forced on
-the held-out documents) before and after, and exports the draft for specula-import.
+variation distance itself; with --coupled, also the rate at which the coupled acceptance (the
+default when sampling) rejects a draft. It prints the held-out acceptance rates it expects
+(teacher-forced on the held-out documents) before and after, and exports the draft for
+specula-import.
 
     /usr/bin/python3 tools/train/distill_draft.py --out build/distill   (see tools/train/README.md)
 """
@@ -83,8 +85,9 @@ def target_samples(cli, target, texts, n, a, rng):
         r = subprocess.run([cli, "-m", target, "-p", prompt, "-n", str(a.seq), "--temp", str(a.temp),
                             "--top-k", str(a.top_k), "--top-p", str(a.top_p), "--seed", str(i + 1),
                             "--threads", "1", "--backend", "cpu", "--no-bos"],
-                           capture_output=True, text=True, check=True)
-        out.append(r.stdout)
+                           capture_output=True, check=True)
+        # Without top-p a rare token may end within a character: such bytes become U+FFFD.
+        out.append(r.stdout.decode("utf-8", errors="replace"))
     return out
 
 
@@ -97,6 +100,34 @@ def losses(zt, zd, a):
     ce = -(p * logq_on).sum(-1).mean()
     tvd = 0.5 * ((p - q_on).abs().sum(-1) + (1 - q_on.sum(-1)).clamp(min=0)).mean()
     return ce, tvd
+
+
+def coupled_agreement(zt, zd, a):
+    """The mean probability that the coupled acceptance accepts a draft (docs/DESIGN.md
+    "Speculative decoding"): the target and the draft draw a position by exponential races with
+    the same noise E_x, and the draft is accepted when both races pick the same token. Both pick
+    i with probability 1 / sum_j max(p_j / p_i, q_j / q_i), so the mean agreement is the sum of
+    that over the tokens both keep: differentiable in the draft's processed distribution q
+    (over its own top-k; top-p is not applied to q here)."""
+    tids, p = processed(zt, a.temp, a.top_k, a.top_p)
+    _, dids = (zd / a.temp).topk(a.top_k, dim=-1)
+    lq = (zd / a.temp).gather(-1, dids).log_softmax(-1)  # the draft's kept log-probabilities
+    far = -1e4  # a log-probability for "not kept": its terms vanish from the sums below
+    ids = torch.cat([tids, dids], -1)  # the union of the kept sets, the draft's repeats masked
+    repeat = torch.cat([torch.zeros_like(tids, dtype=torch.bool),
+                        (dids[..., :, None] == tids[..., None, :]).any(-1)], -1)
+    lp_t = torch.where(p > 0, p.clamp(min=1e-30).log(), torch.full_like(p, far))
+    # log p and log q at every id of the union
+    in_t = ids[..., :, None] == tids[..., None, :]
+    in_d = ids[..., :, None] == dids[..., None, :]
+    lpu = torch.where(in_t.any(-1), (in_t * lp_t[..., None, :]).sum(-1), torch.full_like(ids, far, dtype=lp_t.dtype))
+    lqu = torch.where(in_d.any(-1), (in_d * lq[..., None, :]).sum(-1), torch.full_like(lpu, far))
+    lpu = torch.where(repeat, torch.full_like(lpu, far), lpu)
+    lqu = torch.where(repeat, torch.full_like(lqu, far), lqu)
+    both = (lpu > far / 2) & (lqu > far / 2)
+    m = torch.maximum(lpu[..., None, :] - lpu[..., :, None], lqu[..., None, :] - lqu[..., :, None])
+    term = torch.exp(-torch.logsumexp(m, -1))
+    return (term * both).sum(-1).mean()
 
 
 @torch.no_grad()
@@ -112,12 +143,12 @@ def agreement(zt, zd, a):
 @torch.no_grad()
 def held_out(target, draft, ids, a, n_windows=64):
     draft.eval()
-    stats = np.zeros(4)
+    stats = np.zeros(5)
     starts = np.linspace(0, len(ids) - a.seq - 1, n_windows).astype(int)
     for s in range(0, n_windows, a.batch):
         x = torch.from_numpy(np.stack([ids[i:i + a.seq] for i in starts[s:s + a.batch]])).long()
         zt, zd = target(x), draft(x)
-        stats += [v.item() for v in losses(zt, zd, a) + agreement(zt, zd, a)]
+        stats += [v.item() for v in losses(zt, zd, a) + agreement(zt, zd, a) + (coupled_agreement(zt, zd, a),)]
     draft.train()
     return stats / math.ceil(n_windows / a.batch)
 
@@ -137,8 +168,12 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--coupled", type=float, default=0.0,
+                    help="weight of the coupled acceptance's disagreement (1 - its acceptance) in the loss")
+    ap.add_argument("--sampled-share", type=float, default=0.5,
+                    help="the share of each batch that is the target's sampled continuations")
     ap.add_argument("--samples", type=int, default=2000,
-                    help="continuations sampled from the target (half of each batch); 0: the corpus only")
+                    help="continuations sampled from the target (--sampled-share of each batch); 0: the corpus only")
     ap.add_argument("--cli", default="build/release/examples/specula-cli")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
@@ -165,15 +200,17 @@ def main():
     print(f"{len(sampled)} samples of the target, {len(sample_ids)} tokens; {time.time() - t_start:.0f} s", flush=True)
 
     def report(tag):
-        ce, tvd, alpha, agree = held_out(target, draft, held_ids, a)
+        ce, tvd, alpha, agree, coupled = held_out(target, draft, held_ids, a)
         print(f"{tag}: held-out cross-entropy {ce:.3f}, TVD {tvd:.3f}, expected acceptance {alpha:.3f} "
-              f"(T {a.temp}, top-k {a.top_k}, top-p {a.top_p}), argmax agreement {agree:.3f}", flush=True)
-        return {"cross_entropy": ce, "tvd": tvd, "alpha": alpha, "argmax_agreement": agree}
+              f"(T {a.temp}, top-k {a.top_k}, top-p {a.top_p}), coupled {coupled:.3f}, "
+              f"argmax agreement {agree:.3f}", flush=True)
+        return {"cross_entropy": ce, "tvd": tvd, "alpha": alpha, "coupled_alpha": coupled,
+                "argmax_agreement": agree}
 
     before = report("starting draft")
     opt = torch.optim.AdamW(draft.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
     sched = train.warmup_cosine(opt, a.steps)
-    half = a.batch // 2 if len(sample_ids) > a.seq + 1 else 0
+    half = round(a.batch * a.sampled_share) if len(sample_ids) > a.seq + 1 else 0
     corpus = train.batches(train_ids, a.seq, a.batch - half, rng)
     samples = train.batches(sample_ids, a.seq, half, rng) if half else None
     t0 = time.time()
@@ -185,14 +222,20 @@ def main():
             zt = target(x)
         zd = draft(x)
         ce, tvd = losses(zt, zd, a)
+        loss = ce + tvd
+        if a.coupled > 0:
+            coupled = coupled_agreement(zt, zd, a)
+            loss = loss + a.coupled * (1 - coupled)
         opt.zero_grad(set_to_none=True)
-        (ce + tvd).backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         sched.step()
         if step % 100 == 0:
             alpha, _ = agreement(zt, zd.detach(), a)
+            c = coupled.item() if a.coupled > 0 else float("nan")
             print(f"step {step}: cross-entropy {ce.item():.3f}, TVD {tvd.item():.3f}, acceptance {alpha.item():.3f}, "
+                  f"coupled {c:.3f}, "
                   f"{time.time() - t0:.0f} s", flush=True)
         if (step + 1) % a.eval_every == 0 and step + 1 < a.steps:
             report(f"step {step + 1}")

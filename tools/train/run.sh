@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command that rebuilds the bundled demo pair from scratch (about an hour and a half on
+# One command that rebuilds the bundled demo pair from scratch (about two hours on
 # 2 cores): trains both models (fixed seed), writes them as Q8_0 GGUF with
 # specula's writer, distils the draft further from the Q8_0 target as the sampler
 # shapes it (distill_draft.py), regenerates the tokenizer test vectors, and evaluates the
@@ -17,6 +17,13 @@ done
 /usr/bin/python3 tools/train/distill_draft.py --out build/train/distill --steps 2000 --seed 1234 \
   --threads 1 | tee build/train/distill.log
 build/release/tools/specula-import build/train/distill/draft.manifest.json \
+  -o examples/models/specula-demo-draft.gguf --type q8_0
+# A third stage for the coupled acceptance (the default when sampling): from the draft just
+# written, its acceptance probability itself in the loss, at the sampler's settings without
+# top-p, three quarters of each batch the target's own samples.
+/usr/bin/python3 tools/train/distill_draft.py --out build/train/coupled --steps 1200 --lr 5e-4 \
+  --top-p 1.0 --coupled 2.0 --sampled-share 0.75 --seed 1235 --threads 1 | tee build/train/coupled.log
+build/release/tools/specula-import build/train/coupled/draft.manifest.json \
   -o examples/models/specula-demo-draft.gguf --type q8_0
 /usr/bin/python3 tools/train/make_vocab_tests.py build/train/target.manifest.json \
   tests/data/ggml-vocab-gpt-2.gguf.inp build/train/heldout.txt tests/data/specula-demo-vocab
