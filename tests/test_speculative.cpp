@@ -986,6 +986,22 @@ TEST(Speculative, TargetCostsBetweenAndBeyondMeasuredWidths) {
     EXPECT_DOUBLE_EQ(estimated_target_seconds(t, 3), 1.5);
 }
 
+TEST(Speculative, OneSlowStepDoesNotSteerTheMeasuredCosts) {
+    // The first measurement stands until the second replaces it; then a running mean.
+    EXPECT_DOUBLE_EQ(updated_cost(0.0, 0, 5.0), 5.0);
+    EXPECT_DOUBLE_EQ(updated_cost(5.0, 1, 1.0), 1.0);
+    EXPECT_DOUBLE_EQ(updated_cost(1.0, 2, 1.2), 0.9 + 0.1 * 1.2);
+    // A step 20 times the mean (the thread lost its core) counts as twice the mean; one far
+    // faster, as half of it.
+    EXPECT_DOUBLE_EQ(updated_cost(1.0, 2, 20.0), 0.9 + 0.1 * 2.0);
+    EXPECT_DOUBLE_EQ(updated_cost(1.0, 7, 0.01), 0.9 + 0.1 * 0.5);
+    // A real change of speed is followed, a tenth of a doubling per step at most.
+    double mean = 1.0;
+    for (int i = 0; i < 40; ++i)
+        mean = updated_cost(mean, 2 + i, 3.0);
+    EXPECT_GT(mean, 2.9);
+}
+
 // By hand, alpha = 0.7, a draft forward 0.16, a target forward of n positions 1 + 0.3 (n - 1):
 //   gamma 0: 1 / 1 = 1.000 tokens per unit of time
 //   gamma 1: (1 + 0.7) / (0.16 + 1.3) = 1.164

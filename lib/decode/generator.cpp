@@ -71,6 +71,11 @@ int best_gamma(double alpha, double draft_seconds, std::span<const double> targe
     return best;
 }
 
+double updated_cost(double mean, int samples, double seconds) {
+    if (samples < 2) return seconds;
+    return 0.9 * mean + 0.1 * std::clamp(seconds, 0.5 * mean, 2.0 * mean);
+}
+
 int analytic_gamma(uint64_t accepted, uint64_t judged, double draft_seconds,
                    std::span<const double> target_seconds, int gamma_min, int gamma_max) {
     const double n = double(judged) + 2.0;
@@ -368,12 +373,11 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     // with its verify pass, which sampling makes several rows long.
     PairMeasurements& m = *measured_;
     if (gamma > 0 && draft_gap <= 2)
-        m.draft_call_seconds = m.draft_call_seconds > 0
-                                   ? 0.9 * m.draft_call_seconds + 0.1 * draft_s / gamma
-                                   : draft_s / gamma;
-    const double step_s = be.seconds_between(1, 3);
-    double& t = m.target_seconds[size_t(gamma + 1)];
-    t = m.target_samples[size_t(gamma + 1)]++ < 2 ? step_s : 0.9 * t + 0.1 * step_s;
+        m.draft_call_seconds =
+            updated_cost(m.draft_call_seconds, m.draft_samples++, draft_s / gamma);
+    const auto width = size_t(gamma + 1);
+    m.target_seconds[width] =
+        updated_cost(m.target_seconds[width], m.target_samples[width]++, be.seconds_between(1, 3));
     return Status::Ok();
 }
 

@@ -52,11 +52,20 @@ struct GeneratorStats {
 struct PairMeasurements {
     double draft_call_seconds = 0;
     std::array<double, kMaxGamma + 2> target_seconds{};
-    // How often each width was measured: the first measurement (cold caches, first-use
-    // allocations) stands only until the second replaces it.
+    // How often each was measured (updated_cost()).
+    int draft_samples = 0;
     std::array<int, kMaxGamma + 2> target_samples{};
     uint64_t judged = 0, accepted = 0;
 };
+
+// A running mean of a cost after one more measurement of it (`samples` before this one): the
+// first measurement (cold caches, first-use allocations) stands only until the second replaces
+// it; then 0.9 of the mean and 0.1 of the measurement, counted as at most twice the mean and at
+// least half of it. A step on which the thread lost its core takes milliseconds on a busy
+// machine: unclamped, one such step moved a 150 µs mean to 440 µs and sent the analytic policy
+// to widths it then kept for hundreds of steps, since a width it no longer picks is measured
+// again only by a probe.
+double updated_cost(double mean, int samples, double seconds);
 
 class Generator {
   public:
