@@ -232,7 +232,8 @@ int main(int argc, char** argv) {
                    "drafts per step: the fixed gamma, or the adaptive policies' bound")
         ->check(CLI::Range(1, SPECULA_MAX_GAMMA));
     app.add_option("--gamma-policy", policy,
-                   "fixed, heuristic, analytic or auto (analytic when greedy, else heuristic)")
+                   "fixed, heuristic, analytic or auto (analytic, but heuristic when sampling with "
+                   "--residual)")
         ->check(CLI::IsMember({"fixed", "heuristic", "analytic", "auto"}));
     app.add_option("-p,--prompt", prompt);
     app.add_option("-n,--n-predict", n_predict, "tokens to generate");
