@@ -995,6 +995,8 @@ TEST(Speculative, OneSlowStepDoesNotSteerTheMeasuredCosts) {
     // faster, as half of it.
     EXPECT_DOUBLE_EQ(updated_cost(1.0, 2, 20.0), 0.9 + 0.1 * 2.0);
     EXPECT_DOUBLE_EQ(updated_cost(1.0, 7, 0.01), 0.9 + 0.1 * 0.5);
+    // A mean of 0 is no mean to clamp to: the measurement replaces it.
+    EXPECT_DOUBLE_EQ(updated_cost(0.0, 9, 1.5), 1.5);
     // A real change of speed is followed, a tenth of a doubling per step at most.
     double mean = 1.0;
     for (int i = 0; i < 40; ++i)

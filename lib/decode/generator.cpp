@@ -72,7 +72,8 @@ int best_gamma(double alpha, double draft_seconds, std::span<const double> targe
 }
 
 double updated_cost(double mean, int samples, double seconds) {
-    if (samples < 2) return seconds;
+    // A mean of 0 (a clock too coarse for the step) would clamp every later measurement to 0.
+    if (samples < 2 || !(mean > 0)) return seconds;
     return 0.9 * mean + 0.1 * std::clamp(seconds, 0.5 * mean, 2.0 * mean);
 }
 
