@@ -21,6 +21,10 @@ namespace specula {
 namespace {
 
 Status cuda_status(cudaError_t e, const std::string& what) {
+    // A failed call's error stays the thread's last error until it is read: read it here, or
+    // the next op's launch check reports it again (an allocation refused for its size would
+    // fail the next matmul).
+    if (e != cudaSuccess) cudaGetLastError();
     switch (e) {
         case cudaSuccess:
             return Status::Ok();

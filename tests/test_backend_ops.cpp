@@ -819,6 +819,12 @@ TEST_P(BackendOps, OutOfMemoryIsAStatusAndTheBackendSurvives) {
     EXPECT_FALSE(s.message().empty());
     ASSERT_TRUE(p.gpu->allocate(1024, &small).ok());
     EXPECT_TRUE(p.gpu->flush().ok());
+    // Ops still run, and the refusal is not reported again by the next one.
+    const std::vector<float> values = {1.0f, 2.0f, 3.0f, 4.0f};
+    auto src = p.tensor(GgmlType::kF32, 4, 1, as_bytes(values));
+    auto dst = p.tensor(GgmlType::kF32, 4, 1, {});
+    p.gpu->copy(src.second, dst.second);
+    EXPECT_EQ(read_floats(*p.gpu, dst.second), values);
 }
 
 #ifdef SPECULA_HAVE_VULKAN
