@@ -197,18 +197,43 @@ class CudaBackend final : public Backend {
     void matmul(const Tensor& w, const MatmulInput& input, const Tensor& out,
                 Accumulate accumulate) override {
         const Tensor x = apply_norm(input);
-        // The kernel reads x in 16-byte vectors: every activation tensor starts a row of a
-        // buffer, so this holds for the model's inputs.
-        if (reinterpret_cast<uintptr_t>(dev(x)) % 16 != 0 || w.cols % 32 != 0)
-            return fail(Unsupported("CUDA matmul needs 16-byte aligned inputs of whole blocks"));
+        if (!aligned(x, w)) return fail(unaligned());
         select();
         // Wider than a verification forward (which must be batch invariant): in tiles.
-        const auto product =
-            tiled_ && x.rows > kVerificationColumns ? cuda::matmul_tiled : cuda::matmul;
-        if (!product(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows, dev(out),
-                     out.cols, accumulate == Accumulate::kYes))
-            return fail(no_kernel(w.type));
+        const bool ok =
+            in_tiles(x)
+                ? cuda::matmul_tiled(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x),
+                                     x.rows, dev(out), out.cols, accumulate == Accumulate::kYes)
+                : cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows,
+                               dev(out), out.cols, accumulate == Accumulate::kYes, matmul_rows_);
+        if (!ok) return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul");
+    }
+    void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,
+                      const Tensor& out, const Tensor& up) override {
+        if (!fused_gate_ || w_gate.type != w_up.type || w_gate.cols != w_up.cols ||
+            w_gate.rows != w_up.rows || out.cols != w_gate.rows || in_tiles(input.x))
+            return Backend::matmul_gated(w_gate, w_up, input, out, up);
+        const Tensor x = apply_norm(input);
+        if (!aligned(x, w_gate)) return fail(unaligned());
+        select();
+        if (!cuda::matmul_gated(stream_, w_gate.type, dev<uint8_t>(w_gate), dev<uint8_t>(w_up),
+                                w_gate.cols, w_gate.rows, dev(x), x.rows, dev(out), matmul_rows_))
+            return fail(no_kernel(w_gate.type));
+        check(cudaGetLastError(), "matmul_gated");
+    }
+    void matmul_rope(const Tensor& w, const MatmulInput& input, const Tensor& out,
+                     const Rope& r) override {
+        if (!fused_rope_ || out.cols != w.rows || r.head_dim % 2 != 0 || in_tiles(input.x))
+            return Backend::matmul_rope(w, input, out, r);
+        const Tensor x = apply_norm(input);
+        if (!aligned(x, w)) return fail(unaligned());
+        select();
+        if (!cuda::matmul_rope(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows,
+                               dev(out), dev<int32_t>(r.positions), dev(r.table), r.head_dim,
+                               r.n_rot, matmul_rows_))
+            return fail(no_kernel(w.type));
+        check(cudaGetLastError(), "matmul_rope");
     }
     void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
               int n_rot) override {
@@ -340,6 +365,30 @@ class CudaBackend final : public Backend {
     // backends on two GPUs, one thread): every entry point that issues work selects it.
     Status on_device() const { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
     void select() { check(cudaSetDevice(device_), "cudaSetDevice"); }
+    // The kernels read x in 16-byte vectors: every activation tensor starts a row of a
+    // buffer, so this holds for the model's inputs.
+    static bool aligned(const Tensor& x, const Tensor& w) {
+        return reinterpret_cast<uintptr_t>(dev(x)) % 16 == 0 && w.cols % 32 == 0;
+    }
+    static Status unaligned() {
+        return Unsupported("CUDA matmul needs 16-byte aligned inputs of whole blocks");
+    }
+    // Wider than a verification forward (which must be batch invariant): in tiles.
+    bool in_tiles(const Tensor& x) const { return tiled_ && x.rows > kVerificationColumns; }
+    static cuda::MatmulRows matmul_rows_from_env() {
+        cuda::MatmulRows rows;
+        if (const char* v = std::getenv("SPECULA_CUDA_MATMUL_ROWS")) {
+            // Five of 2, 4, 8 for the widths 1, 2, 3-4, 5-8, 9-16, e.g. "2,2,4,8,8".
+            int r[5] = {};
+            if (std::sscanf(v, "%d,%d,%d,%d,%d", &r[0], &r[1], &r[2], &r[3], &r[4]) == 5)
+                for (int i = 0; i < 5; ++i)
+                    if (r[i] == 2 || r[i] == 4 || r[i] == 8) rows.of_width[i] = r[i];
+        }
+        // SPECULA_CUDA_STAGED=0: each thread reads its weights from memory itself (the same
+        // floats; what the staged reads are measured against).
+        rows.staged = !env_is("SPECULA_CUDA_STAGED", "0");
+        return rows;
+    }
     static Status no_kernel(GgmlType type) {
         return Unsupported(std::string("the CUDA backend has no kernel for ") +
                            ggml_type_name(type) + " weights");
@@ -373,6 +422,13 @@ class CudaBackend final : public Backend {
     // SPECULA_CUDA_HOST_RULES=1 runs Whisper's token rules on the host (the base class's read,
     // mask and write: what the kernel is measured against).
     bool host_rules_ = env_is("SPECULA_CUDA_HOST_RULES", "1");
+    // SPECULA_CUDA_FUSED_GATE=0 / SPECULA_CUDA_FUSED_ROPE=0: the feed-forward's gate and up
+    // products and silu_mul, and the q and k products and their rotation, as separate kernels
+    // (the same floats; what the fused kernels are measured against).
+    bool fused_gate_ = !env_is("SPECULA_CUDA_FUSED_GATE", "0");
+    bool fused_rope_ = !env_is("SPECULA_CUDA_FUSED_ROPE", "0");
+    // SPECULA_CUDA_MATMUL_ROWS: matmul's rows per block by batch width (cuda::MatmulRows).
+    cuda::MatmulRows matmul_rows_ = matmul_rows_from_env();
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;

@@ -3,6 +3,7 @@
 // other backends'.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
 #include <utility>
@@ -209,44 +210,80 @@ __global__ void get_rows_kernel(const uint8_t* table, int64_t cols, const int32_
     }
 }
 
+// One rotation of rope(): the pair (a, b) by the angle of cosine c and sine s, each product
+// and difference rounded on its own (never contracted), as the cpu and the shaders round it.
+__device__ void rotate_pair(float a, float b, float c, float s, float* out0, float* out1) {
+    *out0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *out1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+}
+
+__device__ float silu_times(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
 // A block of kMatmulThreads threads computes R rows for N columns. Thread t takes quarter t % 4
 // of blocks t / 4, t / 4 + 32, ... of each of its rows: a warp reads 8 consecutive weight
 // blocks and 256 consecutive floats of x per step (coalesced), and each x value it loads serves
 // all R rows. A row's sum is reduced in one fixed order (per thread in block order, a butterfly
 // per warp, then the warps in order), which depends neither on n nor on R: batch invariant.
+// Gated: the block also computes the same R rows of `up` and writes silu(w x) * (up x), the
+// sums as matmul's and the product as silu_mul's. With `positions` set, adjacent pairs of rows are
+// rotated as rope() rotates them before they are written (R is even, so a pair is one block's).
 constexpr int kMatmulThreads = 128;
 
-template <GgmlType T, int N, int R>
+struct MatmulEpilogue {
+    const uint8_t* up = nullptr;         // gated: the up matrix, w's type and shape
+    const int32_t* positions = nullptr;  // rope: one position per column
+    const float* table = nullptr;
+    int head_dim = 0, n_rot = 0;
+};
+
+// Staged: a warp's 8 blocks of a row (one super-block for the K-quants) are contiguous bytes
+// that it reads in 16-byte loads into shared memory, one per lane, the next step's loads in
+// flight while the current step is multiplied; each thread then decodes its quarter block
+// from there. The direct reads are 2-byte loads, each touching every 32-byte sector of the
+// warp's span. Same products in the same order either way. Types whose 8 blocks are a whole
+// number of 16-byte vectors (not F32, F16, whose blocks are wide already, nor Q6_K's 210-byte
+// super-blocks), rows of whole 256-weight groups.
+template <GgmlType T>
+constexpr bool kStageable =
+    T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0 || T == GgmlType::kQ4_1 || T == GgmlType::kQ5_0 ||
+    T == GgmlType::kQ5_1 || T == GgmlType::kQ4_K || T == GgmlType::kQ5_K;
+template <GgmlType T>
+constexpr int kChunkBytes = int(kSuperBlocks<T> ? kBlockBytes<T> : 8 * kBlockBytes<T>);
+template <GgmlType T>
+constexpr int kChunkVectors = kStageable<T> ? kChunkBytes<T> / 16 : 1;
+static_assert(kChunkBytes<GgmlType::kQ8_0> % 16 == 0 && kChunkBytes<GgmlType::kQ4_0> % 16 == 0 &&
+              kChunkBytes<GgmlType::kQ4_1> % 16 == 0 && kChunkBytes<GgmlType::kQ5_0> % 16 == 0 &&
+              kChunkBytes<GgmlType::kQ5_1> % 16 == 0 && kChunkBytes<GgmlType::kQ4_K> % 16 == 0 &&
+              kChunkBytes<GgmlType::kQ5_K> % 16 == 0 && kChunkVectors<GgmlType::kQ8_0> <= kWarp);
+
+template <GgmlType T, int N, int R, bool Gated, bool Staged>
 __global__ void __launch_bounds__(kMatmulThreads)
     matmul_kernel(const uint8_t* __restrict__ w, int64_t in, int64_t rows,
                   const float* __restrict__ x, int n, float* __restrict__ out, int64_t out_stride,
-                  bool accumulate) {
-    constexpr int kWarps = kMatmulThreads / kWarp;
-    __shared__ float partial[kWarps][R][N];
+                  bool accumulate, MatmulEpilogue e) {
+    constexpr int kWarps = kMatmulThreads / kWarp, kRows = Gated ? 2 * R : R;
+    constexpr int kStageWarps = Staged ? kWarps : 1, kStageRows = Staged ? kRows : 1;
+    __shared__ float partial[kWarps][kRows][N];
+    __shared__ uint4 stage[kStageWarps][kStageRows][kChunkVectors<T>];
     const int64_t r0 = int64_t(blockIdx.x) * R, blocks = in / kBlock, stride = row_bytes<T>(in);
-    const int t = threadIdx.x, q = t % 4;
-    // With few accumulators the step loop is unrolled so that the loads of two steps are in
-    // flight together (with 8 x 16 accumulators the registers run out instead).
-    float acc[R][N];
-    for (int r = 0; r < R; ++r)
+    const int t = threadIdx.x, q = t % 4, warp = t / kWarp, lane = t % kWarp;
+    // Row k of the block: row r0 + k of w, or for a gated product's second half of up.
+    auto row_of = [&](int k) {
+        return Gated && k >= R ? e.up + (r0 + k - R) * stride : w + (r0 + k) * stride;
+    };
+    float acc[kRows][N];
+    for (int r = 0; r < kRows; ++r)
         for (int c = 0; c < N; ++c)
             acc[r][c] = 0.0f;
-#pragma unroll(R* N <= 16 ? 2 : 1)
-    for (int64_t b = t / 4; b < blocks; b += kMatmulThreads / 4) {
-        float wq[R][8];
-        for (int r = 0; r < R; ++r) {
-            if (r0 + r < rows) {
-                load_quarter<T>(w + (r0 + r) * stride, b, q, wq[r]);
-            } else {
-                for (int j = 0; j < 8; ++j)
-                    wq[r][j] = 0.0f;
-            }
-        }
+    // acc[r][c] += the products of this thread's quarter of block b with column c.
+    auto multiply = [&](int64_t b, float(&wq)[kRows][8]) {
         for (int c = 0; c < N; ++c) {
             if (c >= n) break;
             const auto* xp = reinterpret_cast<const float4*>(x + c * in + b * kBlock + q * 8);
             const float4 lo = xp[0], hi = xp[1];
-            for (int r = 0; r < R; ++r) {
+            for (int r = 0; r < kRows; ++r) {
                 float s = wq[r][0] * lo.x;
                 s = fmaf(wq[r][1], lo.y, s);
                 s = fmaf(wq[r][2], lo.z, s);
@@ -258,22 +295,86 @@ __global__ void __launch_bounds__(kMatmulThreads)
                 acc[r][c] += s;
             }
         }
+    };
+    if constexpr (Staged) {
+        // The warp's chunk of a step starts at block b0 (a multiple of 8).
+        uint4 next[kRows];
+        auto fetch = [&](int64_t b0) {
+            for (int r = 0; r < kRows; ++r)
+                if (lane < kChunkVectors<T> && r0 + r % R < rows)
+                    next[r] =
+                        reinterpret_cast<const uint4*>(row_of(r) + b0 / 8 * kChunkBytes<T>)[lane];
+        };
+        int64_t b0 = 8 * warp;
+        if (b0 < blocks) fetch(b0);
+        for (; b0 < blocks; b0 += kMatmulThreads / 4) {
+            for (int r = 0; r < kRows; ++r)
+                if (lane < kChunkVectors<T>) stage[warp][r][lane] = next[r];
+            __syncwarp();
+            if (b0 + kMatmulThreads / 4 < blocks) fetch(b0 + kMatmulThreads / 4);
+            float wq[kRows][8];
+            for (int r = 0; r < kRows; ++r) {
+                if (r0 + r % R < rows) {
+                    load_quarter<T>(reinterpret_cast<const uint8_t*>(stage[warp][r]), lane / 4, q,
+                                    wq[r]);
+                } else {
+                    for (int j = 0; j < 8; ++j)
+                        wq[r][j] = 0.0f;
+                }
+            }
+            multiply(b0 + lane / 4, wq);
+            __syncwarp();  // the stage is rewritten next step
+        }
+    } else {
+        // With few accumulators the step loop is unrolled so that the loads of two steps are in
+        // flight together (with 8 x 16 accumulators the registers run out instead).
+#pragma unroll(kRows* N <= 16 ? 2 : 1)
+        for (int64_t b = t / 4; b < blocks; b += kMatmulThreads / 4) {
+            float wq[kRows][8];
+            for (int r = 0; r < kRows; ++r) {
+                if (r0 + r % R < rows) {
+                    load_quarter<T>(row_of(r), b, q, wq[r]);
+                } else {
+                    for (int j = 0; j < 8; ++j)
+                        wq[r][j] = 0.0f;
+                }
+            }
+            multiply(b, wq);
+        }
     }
-    const int warp = t / kWarp, lane = t % kWarp;
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < kRows; ++r)
         for (int c = 0; c < N; ++c) {
             const float v = warp_sum(acc[r][c]);
             if (lane == 0) partial[warp][r][c] = v;
         }
     __syncthreads();
-    for (int i = t; i < R * N; i += kMatmulThreads) {
-        const int r = i / N, c = i % N;
-        if (c >= n || r0 + r >= rows) continue;
+    // Rows in pairs (a pair's rotation needs both), each row's warps summed in order.
+    auto row_sum = [&](int r, int c) {
         float v = partial[0][r][c];
         for (int k = 1; k < kWarps; ++k)
             v += partial[k][r][c];
-        float& o = out[c * out_stride + r0 + r];
-        o = accumulate ? o + v : v;
+        return v;
+    };
+    for (int i = t; i < R / 2 * N; i += kMatmulThreads) {
+        const int r = 2 * (i / N), c = i % N;
+        if (c >= n) continue;
+        float v[2];
+        for (int k = 0; k < 2; ++k) {
+            v[k] = row_sum(r + k, c);
+            if (Gated) v[k] = silu_times(v[k], row_sum(R + r + k, c));
+        }
+        if (e.positions != nullptr) {
+            const int64_t d = (r0 + r) % e.head_dim;
+            if (d < e.n_rot) {
+                const float* cs = e.table + int64_t(e.positions[c]) * e.n_rot + d;
+                rotate_pair(v[0], v[1], cs[0], cs[1], &v[0], &v[1]);
+            }
+        }
+        for (int k = 0; k < 2; ++k) {
+            if (r0 + r + k >= rows) continue;
+            float& o = out[c * out_stride + r0 + r + k];
+            o = accumulate ? o + v[k] : v[k];
+        }
     }
 }
 
@@ -373,9 +474,7 @@ __global__ void rope_kernel(float* x, int64_t cols, int64_t rows, const int32_t*
     const int64_t h = k / (n_rot / 2), j = k % (n_rot / 2);
     const float* cs = table + int64_t(positions[r]) * n_rot;
     float* p = x + r * cols + h * head_dim + 2 * j;
-    const float a = p[0], b = p[1], c = cs[2 * j], s = cs[2 * j + 1];
-    p[0] = a * c - b * s;
-    p[1] = a * s + b * c;
+    rotate_pair(p[0], p[1], cs[2 * j], cs[2 * j + 1], &p[0], &p[1]);
 }
 
 // Attention for one (query row, head) per block, its keys in chunks of kAttnThreads. A chunk's
@@ -517,7 +616,7 @@ __global__ void attention_merge_kernel(const float* partial, float* out, int max
 
 __global__ void silu_mul_kernel(const float* g, const float* u, int64_t n, float* out) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    if (i < n) out[i] = silu_times(g[i], u[i]);
 }
 
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float eps,
@@ -562,34 +661,69 @@ unsigned blocks(int64_t n, int per) {
     return unsigned((n + per - 1) / per);
 }
 
-template <GgmlType T, int N, int R>
+template <GgmlType T, int N, int R, bool Gated>
 void launch_matmul(cudaStream_t s, const uint8_t* w, int64_t in, int64_t rows, const float* x,
-                   int n, float* out, int64_t out_stride, bool accumulate) {
-    matmul_kernel<T, N, R>
-        <<<blocks(rows, R), kMatmulThreads, 0, s>>>(w, in, rows, x, n, out, out_stride, accumulate);
+                   int n, float* out, int64_t out_stride, bool accumulate, const MatmulEpilogue& e,
+                   bool staged) {
+    const unsigned grid = blocks(rows, R);
+    if constexpr (kStageable<T>) {
+        if (staged) {
+            matmul_kernel<T, N, R, Gated, true>
+                <<<grid, kMatmulThreads, 0, s>>>(w, in, rows, x, n, out, out_stride, accumulate, e);
+            return;
+        }
+    }
+    matmul_kernel<T, N, R, Gated, false>
+        <<<grid, kMatmulThreads, 0, s>>>(w, in, rows, x, n, out, out_stride, accumulate, e);
 }
 
-template <GgmlType T>
+// R rows per block, R one of 2, 4, 8.
+template <GgmlType T, int N, bool Gated>
+void launch_matmul_rows(int R, cudaStream_t s, const uint8_t* w, int64_t in, int64_t rows,
+                        const float* x, int n, float* out, int64_t out_stride, bool accumulate,
+                        const MatmulEpilogue& e, bool staged) {
+    if (R <= 2)
+        launch_matmul<T, N, 2, Gated>(s, w, in, rows, x, n, out, out_stride, accumulate, e, staged);
+    else if (R <= 4)
+        launch_matmul<T, N, 4, Gated>(s, w, in, rows, x, n, out, out_stride, accumulate, e, staged);
+    else
+        launch_matmul<T, N, 8, Gated>(s, w, in, rows, x, n, out, out_stride, accumulate, e, staged);
+}
+
+bool aligned16(const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+template <GgmlType T, bool Gated>
 void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const float* x,
-                  int64_t n, float* out, int64_t out_stride, bool accumulate) {
+                  int64_t n, float* out, int64_t out_stride, bool accumulate,
+                  const MatmulEpilogue& e, const MatmulRows& rows_per_block) {
     const auto* wb = static_cast<const uint8_t*>(w);
+    const bool staged = rows_per_block.staged && in % (8 * kBlock) == 0 && aligned16(w) &&
+                        (e.up == nullptr || aligned16(e.up));
     // Column counts round up to 1, 2, 4, 8 or 16 accumulators; wider batches in slices.
-    // More rows per block for more columns: each x value loaded then serves more rows. With one
-    // or two columns, two rows: more blocks in flight on small matrices.
     for (int64_t c0 = 0; c0 < n; c0 += 16) {
         const int m = int(n - c0 < 16 ? n - c0 : 16);
         const float* xs = x + c0 * in;
         float* os = out + c0 * out_stride;
+        MatmulEpilogue slice = e;
+        if (slice.positions != nullptr) slice.positions += c0;
+        // A gated block holds twice its rows' accumulators: half the rows.
+        const auto launch = [&]<int N>(int width_class) {
+            const int R = rows_per_block.of_width[width_class];
+            launch_matmul_rows<T, N, Gated>(Gated ? std::max(2, R / 2) : R, s, wb, in, rows, xs, m,
+                                            os, out_stride, accumulate, slice, staged);
+        };
         if (m == 1)
-            launch_matmul<T, 1, 2>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
+            launch.template operator()<1>(0);
         else if (m == 2)
-            launch_matmul<T, 2, 2>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
+            launch.template operator()<2>(1);
         else if (m <= 4)
-            launch_matmul<T, 4, 4>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
+            launch.template operator()<4>(2);
         else if (m <= 8)
-            launch_matmul<T, 8, 8>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
+            launch.template operator()<8>(3);
         else
-            launch_matmul<T, 16, 8>(s, wb, in, rows, xs, m, os, out_stride, accumulate);
+            launch.template operator()<16>(4);
     }
 }
 
@@ -666,9 +800,36 @@ void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64
 }
 
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
-            const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate) {
+            const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate,
+            const MatmulRows& rows_per_block) {
     return with_weight_type(type, [&]<GgmlType T>() {
-        matmul_typed<T>(s, w, in, out_features, x, n, out, out_stride, accumulate);
+        matmul_typed<T, false>(s, w, in, out_features, x, n, out, out_stride, accumulate, {},
+                               rows_per_block);
+    });
+}
+
+bool matmul_gated(cudaStream_t s, GgmlType type, const void* w_gate, const void* w_up, int64_t in,
+                  int64_t out_features, const float* x, int64_t n, float* out,
+                  const MatmulRows& rows_per_block) {
+    MatmulEpilogue e;
+    e.up = static_cast<const uint8_t*>(w_up);
+    return with_weight_type(type, [&]<GgmlType T>() {
+        matmul_typed<T, true>(s, w_gate, in, out_features, x, n, out, out_features, false, e,
+                              rows_per_block);
+    });
+}
+
+bool matmul_rope(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
+                 const float* x, int64_t n, float* out, const int32_t* positions,
+                 const float* table, int head_dim, int n_rot, const MatmulRows& rows_per_block) {
+    MatmulEpilogue e;
+    e.positions = positions;
+    e.table = table;
+    e.head_dim = head_dim;
+    e.n_rot = n_rot;
+    return with_weight_type(type, [&]<GgmlType T>() {
+        matmul_typed<T, false>(s, w, in, out_features, x, n, out, out_features, false, e,
+                               rows_per_block);
     });
 }
 

@@ -49,13 +49,15 @@ want bench && for type in q8_0 q4_0; do
     -p 128 -n 128 -r 5 --verify 1,4,8,16 --json "$out/bench-$type.json" 2>&1 | tee "$out/bench-$type.txt"
 done
 
-# One SPECULA_VULKAN_* switch against its alternative on a 1B model, the settings alternating so
-# that both see the machine alike: compare NAME TYPE "VALUES" OUT_FILE.
+# One SPECULA_VULKAN_* or SPECULA_CUDA_* switch against its alternative on a 1B model, the
+# settings alternating so that both see the machine alike: compare NAME TYPE "VALUES" OUT_FILE.
 compare() {
+  local backend=vulkan
+  [[ "$1" == SPECULA_CUDA_* ]] && backend=cuda
   for value in $3; do
     printf '%s=%s %s ' "$1" "$value" "$2"
     env "$1=$value" "$build/tools/specula-bench" -m "$models/random-1b-$2.gguf" \
-      --backend vulkan -p 16 -n 128 -r 3 --verify 1,8 2>&1 | grep '^| [^b-]'
+      --backend $backend -p 16 -n 128 -r 3 --verify 1,8 2>&1 | grep '^| [^b-]'
   done | tee -a "$out/$4"
 }
 if want bench; then
@@ -67,6 +69,12 @@ step "Vulkan: norms applied in the matmuls (1) vs rms_norm dispatches (0), alter
 for type in q8_0 q4_0; do compare SPECULA_VULKAN_FUSED_NORM $type "1 0 1 0" bench-vulkan-fused-norm.txt; done
 step "Vulkan: q and k rotated in their matmuls (1) vs rope dispatches (0), alternating"
 compare SPECULA_VULKAN_FUSED_ROPE q8_0 "1 0 1 0" bench-vulkan-fused-rope.txt
+step "CUDA: weights in 16-byte loads through shared memory (1) vs each thread's own (0)"
+for type in q8_0 q4_0; do compare SPECULA_CUDA_STAGED $type "1 0 1 0" bench-cuda-staged.txt; done
+step "CUDA: gate, up and silu in one kernel (1) vs three (0)"
+compare SPECULA_CUDA_FUSED_GATE q8_0 "1 0 1 0" bench-cuda-fused-gate.txt
+step "CUDA: rows per block at 1, 2, 3-4, 5-8, 9-16 columns"
+compare SPECULA_CUDA_MATMUL_ROWS q8_0 "2,2,4,4,8 2,2,4,8,8 2,2,4,4,8 2,2,4,8,8" bench-cuda-rows.txt
 fi
 
 want verify && step "the verify passes: tiled vs multi-dispatch vs host readback"
