@@ -205,7 +205,7 @@ class CudaBackend final : public Backend {
                 ? cuda::matmul_tiled(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x),
                                      x.rows, dev(out), out.cols, accumulate == Accumulate::kYes)
                 : cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows,
-                               dev(out), out.cols, accumulate == Accumulate::kYes, matmul_rows_);
+                               dev(out), out.cols, accumulate == Accumulate::kYes, staged_);
         if (!ok) return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul");
     }
@@ -218,7 +218,7 @@ class CudaBackend final : public Backend {
         if (!aligned(x, w_gate)) return fail(unaligned());
         select();
         if (!cuda::matmul_gated(stream_, w_gate.type, dev<uint8_t>(w_gate), dev<uint8_t>(w_up),
-                                w_gate.cols, w_gate.rows, dev(x), x.rows, dev(out), matmul_rows_))
+                                w_gate.cols, w_gate.rows, dev(x), x.rows, dev(out), staged_))
             return fail(no_kernel(w_gate.type));
         check(cudaGetLastError(), "matmul_gated");
     }
@@ -231,7 +231,7 @@ class CudaBackend final : public Backend {
         select();
         if (!cuda::matmul_rope(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows,
                                dev(out), dev<int32_t>(r.positions), dev(r.table), r.head_dim,
-                               r.n_rot, matmul_rows_))
+                               r.n_rot, staged_))
             return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul_rope");
     }
@@ -375,20 +375,6 @@ class CudaBackend final : public Backend {
     }
     // Wider than a verification forward (which must be batch invariant): in tiles.
     bool in_tiles(const Tensor& x) const { return tiled_ && x.rows > kVerificationColumns; }
-    static cuda::MatmulRows matmul_rows_from_env() {
-        cuda::MatmulRows rows;
-        if (const char* v = std::getenv("SPECULA_CUDA_MATMUL_ROWS")) {
-            // Five of 2, 4, 8 for the widths 1, 2, 3-4, 5-8, 9-16, e.g. "2,2,4,8,8".
-            int r[5] = {};
-            if (std::sscanf(v, "%d,%d,%d,%d,%d", &r[0], &r[1], &r[2], &r[3], &r[4]) == 5)
-                for (int i = 0; i < 5; ++i)
-                    if (r[i] == 2 || r[i] == 4 || r[i] == 8) rows.of_width[i] = r[i];
-        }
-        // SPECULA_CUDA_STAGED=0: each thread reads its weights from memory itself (the same
-        // floats; what the staged reads are measured against).
-        rows.staged = !env_is("SPECULA_CUDA_STAGED", "0");
-        return rows;
-    }
     static Status no_kernel(GgmlType type) {
         return Unsupported(std::string("the CUDA backend has no kernel for ") +
                            ggml_type_name(type) + " weights");
@@ -427,8 +413,10 @@ class CudaBackend final : public Backend {
     // (the same floats; what the fused kernels are measured against).
     bool fused_gate_ = !env_is("SPECULA_CUDA_FUSED_GATE", "0");
     bool fused_rope_ = !env_is("SPECULA_CUDA_FUSED_ROPE", "0");
-    // SPECULA_CUDA_MATMUL_ROWS: matmul's rows per block by batch width (cuda::MatmulRows).
-    cuda::MatmulRows matmul_rows_ = matmul_rows_from_env();
+    // SPECULA_CUDA_STAGED=0: each thread reads its weights from memory itself instead of a warp
+    // reading them into shared memory in 16-byte loads (the same floats; what the staged reads
+    // are measured against).
+    bool staged_ = !env_is("SPECULA_CUDA_STAGED", "0");
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;

@@ -16,28 +16,20 @@ bool get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, co
               int64_t n, float* out);
 void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t cols, int64_t rows,
               float* out);
-// Rows of the matrix per block of matmul's kernel for batches of 1, 2, 3-4, 5-8 and 9-16
-// columns (2, 4 or 8: more rows make each x value serve more of them, fewer make more blocks).
-// The sums are the same floats whatever the choice. The defaults were the fastest on an H100
-// for a 1.1B model (README): a verification forward of 8 took 1.8x one of 1 with 8 rows per
-// block, 1.6x with 4; one of 16 took 3.9x with 8 rows, 4.1x with 4.
-struct MatmulRows {
-    int of_width[5] = {2, 2, 4, 4, 8};
-    bool staged = true;  // weights read in 16-byte loads through shared memory where they can be
-};
-// accumulate: out += w x instead of out = w x.
+// accumulate: out += w x instead of out = w x. staged: weights read through shared memory in
+// 16-byte loads where their type and row length allow it, else each thread reads its own (the
+// same floats either way; ops.cu's matmul_kernel).
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
             const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate,
-            const MatmulRows& rows_per_block);
+            bool staged);
 // out = silu(w_gate x) * (w_up x) in one pass, w_gate and w_up of one type: the floats of two
 // matmuls and silu_mul (Backend::matmul_gated).
 bool matmul_gated(cudaStream_t s, GgmlType type, const void* w_gate, const void* w_up, int64_t in,
-                  int64_t out_features, const float* x, int64_t n, float* out,
-                  const MatmulRows& rows_per_block);
+                  int64_t out_features, const float* x, int64_t n, float* out, bool staged);
 // matmul and then rope on its output, in one pass: the same floats (Backend::matmul_rope).
 bool matmul_rope(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
                  const float* x, int64_t n, float* out, const int32_t* positions,
-                 const float* table, int head_dim, int n_rot, const MatmulRows& rows_per_block);
+                 const float* table, int head_dim, int n_rot, bool staged);
 // The same product in tiles of kMatmulTile rows x columns (core/device_abi.h), each weight read
 // once per tile of columns, for batches wider than a verification forward: its sums run in
 // another order than matmul's, so a column may differ from one of a narrow batch by rounding.

@@ -73,8 +73,6 @@ step "CUDA: weights in 16-byte loads through shared memory (1) vs each thread's 
 for type in q8_0 q4_0; do compare SPECULA_CUDA_STAGED $type "1 0 1 0" bench-cuda-staged.txt; done
 step "CUDA: gate, up and silu in one kernel (1) vs three (0)"
 compare SPECULA_CUDA_FUSED_GATE q8_0 "1 0 1 0" bench-cuda-fused-gate.txt
-step "CUDA: rows per block at 1, 2, 3-4, 5-8, 9-16 columns"
-compare SPECULA_CUDA_MATMUL_ROWS q8_0 "2,2,4,4,8 2,2,4,8,8 2,2,4,4,8 2,2,4,8,8" bench-cuda-rows.txt
 fi
 
 want verify && step "the verify passes: tiled vs multi-dispatch vs host readback"
