@@ -880,33 +880,38 @@ TEST(CudaMatmulReads, StagedAndDirectGiveTheSameFloats) {
     const int head_dim = 64, n_rot = 64;
     const auto table_values = rope_table(32, n_rot, 10000.0f);
     auto table = p.tensor(GgmlType::kF32, n_rot, 32, as_bytes(table_values));
-    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K}) {
-        const int64_t cols = row_lengths(type, {256}).front();
-        for (int64_t n : {1, 2, 3, 8, 17}) {
-            SCOPED_TRACE(case_name(type, cols, n));
-            const int64_t rows = 3 * head_dim + 6;  // a last block of 4 or 8 rows part filled
-            auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 41));
-            auto wu = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 42));
-            auto x = p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 43));
-            std::vector<int32_t> positions(static_cast<size_t>(n));
-            for (size_t i = 0; i < positions.size(); ++i)
-                positions[i] = int32_t(i * 7 % 32);
-            auto pos = p.tensor(GgmlType::kI32, n, 1, as_bytes(positions));
-            auto out = p.tensor(GgmlType::kF32, rows, n, {});
-            auto gated = p.tensor(GgmlType::kF32, rows, n, {});
-            auto up = p.tensor(GgmlType::kF32, rows, n, {});
-            auto rotated = p.tensor(GgmlType::kF32, 3 * head_dim, n, {});
-            auto wr =
-                p.tensor(type, cols, 3 * head_dim, random_bytes(type, cols, 3 * head_dim, 44));
-            p.on_each([&](Backend& be, auto pick) {
-                be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
-                be.matmul_gated(pick(w), pick(wu), pick(x), pick(gated), pick(up));
-                be.matmul_rope(pick(wr), pick(x), pick(rotated),
-                               {pick(pos), pick(table), head_dim, n_rot});
-            });
-            expect_close(p, out, 0.0);
-            expect_close(p, gated, 0.0);
-            expect_close(p, rotated, 0.0);
+    // Every type: the staged ones (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) and those read directly
+    // either way. Rows of whole 256-weight groups, which the staged reads need: one step of a
+    // block's loop, and (2048) two, the second's loads issued while the first is multiplied.
+    for (GgmlType type : weight_types(*p.gpu)) {
+        for (int64_t cols : {256, 2048}) {
+            for (int64_t n : {1, 2, 3, 8, 17}) {
+                SCOPED_TRACE(case_name(type, cols, n));
+                const int64_t rows = 3 * head_dim + 6;  // a last block of 4 or 8 rows part filled
+                auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 41));
+                auto wu = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 42));
+                auto x =
+                    p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 43));
+                std::vector<int32_t> positions(static_cast<size_t>(n));
+                for (size_t i = 0; i < positions.size(); ++i)
+                    positions[i] = int32_t(i * 7 % 32);
+                auto pos = p.tensor(GgmlType::kI32, n, 1, as_bytes(positions));
+                auto out = p.tensor(GgmlType::kF32, rows, n, {});
+                auto gated = p.tensor(GgmlType::kF32, rows, n, {});
+                auto up = p.tensor(GgmlType::kF32, rows, n, {});
+                auto rotated = p.tensor(GgmlType::kF32, 3 * head_dim, n, {});
+                auto wr =
+                    p.tensor(type, cols, 3 * head_dim, random_bytes(type, cols, 3 * head_dim, 44));
+                p.on_each([&](Backend& be, auto pick) {
+                    be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
+                    be.matmul_gated(pick(w), pick(wu), pick(x), pick(gated), pick(up));
+                    be.matmul_rope(pick(wr), pick(x), pick(rotated),
+                                   {pick(pos), pick(table), head_dim, n_rot});
+                });
+                expect_close(p, out, 0.0);
+                expect_close(p, gated, 0.0);
+                expect_close(p, rotated, 0.0);
+            }
         }
     }
 }
