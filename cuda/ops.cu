@@ -253,11 +253,6 @@ template <GgmlType T>
 constexpr int kChunkBytes = int(kSuperBlocks<T> ? kBlockBytes<T> : 8 * kBlockBytes<T>);
 template <GgmlType T>
 constexpr int kChunkVectors = kStageable<T> ? kChunkBytes<T> / 16 : 1;
-static_assert(kChunkBytes<GgmlType::kQ8_0> % 16 == 0 && kChunkBytes<GgmlType::kQ4_0> % 16 == 0 &&
-              kChunkBytes<GgmlType::kQ4_1> % 16 == 0 && kChunkBytes<GgmlType::kQ5_0> % 16 == 0 &&
-              kChunkBytes<GgmlType::kQ5_1> % 16 == 0 && kChunkBytes<GgmlType::kQ4_K> % 16 == 0 &&
-              kChunkBytes<GgmlType::kQ5_K> % 16 == 0 && kChunkVectors<GgmlType::kQ8_0> <= kWarp);
-
 template <GgmlType T, int N, int R, bool Gated, bool Staged>
 __global__ void __launch_bounds__(kMatmulThreads)
     matmul_kernel(const uint8_t* __restrict__ w, int64_t in, int64_t rows,
@@ -265,6 +260,8 @@ __global__ void __launch_bounds__(kMatmulThreads)
                   bool accumulate, MatmulEpilogue e) {
     constexpr int kWarps = kMatmulThreads / kWarp, kRows = Gated ? 2 * R : R;
     constexpr int kStageWarps = Staged ? kWarps : 1, kStageRows = Staged ? kRows : 1;
+    static_assert(!Staged || (kChunkBytes<T> % 16 == 0 && kChunkVectors<T> <= kWarp),
+                  "a staged chunk is at most one 16-byte vector per lane");
     __shared__ float partial[kWarps][kRows][N];
     __shared__ uint4 stage[kStageWarps][kStageRows][kChunkVectors<T>];
     const int64_t r0 = int64_t(blockIdx.x) * R, blocks = in / kBlock, stride = row_bytes<T>(in);
@@ -277,8 +274,19 @@ __global__ void __launch_bounds__(kMatmulThreads)
     for (int r = 0; r < kRows; ++r)
         for (int c = 0; c < N; ++c)
             acc[r][c] = 0.0f;
-    // acc[r][c] += the products of this thread's quarter of block b with column c.
-    auto multiply = [&](int64_t b, float(&wq)[kRows][8]) {
+    // acc[r][c] += the products of this thread's quarter of block b of row r with column c, the
+    // quarter read as block `block` of row_at(r) (the row itself, or the warp's staged chunk);
+    // rows past the matrix count as zeros.
+    auto multiply = [&](int64_t b, auto row_at, int64_t block) {
+        float wq[kRows][8];
+        for (int r = 0; r < kRows; ++r) {
+            if (r0 + r % R < rows) {
+                load_quarter<T>(row_at(r), block, q, wq[r]);
+            } else {
+                for (int j = 0; j < 8; ++j)
+                    wq[r][j] = 0.0f;
+            }
+        }
         for (int c = 0; c < N; ++c) {
             if (c >= n) break;
             const auto* xp = reinterpret_cast<const float4*>(x + c * in + b * kBlock + q * 8);
@@ -305,6 +313,9 @@ __global__ void __launch_bounds__(kMatmulThreads)
                     next[r] =
                         reinterpret_cast<const uint4*>(row_of(r) + b0 / 8 * kChunkBytes<T>)[lane];
         };
+        const auto staged_row = [&](int r) {
+            return reinterpret_cast<const uint8_t*>(stage[warp][r]);
+        };
         int64_t b0 = 8 * warp;
         if (b0 < blocks) fetch(b0);
         for (; b0 < blocks; b0 += kMatmulThreads / 4) {
@@ -312,35 +323,15 @@ __global__ void __launch_bounds__(kMatmulThreads)
                 if (lane < kChunkVectors<T>) stage[warp][r][lane] = next[r];
             __syncwarp();
             if (b0 + kMatmulThreads / 4 < blocks) fetch(b0 + kMatmulThreads / 4);
-            float wq[kRows][8];
-            for (int r = 0; r < kRows; ++r) {
-                if (r0 + r % R < rows) {
-                    load_quarter<T>(reinterpret_cast<const uint8_t*>(stage[warp][r]), lane / 4, q,
-                                    wq[r]);
-                } else {
-                    for (int j = 0; j < 8; ++j)
-                        wq[r][j] = 0.0f;
-                }
-            }
-            multiply(b0 + lane / 4, wq);
+            multiply(b0 + lane / 4, staged_row, lane / 4);
             __syncwarp();  // the stage is rewritten next step
         }
     } else {
         // With few accumulators the step loop is unrolled so that the loads of two steps are in
         // flight together (with 8 x 16 accumulators the registers run out instead).
 #pragma unroll(kRows* N <= 16 ? 2 : 1)
-        for (int64_t b = t / 4; b < blocks; b += kMatmulThreads / 4) {
-            float wq[kRows][8];
-            for (int r = 0; r < kRows; ++r) {
-                if (r0 + r % R < rows) {
-                    load_quarter<T>(row_of(r), b, q, wq[r]);
-                } else {
-                    for (int j = 0; j < 8; ++j)
-                        wq[r][j] = 0.0f;
-                }
-            }
-            multiply(b, wq);
-        }
+        for (int64_t b = t / 4; b < blocks; b += kMatmulThreads / 4)
+            multiply(b, row_of, b);
     }
     for (int r = 0; r < kRows; ++r)
         for (int c = 0; c < N; ++c) {
