@@ -100,6 +100,9 @@ class CudaBackend final : public Backend {
         return std::find(std::begin(kWeightTypes), std::end(kWeightTypes), type) !=
                std::end(kWeightTypes);
     }
+    bool quantizes_inputs(GgmlType type, int64_t columns) const override {
+        return int8_inputs_ && cuda::has_int_kernel(type) && !in_tiles(columns);
+    }
 
     uint64_t available_memory() const override {
         size_t free = 0, total = 0;
@@ -111,6 +114,7 @@ class CudaBackend final : public Backend {
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
         SPECULA_TRY(usable());
         SPECULA_TRY(on_device());
+        forget_quantized();  // the new buffer may take the place of a freed one
         void* p = nullptr;
         SPECULA_TRY(cuda_status(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
                                 "allocating " + std::to_string(bytes) + " bytes"));
@@ -172,7 +176,7 @@ class CudaBackend final : public Backend {
     uint64_t host_waits() const override { return host_waits_; }
 
     void mark_time(int slot) override {
-        select();
+        select_device();
         check(cudaEventRecord(events_[size_t(slot)], stream_), "cudaEventRecord");
     }
     double seconds_between(int from, int to) const override {
@@ -194,45 +198,64 @@ class CudaBackend final : public Backend {
         cuda::rms_norm(stream_, dev(x), dev(weight), eps, x.cols, x.rows, dev(out));
         check(cudaGetLastError(), "rms_norm");
     }
+    // With 8-bit inputs, the norm's kernel quantizes what it writes too: the matmuls that read
+    // it (q, k and v; gate and up) take it without a kernel of their own.
+    MatmulInput normed(const Tensor& x, const Tensor& weight, float eps,
+                       const Tensor& out) override {
+        const int64_t count = x.cols * x.rows;
+        if (!int8_inputs_ || in_tiles(x.rows) || x.cols % 32 != 0 || !reserve_quantized(count))
+            return Backend::normed(x, weight, eps, out);
+        select();
+        cuda::rms_norm(stream_, dev(x), dev(weight), eps, x.cols, x.rows, dev(out), quantized_);
+        check(cudaGetLastError(), "rms_norm");
+        quantized_from_ = dev(out);
+        quantized_count_ = count;
+        return out;
+    }
     void matmul(const Tensor& w, const MatmulInput& input, const Tensor& out,
                 Accumulate accumulate) override {
         const Tensor x = apply_norm(input);
         if (!aligned(x, w)) return fail(unaligned());
-        select();
+        select_device();
         // Wider than a verification forward (which must be batch invariant): in tiles.
         const bool ok =
-            in_tiles(x)
+            in_tiles(x.rows)
                 ? cuda::matmul_tiled(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x),
                                      x.rows, dev(out), out.cols, accumulate == Accumulate::kYes)
-                : cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows,
-                               dev(out), out.cols, accumulate == Accumulate::kYes, staged_);
+                : cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x),
+                               quantized(x, w.type), x.rows, dev(out), out.cols,
+                               accumulate == Accumulate::kYes, staged_);
+        wrote(out);
         if (!ok) return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul");
     }
     void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,
                       const Tensor& out, const Tensor& up) override {
         if (!fused_gate_ || w_gate.type != w_up.type || w_gate.cols != w_up.cols ||
-            w_gate.rows != w_up.rows || out.cols != w_gate.rows || in_tiles(input.x))
+            w_gate.rows != w_up.rows || out.cols != w_gate.rows || in_tiles(input.x.rows))
             return Backend::matmul_gated(w_gate, w_up, input, out, up);
         const Tensor x = apply_norm(input);
         if (!aligned(x, w_gate)) return fail(unaligned());
-        select();
-        if (!cuda::matmul_gated(stream_, w_gate.type, dev<uint8_t>(w_gate), dev<uint8_t>(w_up),
-                                w_gate.cols, w_gate.rows, dev(x), x.rows, dev(out), staged_))
-            return fail(no_kernel(w_gate.type));
+        select_device();
+        const bool ok = cuda::matmul_gated(stream_, w_gate.type, dev<uint8_t>(w_gate),
+                                           dev<uint8_t>(w_up), w_gate.cols, w_gate.rows, dev(x),
+                                           quantized(x, w_gate.type), x.rows, dev(out), staged_);
+        wrote(out);
+        if (!ok) return fail(no_kernel(w_gate.type));
         check(cudaGetLastError(), "matmul_gated");
     }
     void matmul_rope(const Tensor& w, const MatmulInput& input, const Tensor& out,
                      const Rope& r) override {
-        if (!fused_rope_ || out.cols != w.rows || r.head_dim % 2 != 0 || in_tiles(input.x))
+        if (!fused_rope_ || out.cols != w.rows || r.head_dim % 2 != 0 || in_tiles(input.x.rows))
             return Backend::matmul_rope(w, input, out, r);
         const Tensor x = apply_norm(input);
         if (!aligned(x, w)) return fail(unaligned());
-        select();
-        if (!cuda::matmul_rope(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), x.rows,
-                               dev(out), dev<int32_t>(r.positions), dev(r.table), r.head_dim,
-                               r.n_rot, staged_))
-            return fail(no_kernel(w.type));
+        select_device();
+        const bool ok = cuda::matmul_rope(
+            stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), quantized(x, w.type), x.rows,
+            dev(out), dev<int32_t>(r.positions), dev(r.table), r.head_dim, r.n_rot, staged_);
+        wrote(out);
+        if (!ok) return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul_rope");
     }
     void rope(const Tensor& x, const Tensor& positions, const Tensor& table, int head_dim,
@@ -364,7 +387,52 @@ class CudaBackend final : public Backend {
     // Work goes to this backend's device whichever device the calling thread used last (two
     // backends on two GPUs, one thread): every entry point that issues work selects it.
     Status on_device() const { return cuda_status(cudaSetDevice(device_), "cudaSetDevice"); }
-    void select() { check(cudaSetDevice(device_), "cudaSetDevice"); }
+    void select_device() { check(cudaSetDevice(device_), "cudaSetDevice"); }
+    // Before an op that may write anywhere: the quantized input is stale after it.
+    void select() {
+        forget_quantized();
+        select_device();
+    }
+
+    // x quantized to 8 bits for a matmul with weights of `type` (null: it multiplies the floats).
+    // q, k and v (gate and up) read the same input: it is quantized once (or by normed()) and
+    // kept until an op may have written it (select(), wrote()) or a buffer is allocated.
+    const cuda::QuantizedInputs* quantized(const Tensor& x, GgmlType type) {
+        if (!quantizes_inputs(type, x.rows)) return nullptr;
+        const int64_t count = x.cols * x.rows;
+        if (quantized_from_ == dev(x) && quantized_count_ == count) return &quantized_;
+        if (!reserve_quantized(count)) return nullptr;
+        cuda::quantize_inputs(stream_, dev(x), count, quantized_);
+        check(cudaGetLastError(), "quantize_inputs");
+        quantized_from_ = dev(x);
+        quantized_count_ = count;
+        return &quantized_;
+    }
+    // Room for `count` quantized values and their scales (false: the failure is recorded).
+    bool reserve_quantized(int64_t count) {
+        const size_t values = (size_t(count) + 15) / 16 * 16, bytes = values + size_t(count) / 8;
+        if (!quantized_buffer_ || quantized_buffer_->size() < bytes) {
+            quantized_buffer_.reset();  // cudaFree waits for the matmuls still reading it
+            std::unique_ptr<Buffer> b;
+            if (Status s = allocate(bytes, &b); !s.ok()) {
+                fail(std::move(s));
+                return false;
+            }
+            quantized_buffer_.reset(static_cast<CudaBuffer*>(b.release()));
+            quantized_.q = reinterpret_cast<int8_t*>(quantized_buffer_->data());
+            quantized_.d = reinterpret_cast<float*>(quantized_buffer_->data() + values);
+        }
+        return true;
+    }
+    void forget_quantized() { quantized_from_ = nullptr; }
+    // A matmul wrote out: if that is where the quantized input came from, it is stale.
+    void wrote(const Tensor& out) {
+        const auto* from = reinterpret_cast<const uint8_t*>(quantized_from_);
+        const auto* begin = dev<uint8_t>(out);
+        if (from != nullptr && begin < from + quantized_count_ * sizeof(float) &&
+            from < begin + out.bytes())
+            forget_quantized();
+    }
     // The kernels read x in 16-byte vectors: every activation tensor starts a row of a
     // buffer, so this holds for the model's inputs.
     static bool aligned(const Tensor& x, const Tensor& w) {
@@ -374,7 +442,7 @@ class CudaBackend final : public Backend {
         return Unsupported("CUDA matmul needs 16-byte aligned inputs of whole blocks");
     }
     // Wider than a verification forward (which must be batch invariant): in tiles.
-    bool in_tiles(const Tensor& x) const { return tiled_ && x.rows > kVerificationColumns; }
+    bool in_tiles(int64_t columns) const { return tiled_ && columns > kVerificationColumns; }
     static Status no_kernel(GgmlType type) {
         return Unsupported(std::string("the CUDA backend has no kernel for ") +
                            ggml_type_name(type) + " weights");
@@ -417,6 +485,14 @@ class CudaBackend final : public Backend {
     // reading them into shared memory in 16-byte loads (the same floats; what the staged reads
     // are measured against).
     bool staged_ = !env_is("SPECULA_CUDA_STAGED", "0");
+    // Q8_0 and Q4_0 weights are multiplied by inputs quantized to 8 bits per block of 32 (the
+    // cpu's integer kernels' rounding), by integer dot products; SPECULA_CUDA_INT8_INPUTS=0:
+    // by the floats (what the integer products are measured against).
+    bool int8_inputs_ = !env_is("SPECULA_CUDA_INT8_INPUTS", "0");
+    std::unique_ptr<CudaBuffer> quantized_buffer_;
+    cuda::QuantizedInputs quantized_;
+    const float* quantized_from_ = nullptr;  // what quantized_ holds, or null
+    int64_t quantized_count_ = 0;
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;

@@ -14,22 +14,36 @@ namespace specula::cuda {
 // get_rows and matmul return false for a weight type they have no kernel for (nothing runs).
 bool get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, const int32_t* ids,
               int64_t n, float* out);
+// Inputs of a matmul quantized to 8 bits per block of 32 as the cpu's integer kernels quantize
+// them: q holds the n x in values, d the n x in / 32 scales (x = d q).
+struct QuantizedInputs {
+    int8_t* q = nullptr;
+    float* d = nullptr;
+};
+// Whether matmul multiplies weights of `type` by QuantizedInputs when it is given them.
+bool has_int_kernel(GgmlType type);
+// count values of x (whole blocks of 32) into q.
+void quantize_inputs(cudaStream_t s, const float* x, int64_t count, QuantizedInputs q);
+// With q.q set, out is also quantized into q (cols whole blocks of 32).
 void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t cols, int64_t rows,
-              float* out);
+              float* out, QuantizedInputs q = {});
 // accumulate: out += w x instead of out = w x. staged: weights read through shared memory in
 // 16-byte loads where their type and row length allow it, else each thread reads its own (the
-// same floats either way; ops.cu's matmul_kernel).
+// same floats either way; ops.cu's matmul_kernel). qx: x quantized, which weights with an
+// integer kernel (has_int_kernel) are multiplied by instead of x; null: x.
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
-            const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate,
-            bool staged);
+            const float* x, const QuantizedInputs* qx, int64_t n, float* out, int64_t out_stride,
+            bool accumulate, bool staged);
 // out = silu(w_gate x) * (w_up x) in one pass, w_gate and w_up of one type: the floats of two
 // matmuls and silu_mul (Backend::matmul_gated).
 bool matmul_gated(cudaStream_t s, GgmlType type, const void* w_gate, const void* w_up, int64_t in,
-                  int64_t out_features, const float* x, int64_t n, float* out, bool staged);
+                  int64_t out_features, const float* x, const QuantizedInputs* qx, int64_t n,
+                  float* out, bool staged);
 // matmul and then rope on its output, in one pass: the same floats (Backend::matmul_rope).
 bool matmul_rope(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
-                 const float* x, int64_t n, float* out, const int32_t* positions,
-                 const float* table, int head_dim, int n_rot, bool staged);
+                 const float* x, const QuantizedInputs* qx, int64_t n, float* out,
+                 const int32_t* positions, const float* table, int head_dim, int n_rot,
+                 bool staged);
 // The same product in tiles of kMatmulTile rows x columns (core/device_abi.h), each weight read
 // once per tile of columns, for batches wider than a verification forward: its sums run in
 // another order than matmul's, so a column may differ from one of a narrow batch by rounding.

@@ -196,6 +196,32 @@ __device__ void load_quarter<GgmlType::kQ6_K>(const uint8_t* row, int64_t block,
     }
 }
 
+// Types whose matmul can multiply 8-bit inputs (QuantizedInputs) by integer dot products: their
+// quarter block is eight small integers times one scale.
+template <GgmlType T>
+constexpr bool kIntInputs = T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0;
+
+// Quarter q of block `block` as eight signed bytes (two words, weight 8 q + j in byte j % 4 of
+// word j / 4) and the block's scale: the weights are *d times the bytes.
+template <GgmlType T>
+__device__ void int_quarter(const uint8_t* row, int64_t block, int q, int32_t v[2], float* d) {
+    static_assert(kIntInputs<T>, "no integer reader for this weight type");
+    const uint8_t* b = row + block * kBlockBytes<T>;
+    *d = half_at(b);
+    if constexpr (T == GgmlType::kQ8_0) {
+        v[0] = int32_t(word_at(b + kScale + q * 8));
+        v[1] = int32_t(word_at(b + kScale + q * 8 + 4));
+    } else {
+        // Low nibbles for weights 0..15, high ones for 16..31, each minus 8.
+        const int shift = q < 2 ? 0 : 4;
+        for (int i = 0; i < 2; ++i) {
+            const uint32_t nibbles =
+                (word_at(b + kScale + (q % 2) * 8 + 4 * i) >> shift) & 0x0F0F0F0Fu;
+            v[i] = int32_t(__vsub4(nibbles, 0x08080808u));
+        }
+    }
+}
+
 // One row of the table per block, eight weights per thread and step.
 template <GgmlType T>
 __global__ void get_rows_kernel(const uint8_t* table, int64_t cols, const int32_t* ids,
@@ -226,6 +252,8 @@ __device__ float silu_times(float g, float u) {
 // blocks and 256 consecutive floats of x per step (coalesced), and each x value it loads serves
 // all R rows. A row's sum is reduced in one fixed order (per thread in block order, a butterfly
 // per warp, then the warps in order), which depends neither on n nor on R: batch invariant.
+// With 8-bit inputs (Q8_0, Q4_0) a thread's quarter block times a column is an exact integer
+// dot product, scaled once; the order is the same.
 // Gated: the block also computes the same R rows of `up` and writes silu(w x) * (up x), the
 // sums as matmul's and the product as silu_mul's. With `positions` set, adjacent pairs of rows are
 // rotated as rope() rotates them before they are written (R is even, so a pair is one block's).
@@ -253,11 +281,14 @@ template <GgmlType T>
 constexpr int kChunkBytes = int(kSuperBlocks<T> ? kBlockBytes<T> : 8 * kBlockBytes<T>);
 template <GgmlType T>
 constexpr int kChunkVectors = kStageable<T> ? kChunkBytes<T> / 16 : 1;
-template <GgmlType T, int N, int R, bool Gated, bool Staged>
+// Int: x is read as ix, its 8-bit quantization: each thread's quarter block of a row times a
+// column is two integer dot products of four bytes, scaled once (as the cpu's integer kernels
+// scale a block's exact sum; here a quarter's).
+template <GgmlType T, int N, int R, bool Gated, bool Staged, bool Int>
 __global__ void __launch_bounds__(kMatmulThreads)
     matmul_kernel(const uint8_t* __restrict__ w, int64_t in, int64_t rows,
-                  const float* __restrict__ x, int n, float* __restrict__ out, int64_t out_stride,
-                  bool accumulate, MatmulEpilogue e) {
+                  const float* __restrict__ x, QuantizedInputs ix, int n, float* __restrict__ out,
+                  int64_t out_stride, bool accumulate, MatmulEpilogue e) {
     constexpr int kWarps = kMatmulThreads / kWarp, kRows = Gated ? 2 * R : R;
     constexpr int kStageWarps = Staged ? kWarps : 1, kStageRows = Staged ? kRows : 1;
     static_assert(!Staged || (kChunkBytes<T> % 16 == 0 && kChunkVectors<T> <= kWarp),
@@ -274,10 +305,11 @@ __global__ void __launch_bounds__(kMatmulThreads)
     for (int r = 0; r < kRows; ++r)
         for (int c = 0; c < N; ++c)
             acc[r][c] = 0.0f;
-    // acc[r][c] += the products of this thread's quarter of block b of row r with column c, the
-    // quarter read as block `block` of row_at(r) (the row itself, or the warp's staged chunk);
-    // rows past the matrix count as zeros.
-    auto multiply = [&](int64_t b, auto row_at, int64_t block) {
+    // multiply(b, row_at, block): acc[r][c] += the products of this thread's quarter of block b
+    // of row r with column c, the quarter read as block `block` of row_at(r) (the row itself, or
+    // the warp's staged chunk); rows past the matrix count as zeros. multiply_floats is the
+    // float one: x's floats times the weights as dequantize_row() gives them.
+    auto multiply_floats = [&](int64_t b, auto row_at, int64_t block) {
         float wq[kRows][8];
         for (int r = 0; r < kRows; ++r) {
             if (r0 + r % R < rows) {
@@ -302,6 +334,31 @@ __global__ void __launch_bounds__(kMatmulThreads)
                 s = fmaf(wq[r][7], hi.w, s);
                 acc[r][c] += s;
             }
+        }
+    };
+    auto multiply = [&](int64_t b, auto row_at, int64_t block) {
+        if constexpr (Int) {
+            int32_t wi[kRows][2];
+            float dw[kRows];
+            for (int r = 0; r < kRows; ++r) {
+                if (r0 + r % R < rows) {
+                    int_quarter<T>(row_at(r), block, q, wi[r], &dw[r]);
+                } else {
+                    wi[r][0] = wi[r][1] = 0;
+                    dw[r] = 0.0f;
+                }
+            }
+            for (int c = 0; c < N; ++c) {
+                if (c >= n) break;
+                const int2 xq = *reinterpret_cast<const int2*>(ix.q + c * in + b * kBlock + q * 8);
+                const float dx = ix.d[c * blocks + b];
+                for (int r = 0; r < kRows; ++r) {
+                    const int s = __dp4a(wi[r][1], xq.y, __dp4a(wi[r][0], xq.x, 0));
+                    acc[r][c] = fmaf(float(s), dw[r] * dx, acc[r][c]);
+                }
+            }
+        } else {
+            multiply_floats(b, row_at, block);
         }
     };
     if constexpr (Staged) {
@@ -444,16 +501,39 @@ __global__ void __launch_bounds__(kTileThreads)
     }
 }
 
-__global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t cols,
-                                float* out) {
+// Element i (= v) of a block of 32 held by one warp, quantized as the cpu's integer kernels
+// quantize their inputs (backend/cpu/kernels.cpp, QuantizeInputs): d = max |v| / 127, the value
+// v / d rounded to the nearest integer, ties to even (v times 1 / d, both correctly rounded).
+__device__ void quantize_in_warp(float v, int64_t i, QuantizedInputs q) {
+    float a = fabsf(v);
+    for (int o = kWarp / 2; o > 0; o /= 2)
+        a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+    const float d = __fdiv_rn(a, 127.0f), inv = d != 0.0f ? __frcp_rn(d) : 0.0f;
+    q.q[i] = int8_t(__float2int_rn(__fmul_rn(v, inv)));
+    if (i % kBlock == 0) q.d[i / kBlock] = d;
+}
+
+// count is whole blocks of 32, so whole warps return together.
+__global__ void quantize_kernel(const float* x, int64_t count, QuantizedInputs q) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < count) quantize_in_warp(x[i], i, q);
+}
+
+// With q.q set, out is quantized too (cols is whole blocks of 32: each warp holds whole ones).
+__global__ void rms_norm_kernel(const float* x, const float* w, float eps, int64_t cols, float* out,
+                                QuantizedInputs q) {
     __shared__ float shared[32];
     const float* xr = x + int64_t(blockIdx.x) * cols;
     float s = 0.0f;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
         s = fmaf(xr[c], xr[c], s);
     const float scale = 1.0f / sqrtf(block_sum(s, shared) / float(cols) + eps);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-        out[int64_t(blockIdx.x) * cols + c] = xr[c] * scale * w[c];
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        const int64_t i = int64_t(blockIdx.x) * cols + c;
+        const float v = xr[c] * scale * w[c];
+        out[i] = v;
+        if (q.q != nullptr) quantize_in_warp(v, i, q);
+    }
 }
 
 __global__ void rope_kernel(float* x, int64_t cols, int64_t rows, const int32_t* positions,
@@ -652,20 +732,20 @@ unsigned blocks(int64_t n, int per) {
     return unsigned((n + per - 1) / per);
 }
 
-template <GgmlType T, int N, int R, bool Gated>
+template <GgmlType T, int N, int R, bool Gated, bool Int>
 void launch_matmul(cudaStream_t s, const uint8_t* w, int64_t in, int64_t rows, const float* x,
-                   int n, float* out, int64_t out_stride, bool accumulate, const MatmulEpilogue& e,
-                   bool staged) {
+                   QuantizedInputs ix, int n, float* out, int64_t out_stride, bool accumulate,
+                   const MatmulEpilogue& e, bool staged) {
     const unsigned grid = blocks(rows, R);
     if constexpr (kStageable<T>) {
         if (staged) {
-            matmul_kernel<T, N, R, Gated, true>
-                <<<grid, kMatmulThreads, 0, s>>>(w, in, rows, x, n, out, out_stride, accumulate, e);
+            matmul_kernel<T, N, R, Gated, true, Int><<<grid, kMatmulThreads, 0, s>>>(
+                w, in, rows, x, ix, n, out, out_stride, accumulate, e);
             return;
         }
     }
-    matmul_kernel<T, N, R, Gated, false>
-        <<<grid, kMatmulThreads, 0, s>>>(w, in, rows, x, n, out, out_stride, accumulate, e);
+    matmul_kernel<T, N, R, Gated, false, Int>
+        <<<grid, kMatmulThreads, 0, s>>>(w, in, rows, x, ix, n, out, out_stride, accumulate, e);
 }
 
 bool aligned16(const void* p) {
@@ -684,8 +764,8 @@ constexpr int kRowsPerBlock = std::max(2, (N <= 2   ? 2
 
 template <GgmlType T, bool Gated>
 void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const float* x,
-                  int64_t n, float* out, int64_t out_stride, bool accumulate,
-                  const MatmulEpilogue& e, bool staged) {
+                  const QuantizedInputs* qx, int64_t n, float* out, int64_t out_stride,
+                  bool accumulate, const MatmulEpilogue& e, bool staged) {
     const auto* wb = static_cast<const uint8_t*>(w);
     staged =
         staged && in % (8 * kBlock) == 0 && aligned16(w) && (e.up == nullptr || aligned16(e.up));
@@ -693,12 +773,20 @@ void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const
     for (int64_t c0 = 0; c0 < n; c0 += 16) {
         const int m = int(n - c0 < 16 ? n - c0 : 16);
         const float* xs = x + c0 * in;
+        QuantizedInputs ix;
+        if (qx != nullptr) ix = {qx->q + c0 * in, qx->d + c0 * (in / kBlock)};
         float* os = out + c0 * out_stride;
         MatmulEpilogue slice = e;
         if (slice.positions != nullptr) slice.positions += c0;
         const auto launch = [&]<int N>() {
-            launch_matmul<T, N, kRowsPerBlock<N, Gated>, Gated>(
-                s, wb, in, rows, xs, m, os, out_stride, accumulate, slice, staged);
+            constexpr int R = kRowsPerBlock<N, Gated>;
+            if constexpr (kIntInputs<T>) {
+                if (qx != nullptr)
+                    return launch_matmul<T, N, R, Gated, true>(
+                        s, wb, in, rows, xs, ix, m, os, out_stride, accumulate, slice, staged);
+            }
+            launch_matmul<T, N, R, Gated, false>(s, wb, in, rows, xs, ix, m, os, out_stride,
+                                                 accumulate, slice, staged);
         };
         if (m == 1)
             launch.template operator()<1>();
@@ -739,9 +827,19 @@ bool get_rows(cudaStream_t s, GgmlType type, const void* table, int64_t cols, co
 }
 
 void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t cols, int64_t rows,
-              float* out) {
+              float* out, QuantizedInputs q) {
     // A wide block: each thread reads few elements, so the two passes are short.
-    rms_norm_kernel<<<unsigned(rows), 1024, 0, s>>>(x, w, eps, cols, out);
+    rms_norm_kernel<<<unsigned(rows), 1024, 0, s>>>(x, w, eps, cols, out, q);
+}
+
+bool has_int_kernel(GgmlType type) {
+    bool has = false;
+    with_weight_type(type, [&]<GgmlType T>() { has = kIntInputs<T>; });
+    return has;
+}
+
+void quantize_inputs(cudaStream_t s, const float* x, int64_t count, QuantizedInputs q) {
+    quantize_kernel<<<blocks(count, 256), 256, 0, s>>>(x, count, q);
 }
 
 void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, float eps,
@@ -786,34 +884,37 @@ void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64
 }
 
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
-            const float* x, int64_t n, float* out, int64_t out_stride, bool accumulate,
-            bool staged) {
+            const float* x, const QuantizedInputs* qx, int64_t n, float* out, int64_t out_stride,
+            bool accumulate, bool staged) {
     return with_weight_type(type, [&]<GgmlType T>() {
-        matmul_typed<T, false>(s, w, in, out_features, x, n, out, out_stride, accumulate, {},
+        matmul_typed<T, false>(s, w, in, out_features, x, qx, n, out, out_stride, accumulate, {},
                                staged);
     });
 }
 
 bool matmul_gated(cudaStream_t s, GgmlType type, const void* w_gate, const void* w_up, int64_t in,
-                  int64_t out_features, const float* x, int64_t n, float* out, bool staged) {
+                  int64_t out_features, const float* x, const QuantizedInputs* qx, int64_t n,
+                  float* out, bool staged) {
     MatmulEpilogue e;
     e.up = static_cast<const uint8_t*>(w_up);
     return with_weight_type(type, [&]<GgmlType T>() {
-        matmul_typed<T, true>(s, w_gate, in, out_features, x, n, out, out_features, false, e,
+        matmul_typed<T, true>(s, w_gate, in, out_features, x, qx, n, out, out_features, false, e,
                               staged);
     });
 }
 
 bool matmul_rope(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
-                 const float* x, int64_t n, float* out, const int32_t* positions,
-                 const float* table, int head_dim, int n_rot, bool staged) {
+                 const float* x, const QuantizedInputs* qx, int64_t n, float* out,
+                 const int32_t* positions, const float* table, int head_dim, int n_rot,
+                 bool staged) {
     MatmulEpilogue e;
     e.positions = positions;
     e.table = table;
     e.head_dim = head_dim;
     e.n_rot = n_rot;
     return with_weight_type(type, [&]<GgmlType T>() {
-        matmul_typed<T, false>(s, w, in, out_features, x, n, out, out_features, false, e, staged);
+        matmul_typed<T, false>(s, w, in, out_features, x, qx, n, out, out_features, false, e,
+                               staged);
     });
 }
 

@@ -25,6 +25,16 @@ constexpr double kTolerance = 2e-5;
 struct Pair {
     std::unique_ptr<Backend> cpu, gpu;
     std::vector<std::unique_ptr<Buffer>> keep;
+    std::unique_ptr<Backend> cpu_int;  // a cpu with 8-bit inputs, made when first needed
+
+    // The side that computes the reference of a matmul of `type` over n columns: cpu, or where
+    // the gpu multiplies 8-bit inputs and cpu does not, a cpu that does too (the same integer
+    // sums, then the same float arithmetic up to its order). It reads cpu's buffers.
+    Backend& reference(GgmlType type, int64_t n) {
+        if (!gpu->quantizes_inputs(type, n) || cpu->quantizes_inputs(type, n)) return *cpu;
+        if (!cpu_int) cpu_int = create_cpu_backend(2, CpuInputs::kQuantized);
+        return *cpu_int;
+    }
 
     // The same bytes on both backends.
     std::pair<Tensor, Tensor> tensor(GgmlType type, int64_t cols, int64_t rows,
@@ -45,14 +55,15 @@ struct Pair {
         return {ta, tb};
     }
 
-    // f(backend, side) for the cpu and then the gpu; side(t) is t's tensor on that backend.
+    // f(backend, side) for the cpu (the reference of matmuls of `type` over n columns) and then
+    // the gpu; side(t) is t's tensor on that backend.
     template <typename F>
-    void on_each(F f) {
+    void on_each(F f, GgmlType type = GgmlType::kF32, int64_t n = 1) {
         for (bool second : {false, true}) {
             const auto side = [second](const std::pair<Tensor, Tensor>& t) {
                 return second ? t.second : t.first;
             };
-            f(second ? *gpu : *cpu, side);
+            f(second ? *gpu : reference(type, n), side);
         }
     }
 };
@@ -199,7 +210,7 @@ TEST_P(BackendOps, MatmulEveryTypeAndBatch) {
                 auto x =
                     p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 2));
                 auto out = p.tensor(GgmlType::kF32, rows, n, {});
-                p.cpu->matmul(w.first, x.first, out.first, Backend::Accumulate::kNo);
+                p.reference(type, n).matmul(w.first, x.first, out.first, Backend::Accumulate::kNo);
                 p.gpu->matmul(w.second, x.second, out.second, Backend::Accumulate::kNo);
                 expect_close(p, out);
             }
@@ -220,15 +231,17 @@ TEST_P(BackendOps, MatmulAccumulatesLikeAdd) {
         auto sum = p.tensor(GgmlType::kF32, rows, n, residual);
         auto product = p.tensor(GgmlType::kF32, rows, n, {});
         auto residual_t = p.tensor(GgmlType::kF32, rows, n, residual);
-        p.on_each([&](Backend& be, auto pick) {
-            be.matmul(pick(w), pick(x), pick(sum), Backend::Accumulate::kYes);
-            be.matmul(pick(w), pick(x), pick(product), Backend::Accumulate::kNo);
-            std::vector<float> expected = read_floats(be, pick(residual_t));
-            const std::vector<float> prod = read_floats(be, pick(product));
-            for (size_t i = 0; i < expected.size(); ++i)
-                expected[i] = expected[i] + prod[i];
-            EXPECT_EQ(read_floats(be, pick(sum)), expected) << be.info().name;
-        });
+        p.on_each(
+            [&](Backend& be, auto pick) {
+                be.matmul(pick(w), pick(x), pick(sum), Backend::Accumulate::kYes);
+                be.matmul(pick(w), pick(x), pick(product), Backend::Accumulate::kNo);
+                std::vector<float> expected = read_floats(be, pick(residual_t));
+                const std::vector<float> prod = read_floats(be, pick(product));
+                for (size_t i = 0; i < expected.size(); ++i)
+                    expected[i] = expected[i] + prod[i];
+                EXPECT_EQ(read_floats(be, pick(sum)), expected) << be.info().name;
+            },
+            GgmlType::kQ8_0, n);
         expect_close(p, sum);
     }
 }
@@ -257,10 +270,12 @@ TEST_P(BackendOps, MatmulOfManyColumns) {
                     p.tensor(GgmlType::kF32, rows, n, random_bytes(GgmlType::kF32, rows, n, 33));
                 auto sum =
                     p.tensor(GgmlType::kF32, rows, n, random_bytes(GgmlType::kF32, rows, n, 34));
-                p.on_each([&](Backend& be, auto pick) {
-                    be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
-                    be.matmul(pick(w), pick(x), pick(sum), Backend::Accumulate::kYes);
-                });
+                p.on_each(
+                    [&](Backend& be, auto pick) {
+                        be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
+                        be.matmul(pick(w), pick(x), pick(sum), Backend::Accumulate::kYes);
+                    },
+                    type, n);
                 expect_close(p, out);
                 expect_close(p, sum);
             }
@@ -289,14 +304,16 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
                 auto scratch = p.tensor(GgmlType::kF32, rows, n, {});
                 auto three = p.tensor(GgmlType::kF32, rows, n, {});
                 auto up = p.tensor(GgmlType::kF32, rows, n, {});
-                p.on_each([&](Backend& be, auto pick) {
-                    be.matmul_gated(pick(wg), pick(wu), pick(x), pick(gated), pick(scratch));
-                    be.matmul(pick(wg), pick(x), pick(three), Backend::Accumulate::kNo);
-                    be.matmul(pick(wu), pick(x), pick(up), Backend::Accumulate::kNo);
-                    be.silu_mul(pick(three), pick(up), pick(three));
-                    EXPECT_EQ(read_floats(be, pick(gated)), read_floats(be, pick(three)))
-                        << be.info().name;
-                });
+                p.on_each(
+                    [&](Backend& be, auto pick) {
+                        be.matmul_gated(pick(wg), pick(wu), pick(x), pick(gated), pick(scratch));
+                        be.matmul(pick(wg), pick(x), pick(three), Backend::Accumulate::kNo);
+                        be.matmul(pick(wu), pick(x), pick(up), Backend::Accumulate::kNo);
+                        be.silu_mul(pick(three), pick(up), pick(three));
+                        EXPECT_EQ(read_floats(be, pick(gated)), read_floats(be, pick(three)))
+                            << be.info().name;
+                    },
+                    gate_type, n);
                 expect_close(p, gated);
             }
         }
@@ -325,9 +342,10 @@ TEST_P(BackendOps, MatmulOfANormedInput) {
                 auto out = p.tensor(GgmlType::kF32, rows, n, {});
                 auto gated = p.tensor(GgmlType::kF32, rows, n, {});
                 auto up = p.tensor(GgmlType::kF32, rows, n, {});
-                p.cpu->rms_norm(x.first, norm.first, 1e-5f, h.first);
-                p.cpu->matmul(w.first, h.first, out.first, Backend::Accumulate::kNo);
-                p.cpu->matmul_gated(w.first, wu.first, h.first, gated.first, up.first);
+                Backend& cpu = p.reference(type, n);
+                cpu.rms_norm(x.first, norm.first, 1e-5f, h.first);
+                cpu.matmul(w.first, h.first, out.first, Backend::Accumulate::kNo);
+                cpu.matmul_gated(w.first, wu.first, h.first, gated.first, up.first);
                 const Backend::MatmulInput in =
                     p.gpu->normed(x.second, norm.second, 1e-5f, h.second);
                 // Wider than a verification batch, Vulkan's tiled matmul (where the device takes
@@ -373,17 +391,19 @@ TEST_P(BackendOps, MatmulRopeIsMatmulThenRope) {
                 auto h = p.tensor(GgmlType::kF32, cols, n, {});
                 auto rotated = p.tensor(GgmlType::kF32, rows, n, {});
                 auto two_ops = p.tensor(GgmlType::kF32, rows, n, {});
-                p.on_each([&](Backend& be, auto pick) {
-                    const Backend::MatmulInput in =
-                        with_norm ? be.normed(pick(x), pick(norm), 1e-5f, pick(h))
-                                  : Backend::MatmulInput(pick(x));
-                    be.matmul_rope(pick(w), in, pick(rotated),
-                                   {pick(pos), pick(table), head_dim, n_rot});
-                    be.matmul(pick(w), in, pick(two_ops), Backend::Accumulate::kNo);
-                    be.rope(pick(two_ops), pick(pos), pick(table), head_dim, n_rot);
-                    EXPECT_EQ(read_floats(be, pick(rotated)), read_floats(be, pick(two_ops)))
-                        << be.info().name;
-                });
+                p.on_each(
+                    [&](Backend& be, auto pick) {
+                        const Backend::MatmulInput in =
+                            with_norm ? be.normed(pick(x), pick(norm), 1e-5f, pick(h))
+                                      : Backend::MatmulInput(pick(x));
+                        be.matmul_rope(pick(w), in, pick(rotated),
+                                       {pick(pos), pick(table), head_dim, n_rot});
+                        be.matmul(pick(w), in, pick(two_ops), Backend::Accumulate::kNo);
+                        be.rope(pick(two_ops), pick(pos), pick(table), head_dim, n_rot);
+                        EXPECT_EQ(read_floats(be, pick(rotated)), read_floats(be, pick(two_ops)))
+                            << be.info().name;
+                    },
+                    type, n);
                 expect_close(p, rotated);
             }
         }
@@ -804,9 +824,12 @@ TEST_P(BackendOps, TwoBackendsUsedInTurnFromOneThread) {
         p.gpu->matmul(w.second, x.second, out.second, Backend::Accumulate::kNo);
         second.gpu->matmul(w2.second, x2.second, out2.second, Backend::Accumulate::kYes);
         p.gpu->rms_norm(x.second, norm.second, 1e-5f, x.second);  // changes what the next reads
-        p.cpu->matmul(w.first, x.first, out.first, Backend::Accumulate::kNo);
-        second.cpu->matmul(w2.first, x2.first, out2.first, Backend::Accumulate::kYes);
-        p.cpu->rms_norm(x.first, norm.first, 1e-5f, x.first);
+        p.reference(GgmlType::kQ8_0, n)
+            .matmul(w.first, x.first, out.first, Backend::Accumulate::kNo);
+        second.reference(GgmlType::kQ8_0, n)
+            .matmul(w2.first, x2.first, out2.first, Backend::Accumulate::kYes);
+        // By the backend that read x: it knows its input changed.
+        p.reference(GgmlType::kQ8_0, n).rms_norm(x.first, norm.first, 1e-5f, x.first);
     }
     expect_close(p, out);
     expect_close(second, out2, 3 * kTolerance);  // three accumulated products
@@ -840,7 +863,7 @@ TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
     ASSERT_TRUE(small) << why;
     EXPECT_FALSE(vulkan_reads_small_storage(*words));
     if (!vulkan_reads_small_storage(*small)) GTEST_SKIP() << "no 8/16-bit storage on this device";
-    Pair p{std::move(words), std::move(small), {}};  // the pair's "cpu" reads words here
+    Pair p{std::move(words), std::move(small), {}, {}};  // the pair's "cpu" reads words here
     for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
         for (int64_t cols : {96, 256}) {  // 96: Q4_0/Q8_0 rows that start 2-byte aligned
             for (int64_t n : {1, 70}) {   // 70: the tiled matmul
@@ -876,7 +899,7 @@ TEST(CudaMatmulReads, StagedAndDirectGiveTheSameFloats) {
     std::unique_ptr<Backend> staged =
         test::try_backend_with(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_STAGED", "1", &why);
     ASSERT_TRUE(staged) << why;
-    Pair p{std::move(direct), std::move(staged), {}};  // the pair's "cpu" reads directly
+    Pair p{std::move(direct), std::move(staged), {}, {}};  // the pair's "cpu" reads directly
     const int head_dim = 64, n_rot = 64;
     const auto table_values = rope_table(32, n_rot, 10000.0f);
     auto table = p.tensor(GgmlType::kF32, n_rot, 32, as_bytes(table_values));

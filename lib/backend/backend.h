@@ -87,6 +87,10 @@ class Backend {
     // Whether this backend computes with weights of `type` (one of kWeightTypes); a model
     // loader refuses a tensor of another type before anything of it is loaded.
     virtual bool supports_weights(GgmlType type) const = 0;
+    // Whether matmul() multiplies weights of `type` by its inputs quantized to 8 bits per block
+    // of 32 (as llama.cpp does, with integer dot products) rather than by the floats, in a
+    // batch of `columns` columns: tests compare such products with the cpu's integer kernels.
+    virtual bool quantizes_inputs(GgmlType /*type*/, int64_t /*columns*/) const { return false; }
     // Bytes this backend can still allocate, as far as it can tell (0: unknown). What a large
     // allocation made of many buffers (a context's caches) needs is checked against it first,
     // since on a host that overcommits, each buffer succeeds and touching them kills the process.

@@ -7,7 +7,8 @@ max |specula - reference| / max |reference| against the tolerance of the type.
 The reference uses the same dequantized weights, so the tolerances bound only
 float32 arithmetic (accumulation order, exp, rsqrt), not quantization error. The
 cpu backend quantizes the inputs of matmuls of quantized weights to 8 bits unless
-SPECULA_CPU_FLOAT_INPUTS is set; the reference then does the same."""
+SPECULA_CPU_FLOAT_INPUTS is set, CUDA those of Q8_0 and Q4_0 weights unless
+SPECULA_CUDA_INT8_INPUTS=0; the reference then does the same."""
 import argparse
 import os
 import subprocess
@@ -72,7 +73,12 @@ with tempfile.TemporaryDirectory() as tmp:
         sys.exit(77)
     dump.check_returncode()
     ours = np.fromfile(out, dtype=np.float32).reshape(len(TOKENS), -1).astype(np.float64)
-    quantized_inputs = args.backend == "cpu" and args.type not in ("f32", "f16") and os.environ.get("SPECULA_CPU_FLOAT_INPUTS", "0") in ("", "0")
+    # Which backends multiply 8-bit inputs (Backend::quantizes_inputs): the cpu for every
+    # quantized type unless told not to; CUDA for Q8_0 and Q4_0 unless SPECULA_CUDA_INT8_INPUTS=0.
+    quantized_inputs = (args.backend == "cpu" and args.type not in ("f32", "f16")
+                        and os.environ.get("SPECULA_CPU_FLOAT_INPUTS", "0") in ("", "0")) or \
+                       (args.backend == "cuda" and args.type in ("q8_0", "q4_0")
+                        and os.environ.get("SPECULA_CUDA_INT8_INPUTS", "1") != "0")
     ref, n_ambiguous = llama_ref.forward(model, TOKENS, quantized_inputs)
     # An input on a rounding boundary may have gone the other way in specula: in the order the
     # forward meets them, each one flipped is kept where it brings the reference closer in the

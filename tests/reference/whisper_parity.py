@@ -8,7 +8,8 @@ log-mel (mel_ref.py) from the same samples.
 Tolerances (max |delta| / max |ref|): 1e-5 for the encoder's output and the logits: float32
 arithmetic through the convolutions, four LayerNorms per block and GELU against float64 (the
 mel's own float32 error, at most ~1e-5, is inside it). The cpu backend's 8-bit inputs of
-quantized matmuls are not modelled: those types run with SPECULA_CPU_FLOAT_INPUTS=1."""
+quantized matmuls are not modelled: those types run with SPECULA_CPU_FLOAT_INPUTS=1 (and CUDA
+with SPECULA_CUDA_INT8_INPUTS=0)."""
 import argparse
 import os
 import subprocess
@@ -48,6 +49,8 @@ with tempfile.TemporaryDirectory() as tmp:
     env = dict(os.environ)
     if args.backend == "cpu" and args.type not in ("f32", "f16"):
         env["SPECULA_CPU_FLOAT_INPUTS"] = "1"
+    if args.backend == "cuda":
+        env["SPECULA_CUDA_INT8_INPUTS"] = "0"
     dump = subprocess.run(run + [args.dump_whisper, model, wav, args.backend, enc_path, logits_path]
                           + [str(t) for t in TOKENS], env=env)
     if dump.returncode == 77:

@@ -224,6 +224,9 @@ class CpuBackend final : public Backend {
 
     const specula_device_info& info() const override { return info_; }
     bool supports_weights(GgmlType type) const override { return is_runnable_weight_type(type); }
+    bool quantizes_inputs(GgmlType type, int64_t /*columns*/) const override {
+        return inputs_ == CpuInputs::kQuantized && cpu::has_integer_kernel(type);
+    }
 
     // Linux's MemAvailable (what can be allocated without swapping), else the free pages.
     uint64_t available_memory() const override {
