@@ -250,8 +250,8 @@ __device__ float silu_times(float g, float u) {
 // A block of kMatmulThreads threads computes R rows for N columns. Thread t takes quarter t % 4
 // of blocks t / 4, t / 4 + 32, ... of each of its rows: a warp reads 8 consecutive weight
 // blocks and 256 consecutive floats of x per step (coalesced), and each x value it loads serves
-// all R rows. A row's sum is reduced in one fixed order (per thread in block order, a butterfly
-// per warp, then the warps in order), which depends neither on n nor on R: batch invariant.
+// all R rows. A row's sum is reduced in one fixed order (per thread in block order, a butterfly's
+// pairs per warp, then the warps in order), which depends neither on n nor on R: batch invariant.
 // With 8-bit inputs (Q8_0, Q4_0) a thread's quarter block times a column is an exact integer
 // dot product, scaled once; the order is the same.
 // Gated: the block also computes the same R rows of `up` and writes silu(w x) * (up x), the
@@ -390,11 +390,16 @@ __global__ void __launch_bounds__(kMatmulThreads)
         for (int64_t b = t / 4; b < blocks; b += kMatmulThreads / 4)
             multiply(b, row_of, b);
     }
-    for (int r = 0; r < kRows; ++r)
-        for (int c = 0; c < N; ++c) {
-            const float v = warp_sum(acc[r][c]);
-            if (lane == 0) partial[warp][r][c] = v;
-        }
+    // Each sum over the warp's lanes, as warp_sum would sum it, but all of them in kRows * N - 1
+    // shuffles and a few more rather than 5 each: with 8 columns the butterflies had taken
+    // longer than the products of a row of 2048 weights.
+    {
+        constexpr int K = kRows * N, held = kScatterHeld<K>, shift = kScatterShift<K>;
+        warp_sum_scatter<K>(&acc[0][0]);
+        if (lane % (1 << shift) == 0)
+            for (int i = 0; i < held; ++i)
+                (&partial[warp][0][0])[(lane >> shift) * held + i] = (&acc[0][0])[i];
+    }
     __syncthreads();
     // Rows in pairs (a pair's rotation needs both), each row's warps summed in order.
     auto row_sum = [&](int r, int c) {
