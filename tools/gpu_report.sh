@@ -73,6 +73,8 @@ step "CUDA: weights in 16-byte loads through shared memory (1) vs each thread's 
 for type in q8_0 q4_0; do compare SPECULA_CUDA_STAGED $type "1 0 1 0" bench-cuda-staged.txt; done
 step "CUDA: gate, up and silu in one kernel (1) vs three (0)"
 compare SPECULA_CUDA_FUSED_GATE q8_0 "1 0 1 0" bench-cuda-fused-gate.txt
+step "CUDA: Q8_0 and Q4_0 times 8-bit inputs (1) vs float inputs (0)"
+for type in q8_0 q4_0; do compare SPECULA_CUDA_INT8_INPUTS $type "1 0 1 0" bench-cuda-int8-inputs.txt; done
 fi
 
 want verify && step "the verify passes: tiled vs multi-dispatch vs host readback"
