@@ -53,9 +53,10 @@ inline std::unique_ptr<Backend> try_backend_with(specula_backend_kind kind, cons
     return b;
 }
 
-// Has every cpu backend made from now on multiply Q8_0 and Q4_0 weights with float inputs, as
-// the GPU backends do: for the tests that compare a GPU backend with the cpu (the 8-bit inputs
-// are tested against NumPy and in test_llama). Returns true.
+// Has every cpu backend made from now on (unless told otherwise) multiply quantized weights with
+// float inputs, as Vulkan does: for the tests that compare a GPU backend with the cpu, which make
+// a cpu with 8-bit inputs where the GPU quantizes its inputs (Backend::quantizes_inputs; the
+// 8-bit inputs are also tested against NumPy and in test_llama). Returns true.
 inline bool compare_gpus_with_float_inputs_on_the_cpu() {
     return setenv("SPECULA_CPU_FLOAT_INPUTS", "1", 1) == 0;
 }
