@@ -67,6 +67,32 @@ __device__ void nibbles8(const uint8_t* p, int shift, uint32_t v[8]) {
     }
 }
 
+// Types whose matmul can multiply 8-bit inputs (QuantizedInputs) by integer dot products: their
+// quarter block is eight small integers times one scale.
+template <GgmlType T>
+constexpr bool kIntInputs = T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0;
+
+// Quarter q of block `block` as eight signed bytes (two words, weight 8 q + j in byte j % 4 of
+// word j / 4) and the block's scale: the weights are *d times the bytes.
+template <GgmlType T>
+__device__ void int_quarter(const uint8_t* row, int64_t block, int q, int32_t v[2], float* d) {
+    static_assert(kIntInputs<T>, "no integer reader for this weight type");
+    const uint8_t* b = row + block * kBlockBytes<T>;
+    *d = half_at(b);
+    if constexpr (T == GgmlType::kQ8_0) {
+        v[0] = int32_t(word_at(b + kScale + q * 8));
+        v[1] = int32_t(word_at(b + kScale + q * 8 + 4));
+    } else {
+        // Low nibbles for weights 0..15, high ones for 16..31, each minus 8.
+        const int shift = q < 2 ? 0 : 4;
+        for (int i = 0; i < 2; ++i) {
+            const uint32_t nibbles =
+                (word_at(b + kScale + (q % 2) * 8 + 4 * i) >> shift) & 0x0F0F0F0Fu;
+            v[i] = int32_t(__vsub4(nibbles, 0x08080808u));
+        }
+    }
+}
+
 // Eight consecutive weights of a row: quarter q (0..3) of 32-weight block `block`, decoded
 // as format/quant.h's dequantize_row() defines them (products and sums rounded apart).
 template <GgmlType T>
@@ -89,34 +115,6 @@ __device__ void load_quarter<GgmlType::kF16>(const uint8_t* row, int64_t block, 
         w[2 * j + 1] = f.y;
     }
 }
-template <>
-__device__ void load_quarter<GgmlType::kQ8_0>(const uint8_t* row, int64_t block, int q,
-                                              float w[8]) {
-    const uint8_t* b = row + block * kBlockBytes<GgmlType::kQ8_0>;
-    const float d = half_at(b);
-    // Quants are 2-byte aligned (34-byte blocks): four 16-bit loads.
-    const auto* p = reinterpret_cast<const uint16_t*>(b + kScale + q * 8);
-    for (int j = 0; j < 4; ++j) {
-        const uint16_t v = p[j];
-        w[2 * j] = d * float(int8_t(v & 0xFF));
-        w[2 * j + 1] = d * float(int8_t(v >> 8));
-    }
-}
-template <>
-__device__ void load_quarter<GgmlType::kQ4_0>(const uint8_t* row, int64_t block, int q,
-                                              float w[8]) {
-    // Weights 0..15 are the low nibbles of bytes 0..15, weights 16..31 the high ones.
-    const uint8_t* b = row + block * kBlockBytes<GgmlType::kQ4_0>;
-    const float d = half_at(b);
-    const auto* p = reinterpret_cast<const uint16_t*>(b + kScale + (q % 2) * 8);
-    const int shift = q < 2 ? 0 : 4;
-    for (int j = 0; j < 4; ++j) {
-        const unsigned v = p[j];
-        w[2 * j] = d * float(int((v >> shift) & 0xF) - 8);
-        w[2 * j + 1] = d * float(int((v >> (8 + shift)) & 0xF) - 8);
-    }
-}
-
 template <>
 __device__ void load_quarter<GgmlType::kQ4_1>(const uint8_t* row, int64_t block, int q,
                                               float w[8]) {
@@ -170,10 +168,17 @@ __device__ void load_quarter_k(const uint8_t* row, int64_t block, int q, float w
 // The types that share a reader with another.
 template <GgmlType T>
 __device__ void load_quarter(const uint8_t* row, int64_t block, int q, float w[8]) {
-    static_assert(T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1 || T == GgmlType::kQ4_K ||
-                      T == GgmlType::kQ5_K,
+    static_assert(kIntInputs<T> || T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1 ||
+                      T == GgmlType::kQ4_K || T == GgmlType::kQ5_K,
                   "no reader for this weight type");
-    if constexpr (T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1)
+    if constexpr (kIntInputs<T>) {
+        // Q8_0 and Q4_0: the integers the 8-bit-input products read, times the scale.
+        int32_t v[2];
+        float d = 0.0f;
+        int_quarter<T>(row, block, q, v, &d);
+        for (int j = 0; j < 8; ++j)
+            w[j] = d * float(int8_t(uint32_t(v[j / 4]) >> (8 * (j % 4))));
+    } else if constexpr (T == GgmlType::kQ5_0 || T == GgmlType::kQ5_1)
         load_quarter_q5<T>(row, block, q, w);
     else
         load_quarter_k<T>(row, block, q, w);
@@ -193,32 +198,6 @@ __device__ void load_quarter<GgmlType::kQ6_K>(const uint8_t* row, int64_t block,
         for (int k = 0; k < 4; ++k)
             w[4 * i + k] =
                 d * float(int(v[4 * i + k] | ((bits >> (8 * k + 2 * p)) & 3u) << 4) - 32);
-    }
-}
-
-// Types whose matmul can multiply 8-bit inputs (QuantizedInputs) by integer dot products: their
-// quarter block is eight small integers times one scale.
-template <GgmlType T>
-constexpr bool kIntInputs = T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0;
-
-// Quarter q of block `block` as eight signed bytes (two words, weight 8 q + j in byte j % 4 of
-// word j / 4) and the block's scale: the weights are *d times the bytes.
-template <GgmlType T>
-__device__ void int_quarter(const uint8_t* row, int64_t block, int q, int32_t v[2], float* d) {
-    static_assert(kIntInputs<T>, "no integer reader for this weight type");
-    const uint8_t* b = row + block * kBlockBytes<T>;
-    *d = half_at(b);
-    if constexpr (T == GgmlType::kQ8_0) {
-        v[0] = int32_t(word_at(b + kScale + q * 8));
-        v[1] = int32_t(word_at(b + kScale + q * 8 + 4));
-    } else {
-        // Low nibbles for weights 0..15, high ones for 16..31, each minus 8.
-        const int shift = q < 2 ? 0 : 4;
-        for (int i = 0; i < 2; ++i) {
-            const uint32_t nibbles =
-                (word_at(b + kScale + (q % 2) * 8 + 4 * i) >> shift) & 0x0F0F0F0Fu;
-            v[i] = int32_t(__vsub4(nibbles, 0x08080808u));
-        }
     }
 }
 
