@@ -4,6 +4,7 @@
 
 #include "format/gguf.h"
 #include "format/quant.h"
+#include "test_util.h"
 
 using namespace specula;
 
@@ -239,4 +240,38 @@ TEST(Gguf, KernelBlockLayoutsAreTheFormats) {
         EXPECT_EQ(shared::kBlockWeights / t->block_size * t->block_bytes, k.bytes_per_32)
             << ggml_type_name(k.type);
     }
+}
+
+// The random models' weights are one fixed stream of the seed (tools/model_maker.cpp), the
+// same on every machine and drawn by any number of threads: the FNV-1a hash of a small F32
+// model's tensors, as a single thread drawing them in order gave it.
+namespace {
+
+uint64_t random_model_hash(int threads) {
+    RandomLlamaSpec spec = test::small_spec(GgmlType::kF32, 7);
+    spec.threads = threads;
+    const std::string path = test::make_model("random-stream-f32-" + std::to_string(threads), spec);
+    const std::vector<char> bytes = test::read_file_bytes(path);
+    GgufFile f;
+    const Status s = GgufFile::parse(
+        std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), &f);
+    EXPECT_TRUE(s.ok()) << s.message();
+    uint64_t hash = 0xCBF29CE484222325ull;
+    for (const GgufTensorInfo& t : f.tensors())
+        for (uint8_t b : t.data)
+            hash = (hash ^ b) * 0x100000001B3ull;
+    return hash;
+}
+constexpr uint64_t kRandomModelHash = 0x7CE32A55F1503B3Eull;
+
+}  // namespace
+
+TEST(RandomModels, AreOneStreamOnEveryMachine) {
+    EXPECT_EQ(random_model_hash(1), kRandomModelHash);
+}
+
+// Host code that no instruction set changes: not run under qemu-user (tools/test.sh), where its
+// threads stalled.
+TEST(RandomModels, AreOneStreamOnAnyNumberOfThreads) {
+    EXPECT_EQ(random_model_hash(3), kRandomModelHash);
 }

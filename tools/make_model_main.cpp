@@ -1,6 +1,8 @@
 // specula-make-model: a Llama GGUF with random weights, for tests and benchmarks.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <thread>
 
 #include "model_maker.h"
 
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
                  "Llama 3.2's rope scaling, as a rope_freqs tensor of per-pair factors");
     CLI11_PARSE(app, argc, argv);
     specula::Status s = specula::parse_weight_type(type, &spec.weight_type);
+    spec.threads = int(std::max(1u, std::thread::hardware_concurrency()));
     if (s.ok()) s = specula::write_random_llama(spec, out);
     if (!s.ok()) {
         std::fprintf(stderr, "specula-make-model: %s\n", s.message().c_str());

@@ -1,7 +1,9 @@
 // specula-make-whisper: a whisper.cpp model file with random weights in a released shape, for
 // tests and benchmarks.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <thread>
 
 #include "model_maker.h"
 
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
                                 {n_mels, &h.n_mels}})
         if (value > 0) *field = value;
     if (s.ok()) s = specula::parse_weight_type(type, &spec.weight_type);
+    spec.threads = int(std::max(1u, std::thread::hardware_concurrency()));
     if (s.ok()) s = specula::write_random_whisper(spec, out);
     if (!s.ok()) {
         std::fprintf(stderr, "specula-make-whisper: %s\n", s.message().c_str());

@@ -1,9 +1,11 @@
 #include "model_maker.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <numbers>
+#include <thread>
 #include <vector>
 
 #include "format/quant.h"
@@ -14,24 +16,32 @@ namespace specula {
 namespace {
 
 // SplitMix64 + Box-Muller: the same weights from the same seed on every platform
-// (std::normal_distribution is implementation-defined).
+// (std::normal_distribution is implementation-defined). Each value takes two draws of a
+// counter-based stream, so the generator can start anywhere in it: rows of a matrix are
+// drawn on many threads with the values one thread would draw.
 class Gaussian {
   public:
-    explicit Gaussian(uint64_t seed) : state_(seed) {}
+    explicit Gaussian(uint64_t seed, int threads = 1) : state_(seed), threads_(threads) {}
     float next() {
         const double u1 = (double(next_u64() >> 11) + 0.5) * 0x1.0p-53;
         const double u2 = double(next_u64() >> 11) * 0x1.0p-53;
         return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
     }
+    // The generator `values` values further on (this one unchanged).
+    Gaussian ahead(uint64_t values) const { return Gaussian(state_ + 2 * values * kStep); }
+    int threads() const { return threads_; }
+    void skip(uint64_t values) { state_ += 2 * values * kStep; }
 
   private:
+    static constexpr uint64_t kStep = 0x9E3779B97F4A7C15ull;
     uint64_t next_u64() {
-        uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+        uint64_t z = (state_ += kStep);
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
         return z ^ (z >> 31);
     }
     uint64_t state_;
+    int threads_;  // for the rows of a large matrix
 };
 
 std::vector<uint8_t> random_matrix(Gaussian& g, GgmlType type, int64_t cols, int64_t rows,
@@ -40,13 +50,24 @@ std::vector<uint8_t> random_matrix(Gaussian& g, GgmlType type, int64_t cols, int
     const std::vector<int64_t> shape = {cols, rows};
     ggml_tensor_bytes(type, shape, &n, &bytes);
     std::vector<uint8_t> out(bytes);
-    std::vector<float> row(static_cast<size_t>(cols));
     const size_t row_bytes = bytes / size_t(rows);
-    for (int64_t r = 0; r < rows; ++r) {
-        for (float& x : row)
-            x = mean + stddev * g.next();
-        quantize_row(type, row.data(), out.data() + size_t(r) * row_bytes, size_t(cols));
-    }
+    const auto draw = [&](int64_t begin, int64_t end) {
+        std::vector<float> row(static_cast<size_t>(cols));
+        Gaussian local = g.ahead(uint64_t(begin) * uint64_t(cols));
+        for (int64_t r = begin; r < end; ++r) {
+            for (float& x : row)
+                x = mean + stddev * local.next();
+            quantize_row(type, row.data(), out.data() + size_t(r) * row_bytes, size_t(cols));
+        }
+    };
+    // Large matrices on several threads (an 8B-shaped file took minutes on one).
+    const int64_t parts = std::clamp<int64_t>(rows * cols >> 20, 1, std::max(1, g.threads()));
+    std::vector<std::jthread> threads;
+    for (int64_t p = 1; p < parts; ++p)
+        threads.emplace_back(draw, rows * p / parts, rows * (p + 1) / parts);
+    draw(0, rows / parts);
+    threads.clear();  // joins
+    g.skip(uint64_t(rows) * uint64_t(cols));
     return out;
 }
 
@@ -133,7 +154,7 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     }
     if (s.n_vocab > 0 && size_t(s.n_vocab) < n_vocab) n_vocab = size_t(s.n_vocab);
 
-    Gaussian g(s.seed);
+    Gaussian g(s.seed, s.threads);
     const int64_t e = s.n_embd, qd = int64_t(head_dim) * s.n_head,
                   kv = int64_t(head_dim) * s.n_head_kv, ff = s.n_ff, V = int64_t(n_vocab);
     const float se = 1.0f / std::sqrt(float(e)), sf = 1.0f / std::sqrt(float(ff));
@@ -301,7 +322,7 @@ Status write_whisper(const WhisperFileSpec& s, const WhisperTensorSource& source
 }
 
 Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path) {
-    Gaussian g(s.seed);
+    Gaussian g(s.seed, s.threads);
     return write_whisper(
         s,
         [&](const WhisperTensorSpec& spec, GgmlType type, std::vector<uint8_t>* data) {

@@ -33,6 +33,7 @@ struct RandomLlamaSpec {
     float rope_scale = 0.0f;   // > 0: rope.scaling.type linear with this factor
     bool llama3_rope = false;  // a rope_freqs tensor as Llama 3.2's conversion writes it
     uint64_t seed = 1;
+    int threads = 1;  // drawing large matrices: the same weights on any number
     std::string name = "random-llama";
 };
 
@@ -48,6 +49,7 @@ struct WhisperFileSpec {
 };
 struct RandomWhisperSpec : WhisperFileSpec {
     uint64_t seed = 1;
+    int threads = 1;  // as RandomLlamaSpec's
 };
 // The data of one tensor in the type the file gives it (whisper_tensor_specs' order).
 using WhisperTensorSource =
