@@ -4,12 +4,14 @@
 #   bash tools/gpu_report.sh [BUILD_DIR] [OUT_DIR]
 # Builds nothing: BUILD_DIR (default build/release) must hold a Release build with the tests
 # and tools. CTest asks for the Khronos validation layer on every Vulkan test, so the layer must
-# be installed (or found through VK_ADD_LAYER_PATH). The benchmark models are random Llama models of about 1.1B parameters (Llama 3.2
-# 1B's shape with a 32000-token vocabulary), made here in Q8_0 and Q4_0.
-# SPECULA_REPORT_SHAPE overrides their specula-make-model shape options (smaller, for a quick
-# rehearsal on a machine without a GPU); SPECULA_REPORT_MODELS is where they are written
-# (default OUT_DIR/models, 1.8 GB); SPECULA_REPORT_TEST_SECONDS bounds the test run;
-# SPECULA_REPORT_STEPS picks steps (default: tests bench verify speculative profile).
+# be installed (or found through VK_ADD_LAYER_PATH). The benchmark models are random Llama
+# models of about 1.1B parameters (Llama 3.2 1B's shape with a 32000-token vocabulary), made
+# here in Q8_0 and Q4_0, and one of Llama 3 8B's widths in Q4_0.
+# SPECULA_REPORT_SHAPE overrides the 1B files' specula-make-model shape options (smaller, for a
+# quick rehearsal on a machine without a GPU), SPECULA_REPORT_SHAPE_8B the 8B file's;
+# SPECULA_REPORT_MODELS is where they are written (default OUT_DIR/models, 1.8 GB, and 4.1 GB
+# while the 8B step runs); SPECULA_REPORT_TEST_SECONDS bounds the test run;
+# SPECULA_REPORT_STEPS picks steps (default: tests bench 8b verify speculative profile).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
@@ -17,7 +19,7 @@ out=${2:-gpu-report}
 mkdir -p "$out"
 shape=${SPECULA_REPORT_SHAPE:-"--n-embd 2048 --n-layer 16 --n-head 32 --n-head-kv 8 --n-ff 8192 --n-ctx 2048"}
 
-steps=" ${SPECULA_REPORT_STEPS:-tests bench verify speculative profile} "
+steps=" ${SPECULA_REPORT_STEPS:-tests bench 8b verify speculative profile} "
 step() { echo "== $1 ($(date +%T))"; }
 want() { [[ "$steps" == *" $1 "* ]]; }
 
@@ -75,6 +77,19 @@ step "CUDA: gate, up and silu in one kernel (1) vs three (0)"
 compare SPECULA_CUDA_FUSED_GATE q8_0 "1 0 1 0" bench-cuda-fused-gate.txt
 step "CUDA: Q8_0 and Q4_0 times 8-bit inputs (1) vs float inputs (0)"
 for type in q8_0 q4_0; do compare SPECULA_CUDA_INT8_INPUTS $type "1 0 1 0" bench-cuda-int8-inputs.txt; done
+fi
+
+if want 8b; then
+  # An 8B-shaped Q4_0 file (Llama 3 8B's widths with the 32000-token vocabulary, 4.1 GB; drawn on
+  # every core): decode and verification forwards, as for the 1B files.
+  step "decode and verification forwards at 8B (Q4_0)"
+  shape8b=${SPECULA_REPORT_SHAPE_8B:-"--n-embd 4096 --n-layer 32 --n-head 32 --n-head-kv 8 --n-ff 14336 --n-ctx 2048"}
+  # shellcheck disable=SC2086  # the shape is a list of options
+  "$build/tools/specula-make-model" --vocab tests/data/ggml-vocab-llama-spm.gguf $shape8b \
+    --type q4_0 --name random-8b-q4_0 -o "$models/random-8b-q4_0.gguf" >"$out/make-8b.log" 2>&1 &&
+    "$build/tools/specula-bench" -m "$models/random-8b-q4_0.gguf" --backend cuda,vulkan -p 0 -n 128 \
+      -r 3 --verify 1,8 2>&1 | tee "$out/bench-8b.txt"
+  rm -f "$models/random-8b-q4_0.gguf"
 fi
 
 want verify && step "the verify passes: tiled vs multi-dispatch vs host readback"
