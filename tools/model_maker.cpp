@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <numbers>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -63,8 +64,14 @@ std::vector<uint8_t> random_matrix(Gaussian& g, GgmlType type, int64_t cols, int
     // Large matrices on several threads (an 8B-shaped file took minutes on one).
     const int64_t parts = std::clamp<int64_t>(rows * cols >> 20, 1, std::max(1, g.threads()));
     std::vector<std::jthread> threads;
-    for (int64_t p = 1; p < parts; ++p)
-        threads.emplace_back(draw, rows * p / parts, rows * (p + 1) / parts);
+    int64_t started = 1;
+    try {
+        for (; started < parts; ++started)
+            threads.emplace_back(draw, rows * started / parts, rows * (started + 1) / parts);
+    } catch (const std::system_error&) {  // no thread to be had: the rest on this one
+    }
+    for (int64_t p = started; p < parts; ++p)
+        draw(rows * p / parts, rows * (p + 1) / parts);
     draw(0, rows / parts);
     threads.clear();  // joins
     g.skip(uint64_t(rows) * uint64_t(cols));
