@@ -104,6 +104,13 @@ want speculative && for temp in 0 0.8; do
     --model-draft examples/models/specula-demo-draft.gguf --backend cuda,vulkan,cpu \
     -p 32 -n 128 -r 3 --gamma 4 --gamma-policy fixed --temp $temp --verify 0 2>&1 | tee "$out/spec-$temp.txt"
 done
+# A pair that cannot pay (the 1B Q8_0 target, its own weights at Q4_0 as draft) with the default
+# policy: what it costs against the target alone.
+want speculative && for backend in cuda vulkan; do
+  "$build/examples/specula-cli" -m "$models/random-1b-q8_0.gguf" -md "$models/random-1b-q4_0.gguf" \
+    -p "The json module can be used to" -n 128 --temp 0 --backend $backend --compare 2>&1 |
+    grep -E "target alone|acceptance rate" | tee -a "$out/spec-1b-pair.txt"
+done
 if want profile; then
   step "where a decode step's device time goes (Q8_0)"
   SPECULA_VULKAN_PROFILE=1 "$build/tools/specula-bench" -m "$models/random-1b-q8_0.gguf" \
