@@ -242,11 +242,11 @@ TEST(Gguf, KernelBlockLayoutsAreTheFormats) {
     }
 }
 
+namespace {
+
 // The random models' weights are one fixed stream of the seed (tools/model_maker.cpp), the
 // same on every machine and drawn by any number of threads: the FNV-1a hash of a small F32
 // model's tensors, as a single thread drawing them in order gave it.
-namespace {
-
 uint64_t random_model_hash(int threads) {
     RandomLlamaSpec spec = test::small_spec(GgmlType::kF32, 7);
     spec.threads = threads;

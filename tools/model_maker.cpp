@@ -31,7 +31,7 @@ class Gaussian {
     // The generator `values` values further on (this one unchanged).
     Gaussian ahead(uint64_t values) const { return Gaussian(state_ + 2 * values * kStep); }
     int threads() const { return threads_; }
-    void skip(uint64_t values) { state_ += 2 * values * kStep; }
+    void skip(uint64_t values) { state_ = ahead(values).state_; }
 
   private:
     static constexpr uint64_t kStep = 0x9E3779B97F4A7C15ull;
