@@ -521,13 +521,14 @@ TEST(WhisperDecoder, SpeculativeGreedyIsTheTargetsGreedy) {
 }
 
 // Speculative transcription: the rules mask every drafted and verified row on the device, each
-// from the tokens before it, so a draft changes nothing of a greedy transcript (segments, times,
-// tokens), whether it agrees always (the target itself), often (its weights in Q4_0) or seldom
-// (an unrelated model, or its decoder reading the target's encoder output: the Distil-Whisper
-// case); and a draft equal to the target has every sampled draft accepted, which holds only
-// where both sides' rows are masked alike at every position (and, the encoder being shared,
-// only where the draft's cross K/V come from the window the target encoded).
-TEST(WhisperTranscribe, ADraftChangesNoGreedyTranscriptOnAnyBackend) {
+// from the tokens before it, so a draft changes nothing of a transcript (segments, times,
+// tokens), greedy or through the temperature fallback's sampled attempts, whether it agrees
+// always (the target itself), often (its weights in Q4_0) or seldom (an unrelated model, or its
+// decoder reading the target's encoder output: the Distil-Whisper case); and a draft equal to
+// the target has every sampled draft accepted, which holds only where both sides' rows are
+// masked alike at every position (and, the encoder being shared, only where the draft's cross
+// K/V come from the window the target encoded).
+TEST(WhisperTranscribe, ADraftChangesNoTranscriptOnAnyBackend) {
     for (specula_backend_kind kind : {SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN}) {
         std::string why;
         auto backend = test::try_backend(kind, &why);
@@ -553,20 +554,33 @@ TEST(WhisperTranscribe, ADraftChangesNoGreedyTranscriptOnAnyBackend) {
         ASSERT_TRUE(WhisperContext::create(*models[0], kMaxGamma + 1, &target).ok());
         ASSERT_TRUE(WhisperContext::create(*models[0], 1, &self).ok());
         const std::vector<float> audio = chirp(3.0);
-        auto transcribe = [&](WhisperContext* draft, float temperature, Transcript* out) {
+        auto transcribe = [&](WhisperContext* draft, float temperature, Transcript* out,
+                              float increment = 0.0f) {
             asr::TranscribeParams p;
             p.temperature = temperature;
-            p.temperature_increment = 0.0f;
+            p.temperature_increment = increment;
             p.draft = draft;
             p.gamma_policy = GammaPolicy::kFixed;
             p.gamma = 3;
             p.seed = 77;
             return asr::transcribe(*target, audio, p, &out->segments, &out->stats);
         };
-        Transcript alone;
+        Transcript alone, alone_sampled;
         ASSERT_TRUE(transcribe(nullptr, 0.0f, &alone).ok());
         ASSERT_FALSE(alone.segments.empty());
         EXPECT_EQ(alone.stats.decoding.drafted, 0u);
+        // Sampled at 0.6, then the temperature fallback's attempt at 1.0, which a random model
+        // takes.
+        ASSERT_TRUE(transcribe(nullptr, 0.6f, &alone_sampled, 0.4f).ok());
+        EXPECT_GT(alone_sampled.stats.fallbacks, 0);
+        const auto same_segments = [](const Transcript& t, const Transcript& expected, size_t d) {
+            ASSERT_EQ(t.segments.size(), expected.segments.size()) << "draft " << d;
+            for (size_t i = 0; i < t.segments.size(); ++i) {
+                EXPECT_EQ(t.segments[i].tokens, expected.segments[i].tokens) << "draft " << d;
+                EXPECT_EQ(t.segments[i].t0_ms, expected.segments[i].t0_ms);
+                EXPECT_EQ(t.segments[i].t1_ms, expected.segments[i].t1_ms);
+            }
+        };
         for (size_t d = 0; d < models.size(); ++d) {
             std::unique_ptr<WhisperContext> other;
             if (d > 0) {
@@ -584,12 +598,16 @@ TEST(WhisperTranscribe, ADraftChangesNoGreedyTranscriptOnAnyBackend) {
             std::cout << "backend " << kind << " draft " << d << ": accepted " << g.accepted
                       << " of " << g.drafted << " drafts, " << g.emitted << " tokens in " << g.steps
                       << " steps\n";
-            ASSERT_EQ(t.segments.size(), alone.segments.size()) << "draft " << d;
-            for (size_t i = 0; i < t.segments.size(); ++i) {
-                EXPECT_EQ(t.segments[i].tokens, alone.segments[i].tokens) << "draft " << d;
-                EXPECT_EQ(t.segments[i].t0_ms, alone.segments[i].t0_ms);
-                EXPECT_EQ(t.segments[i].t1_ms, alone.segments[i].t1_ms);
-            }
+            same_segments(t, alone, d);
+            // The sampled attempts draw each draft with the target's noise at its position (the
+            // coupled acceptance): the transcript is the target alone's for the seed, fallback
+            // included. Drafts 1 (some rejected) and 3 (the shared encoder) only: CI time.
+            if (d != 1 && d != 3) continue;
+            Transcript sampled;
+            ASSERT_TRUE(transcribe(other.get(), 0.6f, &sampled, 0.4f).ok());
+            EXPECT_EQ(sampled.stats.fallbacks, alone_sampled.stats.fallbacks) << "draft " << d;
+            EXPECT_GT(sampled.stats.decoding.drafted, 10u) << "draft " << d;
+            same_segments(sampled, alone_sampled, d);
         }
         Transcript sampled;
         ASSERT_TRUE(transcribe(self.get(), 1.0f, &sampled).ok());

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     std::string target_path, draft_path, tokens_path, list_path, backend_name = "cpu";
     int reps = 3, threads = 0, gamma = 4, gamma_max = 8;
     std::string policy = "auto";
-    bool timestamps = false;
+    bool timestamps = false, fallback = false;
     CLI::App app{"Word error rate and speculative speed of a Whisper pair on a list of clips"};
     app.add_option("-m,--model", target_path, "target whisper.cpp model")->required();
     app.add_option("--md,--model-draft", draft_path, "draft whisper.cpp model")->required();
@@ -93,10 +93,12 @@ int main(int argc, char** argv) {
     app.add_option("--threads", threads, "cpu threads (0 = all)");
     app.add_option("-r,--reps", reps, "repetitions (medians)");
     app.add_option("--gamma-policy", policy,
-                   "fixed, heuristic, analytic or auto (analytic when greedy, else heuristic)");
+                   "fixed, heuristic, analytic or auto (the analytic one)");
     app.add_option("--gamma", gamma, "drafts per step (fixed), or the start");
     app.add_option("--draft-max", gamma_max, "most drafts per step (adaptive policies)");
     app.add_flag("--timestamps", timestamps, "decode with timestamp tokens");
+    app.add_flag("--fallback", fallback,
+                 "greedy, then the temperature fallback's sampled attempts (default: greedy only)");
     CLI11_PARSE(app, argc, argv);
 
     std::vector<Clip> clips;
@@ -141,7 +143,8 @@ int main(int argc, char** argv) {
               check(specula_asr_context_create(draft, &draft_ctx), "draft context");
     specula_asr_params alone = specula_asr_default_params();
     alone.timestamps = timestamps;
-    alone.temperature_increment = 0.0f;  // greedy: the pair's transcripts must be the target's
+    // Greedy or sampled (the coupled acceptance), the pair's transcripts must be the target's.
+    if (!fallback) alone.temperature_increment = 0.0f;
     specula_asr_params pair = alone;
     pair.draft = proposer;
     ok = ok && check(specula_gamma_policy_from_name(policy.c_str(), &pair.gamma_policy),

@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
                    "a file of the token ids the draft may propose (whitespace-separated)")
         ->needs(draft_option);
     app.add_option("--gamma-policy", policy,
-                   "fixed, heuristic, analytic or auto (analytic when greedy, else heuristic)")
+                   "fixed, heuristic, analytic or auto (the analytic one)")
         ->check(CLI::IsMember({"fixed", "heuristic", "analytic", "auto"}));
     app.add_option("--gamma", gamma, "drafts per step (fixed), or the start");
     app.add_option("--draft-max", gamma_max, "most drafts per step (adaptive policies)");
@@ -245,7 +245,9 @@ int main(int argc, char** argv) {
                          "this run); transcripts %s\n",
                          alone_total / alone.audio_seconds, alone.decode_seconds,
                          alone_total / total, alone.decode_seconds / t.decode_seconds,
-                         same ? "identical" : "differ (sampled decoding)");
+                         same ? "identical" : "DIFFER");
+            // Greedy or sampled (the coupled acceptance), the pair's transcript is the target's.
+            if (!same) rc = 1;
         }
         const auto write = [&](const char* ext, auto&& body) {
             const std::string path = (output_path.empty() ? audio_path : output_path) + ext;

@@ -52,8 +52,8 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
         return InvalidArgument("temperature must be within 0 .. 1");
     if (p.draft != nullptr) {
         Generator::Config g;
-        SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max,
-                                   !(p.temperature >= SPECULA_MIN_TEMPERATURE), &g));
+        // Greedy or sampled with the coupled acceptance, the transcript is the same at every γ.
+        SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max, true, &g));
         if (p.draft->backend != ctx->model->backend)
             return InvalidArgument("the draft is loaded on another backend than the target");
         t.gamma_policy = g.policy;

@@ -65,6 +65,10 @@ class Transcriber {
         c.policy = p.gamma_policy;
         c.gamma = p.gamma;
         c.gamma_max = p.gamma_max;
+        // A sampled attempt (the temperature fallback) draws each draft with the noise the
+        // target draws with at its position: the pair's transcript is the target alone's for the
+        // seed, fallbacks and all, and no γ changes it (docs/DESIGN.md "Speculative decoding").
+        c.coupled = true;
         return c;
     }
 

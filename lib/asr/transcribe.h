@@ -59,7 +59,7 @@ struct TranscribeStats {
 // another vocabulary SPECULA_ERR_VOCAB_MISMATCH, of other mel bins or windows
 // SPECULA_ERR_INVALID_ARGUMENT. The tokens are sampled by the speculative Generator with the
 // rules on the device (plain decoding: no draft), so a draft changes no greedy transcript and
-// no sampled transcript's distribution.
+// no sampled transcript (the coupled acceptance: the target alone's for the seed).
 Status transcribe(WhisperContext& ctx, std::span<const float> samples, const TranscribeParams& p,
                   std::vector<Segment>* segments, TranscribeStats* stats);
 

@@ -266,7 +266,7 @@ typedef enum specula_gamma_policy {
     /* The default: analytic where the output does not depend on γ (greedy, or sampled with
      * coupled_acceptance: it is the target alone's), heuristic where it does (sampling with
      * Leviathan et al.'s test), so that a sampled output stays reproducible from the seed.
-     * Speech: analytic when the transcription starts greedy (temperature 0). */
+     * Speech: always analytic (its sampled attempts use the coupled acceptance). */
     SPECULA_GAMMA_AUTO = 3
 } specula_gamma_policy;
 
@@ -453,8 +453,9 @@ typedef struct specula_asr_params {
      * (else SPECULA_ERR_VOCAB_MISMATCH), mel bins and window length; it encodes each window
      * itself, unless its encoder is the target's byte for byte (a Distil-Whisper draft: then
      * its decoder reads the target's encoding and the encoder runs once per window). NULL
-     * decodes with the target alone. Greedy transcripts are the target's, sampled
-     * ones follow the target's distribution, with Whisper's rules on every position either way.
+     * decodes with the target alone. The transcript is the target alone's, greedy or sampled
+     * (the temperature fallback draws each draft with the target's noise at its position, the
+     * coupled acceptance), with Whisper's rules on every position either way.
      * The context keeps the draft's caches between transcriptions with the same draft. */
     specula_asr_model* draft;
     specula_gamma_policy gamma_policy; /* as for text sessions (default auto) */
