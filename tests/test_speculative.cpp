@@ -803,7 +803,8 @@ TEST_P(SpeculativeOn, CachesAreReusedAcrossSteps) {
 TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     // A new sequence of the same pair (reset(), or a speech context's next transcription)
     // starts from the pair's measurements instead of probing again with a plain step and a
-    // step of `gamma` drafts. Fails if reset() forgets them or the caller's are not read.
+    // step of `gamma` drafts. Fails if reset() forgets them, the caller's are not read, or
+    // greedy and sampled steps share one set.
     std::string why;
     auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
     ASSERT_NE(backend, nullptr) << why;
@@ -817,12 +818,12 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
 
     // The costs of AnalyticPolicyGivesAnUnluckyStartTheBenefitOfTheDoubt, 7 of 8 accepted: γ 2.
     PairMeasurements given;
-    given.draft_call_seconds = 0.16;
-    given.target_seconds[1] = 1.0;
-    given.target_seconds[2] = 1.3;
-    given.target_seconds[5] = 2.2;
-    given.judged = 8;
-    given.accepted = 7;
+    given.greedy.draft_call_seconds = 0.16;
+    given.greedy.target_seconds[1] = 1.0;
+    given.greedy.target_seconds[2] = 1.3;
+    given.greedy.target_seconds[5] = 2.2;
+    given.greedy.judged = 8;
+    given.greedy.accepted = 7;
     EXPECT_EQ(Generator(*target, draft, config, &given).next_gamma(), 2);
     EXPECT_EQ(Generator(*target, draft, config).next_gamma(), 0);  // a plain first step
 
@@ -833,12 +834,32 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     while (out.size() < 24)
         ASSERT_TRUE(g.step(8, &out).ok());
     g.reset();
-    const PairMeasurements& m = g.measurements();
-    ASSERT_GT(m.target_seconds[1], 0.0);
-    ASSERT_GT(m.draft_call_seconds, 0.0);
-    EXPECT_GT(m.judged, 0u);
-    EXPECT_EQ(g.next_gamma(), analytic_gamma(m.accepted, m.judged, m.draft_call_seconds,
-                                             m.target_seconds, 0, config.gamma_max));
+    const StepMeasurements greedy = g.measurements();
+    ASSERT_GT(greedy.target_seconds[1], 0.0);
+    ASSERT_GT(greedy.draft_call_seconds, 0.0);
+    EXPECT_GT(greedy.judged, 0u);
+    EXPECT_EQ(g.next_gamma(),
+              analytic_gamma(greedy.accepted, greedy.judged, greedy.draft_call_seconds,
+                             greedy.target_seconds, 0, config.gamma_max));
+
+    // Sampled steps (a speech transcription's temperature fallback) cost and accept otherwise:
+    // they measure apart, from a plain first step, and leave the greedy steps' means alone.
+    SamplingParams sampled;
+    sampled.temperature = 0.8f;
+    sampled.seed = 5;
+    g.set_sampling(sampled);
+    EXPECT_EQ(g.measurements().target_seconds[1], 0.0);
+    EXPECT_EQ(g.next_gamma(), 0);
+    ASSERT_TRUE(g.append(prompt).ok());
+    out.clear();
+    while (out.size() < 24)
+        ASSERT_TRUE(g.step(8, &out).ok());
+    EXPECT_GT(g.measurements().judged, 0u);
+    g.reset();
+    g.set_sampling(SamplingParams{});
+    EXPECT_EQ(g.measurements().judged, greedy.judged);
+    EXPECT_EQ(g.measurements().target_seconds, greedy.target_seconds);
+    EXPECT_EQ(g.measurements().draft_call_seconds, greedy.draft_call_seconds);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,

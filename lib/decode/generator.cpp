@@ -155,7 +155,7 @@ int Generator::next_gamma() const {
         case GammaPolicy::kAnalytic: {
             // First a plain step and a step of `gamma` drafts: two target widths measured,
             // and a first α; then the best γ for what has been measured.
-            const PairMeasurements& m = *measured_;
+            const StepMeasurements& m = measurements();
             if (m.target_seconds[1] <= 0) return 0;
             if (m.draft_call_seconds <= 0) return config_.gamma;
             // While plain decoding wins, a step with drafts now and then keeps α and the
@@ -210,8 +210,9 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
         if (c < n_accepted) ++stats_.accepted_at[size_t(c)];
     }
     stats_.evaluated += uint64_t(evaluated);
-    measured_->judged += uint64_t(evaluated);
-    measured_->accepted += uint64_t(n_accepted);
+    StepMeasurements& measured = current_measurements();
+    measured.judged += uint64_t(evaluated);
+    measured.accepted += uint64_t(n_accepted);
     stats_.drafted += uint64_t(gamma);
     stats_.accepted += uint64_t(n_accepted);
     stats_.emitted += emitted.size();
@@ -372,7 +373,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     // closed the usual gap of one or two tokens (after plain steps it evaluates all the tokens
     // the draft missed, up to a batch: not what a step of drafts costs), and a target call
     // with its verify pass, which sampling makes several rows long.
-    PairMeasurements& m = *measured_;
+    StepMeasurements& m = current_measurements();
     if (gamma > 0 && draft_gap <= 2)
         m.draft_call_seconds =
             updated_cost(m.draft_call_seconds, m.draft_samples++, draft_s / gamma);

@@ -43,19 +43,27 @@ struct GeneratorStats {
     int last_gamma = 0;
 };
 
-// What the analytic policy has measured of a target/draft pair on its backend: running means
-// of the draft calls of a step (forwards and draws) per draft and of a target forward of n
-// positions with its verify pass (index n; 0 = not measured yet), and the drafts judged and
-// accepted. Generator::reset() keeps them, so a new sequence of the same pair starts from them
-// instead of probing again; a speech context keeps one per draft for all its transcriptions (a
-// 5 s window has ~15 tokens, about as many as the probes take).
-struct PairMeasurements {
+// What the analytic policy has measured of one kind of step of a target/draft pair on its
+// backend: running means of the draft calls of a step (forwards and draws) per draft and of a
+// target forward of n positions with its verify pass (index n; 0 = not measured yet), and the
+// drafts judged and accepted.
+struct StepMeasurements {
     double draft_call_seconds = 0;
     std::array<double, kMaxGamma + 2> target_seconds{};
     // How often each was measured (updated_cost()).
     int draft_samples = 0;
     std::array<int, kMaxGamma + 2> target_samples{};
     uint64_t judged = 0, accepted = 0;
+};
+
+// A pair's measurements, of greedy steps and of sampled ones apart: a sampled step draws every
+// verified row over the vocabulary (a verification of n positions costs more) and accepts
+// fewer drafts, and a transcription switches between the two (its temperature fallback), where
+// one set of means fitted neither. Generator::reset() keeps them, so a new sequence of the same
+// pair starts from them instead of probing again; a speech context keeps them per draft for
+// all its transcriptions (a 5 s window has ~15 tokens, about as many as the probes take).
+struct PairMeasurements {
+    StepMeasurements greedy, sampled;
 };
 
 // A running mean of a cost after one more measurement of it (`samples` before this one): the
@@ -114,7 +122,10 @@ class Generator {
 
     const std::vector<int32_t>& committed() const { return committed_; }
     const GeneratorStats& stats() const { return stats_; }
-    const PairMeasurements& measurements() const { return *measured_; }
+    // The measurements of the steps the current sampling takes (greedy or sampled).
+    const StepMeasurements& measurements() const {
+        return config_.sampling.greedy() ? measured_->greedy : measured_->sampled;
+    }
     int next_gamma() const;
 
   private:
@@ -128,6 +139,9 @@ class Generator {
     int max_drafts() const { return std::max(config_.gamma, config_.gamma_max); }
     void commit(std::span<const int32_t> tokens);
     void adapt_gamma(int n_accepted, int gamma);
+    StepMeasurements& current_measurements() {
+        return config_.sampling.greedy() ? measured_->greedy : measured_->sampled;
+    }
 
     Decoder& target_;
     Decoder* draft_;
