@@ -155,7 +155,7 @@ int Generator::next_gamma() const {
         case GammaPolicy::kAnalytic: {
             // First a plain step and a step of `gamma` drafts: two target widths measured,
             // and a first α; then the best γ for what has been measured.
-            const StepMeasurements& m = measurements();
+            const StepMeasurements& m = current_measurements();
             if (m.target_seconds[1] <= 0) return 0;
             if (m.draft_call_seconds <= 0) return config_.gamma;
             // While plain decoding wins, a step with drafts now and then keeps α and the

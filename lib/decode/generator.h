@@ -123,9 +123,7 @@ class Generator {
     const std::vector<int32_t>& committed() const { return committed_; }
     const GeneratorStats& stats() const { return stats_; }
     // The measurements of the steps the current sampling takes (greedy or sampled).
-    const StepMeasurements& measurements() const {
-        return config_.sampling.greedy() ? measured_->greedy : measured_->sampled;
-    }
+    const StepMeasurements& measurements() const { return current_measurements(); }
     int next_gamma() const;
 
   private:
@@ -139,7 +137,7 @@ class Generator {
     int max_drafts() const { return std::max(config_.gamma, config_.gamma_max); }
     void commit(std::span<const int32_t> tokens);
     void adapt_gamma(int n_accepted, int gamma);
-    StepMeasurements& current_measurements() {
+    StepMeasurements& current_measurements() const {  // the pair's, which *measured_ holds
         return config_.sampling.greedy() ? measured_->greedy : measured_->sampled;
     }
 
