@@ -862,6 +862,50 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     EXPECT_EQ(g.measurements().draft_call_seconds, greedy.draft_call_seconds);
 }
 
+// The analytic policy starts with two plain steps, of which only the second measures plain
+// decoding (the first runs after the prompt, with other weights in the caches), then a step of
+// `gamma` drafts; the draft reads the prompt only then. Fails if a lone plain step is measured
+// or the draft evaluates the prompt in append().
+TEST(Speculative, TheAnalyticPolicyMeasuresTheSecondPlainStepAndTheDraftReadsLate) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_NE(backend, nullptr) << why;
+    LoadedPair pair;
+    ASSERT_NO_FATAL_FAILURE(load_pair(*backend, 256, &pair));
+    Generator::Config config;
+    config.policy = GammaPolicy::kAnalytic;
+    config.gamma = 5;
+    Generator g(*pair.target, pair.draft.get(), config);
+    const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
+    ASSERT_TRUE(g.append(prompt).ok());
+    EXPECT_EQ(pair.draft->n_past(), 0);
+    EXPECT_EQ(pair.target->n_past(), int(prompt.size()) - 1);
+    std::vector<int32_t> out;
+    EXPECT_EQ(g.next_gamma(), 0);
+    ASSERT_TRUE(g.step(8, &out).ok());
+    EXPECT_EQ(g.measurements().target_seconds[1], 0.0);
+    EXPECT_EQ(g.next_gamma(), 0);
+    ASSERT_TRUE(g.step(8, &out).ok());
+    EXPECT_GT(g.measurements().target_seconds[1], 0.0);
+    EXPECT_EQ(pair.draft->n_past(), 0);
+    EXPECT_EQ(g.next_gamma(), config.gamma);
+    ASSERT_TRUE(g.step(8, &out).ok());
+    EXPECT_EQ(g.stats().drafted, uint64_t(config.gamma));
+    EXPECT_GE(pair.draft->n_past(), int(prompt.size()) + 1);
+}
+
+// A probe that plain decoding still won is costly when it cost more beyond its tokens at the
+// plain step's price than a twentieth of the plain steps before it.
+TEST(Speculative, ACostlyProbeIsOneThatCostMoreThanATwentiethOfThePlainSteps) {
+    // The 134M pair drafting with its own Q4_0 weights on the cpu: 7.3 ms after 16 plain
+    // steps of 1.6 ms (the draft caught up on 17 tokens).
+    EXPECT_TRUE(costly_probe(7.3e-3, 1, 1.6e-3, 16));
+    EXPECT_FALSE(costly_probe(2.8e-3, 1, 1.6e-3, 16));  // 1.2 ms over, 1.28 allowed
+    EXPECT_TRUE(costly_probe(2.9e-3, 1, 1.6e-3, 16));
+    EXPECT_FALSE(costly_probe(0.2e-3, 2, 0.15e-3, 16));  // it paid
+    EXPECT_FALSE(costly_probe(7.3e-3, 1, 0.0, 16));      // plain decoding unmeasured
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,
                          ::testing::Values(SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN,
                                            SPECULA_BACKEND_CUDA),

@@ -90,6 +90,13 @@ int analytic_gamma(uint64_t accepted, uint64_t judged, double draft_seconds,
     return std::min(best_gamma(optimistic, draft_seconds, target_seconds, 0, gamma_max), 1);
 }
 
+bool costly_probe(double step_seconds, size_t emitted, double plain_seconds, int plain_steps) {
+    constexpr double kMostShare = 1.0 / 20;
+    if (!(plain_seconds > 0)) return false;  // nothing to weigh it against
+    const double overhead = step_seconds - double(emitted) * plain_seconds;
+    return overhead > kMostShare * plain_seconds * double(plain_steps);
+}
+
 Generator::Generator(Decoder& target, Decoder* draft, const Config& config,
                      PairMeasurements* measurements)
     : target_(target),
@@ -110,6 +117,7 @@ void Generator::reset() {
     plain_steps_ = 0;
     drafting_steps_ = 0;
     probe_every_ = kProbeEvery;
+    costly_probes_ = 0;
     stats_ = GeneratorStats{};
     rules_.reset();
     rules_from_ = 0;
@@ -133,8 +141,9 @@ Status Generator::catch_up(Decoder& ctx, size_t keep, std::vector<float>* logits
 Status Generator::append(std::span<const int32_t> tokens) {
     committed_.insert(committed_.end(), tokens.begin(), tokens.end());
     std::vector<float> logits;
+    // The draft evaluates the prompt in its first step with drafts (step_on_device closes any
+    // gap): a pair whose measurements say plain decoding wins never makes it read the prompt.
     SPECULA_TRY(catch_up(target_, 1, &logits));
-    if (draft_) SPECULA_TRY(catch_up(*draft_, 1, &logits));
     return Status::Ok();
 }
 
@@ -153,16 +162,17 @@ int Generator::next_gamma() const {
         case GammaPolicy::kHeuristic:
             return heuristic_gamma_;
         case GammaPolicy::kAnalytic: {
-            // First a plain step and a step of `gamma` drafts: two target widths measured,
-            // and a first α; then the best γ for what has been measured.
+            // First two plain steps (the first, after the prompt, measures nothing) and a step
+            // of `gamma` drafts: two target widths measured, and a first α; then the best γ
+            // for what has been measured.
             const StepMeasurements& m = current_measurements();
             if (m.target_seconds[1] <= 0) return 0;
             if (m.draft_call_seconds <= 0) return config_.gamma;
             // While plain decoding wins, a step with drafts now and then keeps α and the
             // costs measured (they change with the text and the context length); while
-            // drafting wins, a plain step now and then keeps the cost it is weighed against
-            // measured (the first plain step, right after the prompt, runs cold).
-            if (drafting_steps_ + 1 >= kProbeEvery) return 0;
+            // drafting wins, two plain steps now and then keep the cost it is weighed against
+            // measured (a lone plain step measures nothing: step_on_device).
+            if (drafting_steps_ + 1 >= kProbeEvery || plain_steps_ == 1) return 0;
             const int gamma_min = plain_steps_ + 1 >= probe_every_ ? 1 : 0;
             return analytic_gamma(m.accepted, m.judged, m.draft_call_seconds, m.target_seconds,
                                   gamma_min, config_.gamma_max);
@@ -197,8 +207,10 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     gamma = std::max(gamma, 0);
 
     std::vector<int32_t> emitted;
+    const auto t0 = Clock::now();
     SPECULA_TRY(config_.sigmoid_verify && gamma > 0 ? sigmoid_step_on_host(gamma, &emitted)
                                                     : step_on_device(gamma, &emitted, logprobs));
+    const double step_seconds = seconds_since(t0);
     const int n_accepted = int(emitted.size()) - 1;
     commit(emitted);
     out->insert(out->end(), emitted.begin(), emitted.end());
@@ -219,10 +231,19 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     stats_.last_gamma = gamma;
     ++stats_.steps;
     ++step_;
-    // Each probe that plain decoding still wins after waits twice as long for the next.
-    if (config_.policy == GammaPolicy::kAnalytic && gamma > 0)
-        probe_every_ = plain_steps_ + 1 >= probe_every_ ? std::min(2 * probe_every_, kMaxProbeEvery)
-                                                        : kProbeEvery;
+    // Each probe that plain decoding still wins after waits twice as long for the next; after
+    // two costly probes in a row (costly_probe()) there is none in this sequence.
+    if (config_.policy == GammaPolicy::kAnalytic && gamma > 0) {
+        const bool probe = plain_steps_ + 1 >= probe_every_;
+        probe_every_ = probe ? std::min(2 * probe_every_, kMaxProbeEvery) : kProbeEvery;
+        if (probe) {
+            const bool costly =
+                costly_probe(step_seconds, emitted.size(), current_measurements().target_seconds[1],
+                             plain_steps_);
+            costly_probes_ = costly ? costly_probes_ + 1 : 0;
+            if (costly_probes_ >= 2) probe_every_ = kNeverProbe;
+        }
+    }
     plain_steps_ = gamma == 0 ? plain_steps_ + 1 : 0;
     drafting_steps_ = gamma > 0 ? drafting_steps_ + 1 : 0;
     adapt_gamma(n_accepted, gamma);
@@ -269,7 +290,8 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     std::vector<float> unused;
     if (gamma > 0) {
         // The draft is one or two committed tokens behind, which its first forward below
-        // takes; only a gap longer than a batch (rare) is closed first, up to the last batch.
+        // takes, or further after the prompt or plain steps; a gap longer than a batch is
+        // closed first, up to the last batch.
         draft_->truncate(L - 1);
         if (L - draft_->n_past() > draft_->max_batch())
             SPECULA_TRY(catch_up(*draft_, size_t(draft_->max_batch()), &unused));
@@ -377,9 +399,13 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     if (gamma > 0 && draft_gap <= 2)
         m.draft_call_seconds =
             updated_cost(m.draft_call_seconds, m.draft_samples++, draft_s / gamma);
+    // A plain step right after the prompt or after a step with drafts finds the draft's weights
+    // in the caches, where the target's were (on the cpu, a model of 90 MB: 3 ms against 1.6
+    // warm); plain decoding does not pay that, so only a plain step after a plain one measures it.
     const auto width = size_t(gamma + 1);
-    m.target_seconds[width] =
-        updated_cost(m.target_seconds[width], m.target_samples[width]++, be.seconds_between(1, 3));
+    if (gamma > 0 || plain_steps_ > 0)
+        m.target_seconds[width] = updated_cost(m.target_seconds[width], m.target_samples[width]++,
+                                               be.seconds_between(1, 3));
     return Status::Ok();
 }
 

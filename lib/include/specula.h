@@ -255,13 +255,16 @@ typedef enum specula_gamma_policy {
     /* The γ with the most expected tokens per second (Leviathan et al. Thm 3.8 with the
      * measured α, draft cost and target cost per number of positions), 0 included: plain
      * decoding where no γ pays, with a step of drafts after 16 plain steps (32, 64, ... 256 while
-     * those keep losing) to keep measuring, and one draft a step while α plus one standard
-     * error of its estimate would still pay (a few unlucky first drafts are judged again). It
-     * starts with a plain step and a step of `gamma` drafts; what it measured is kept by the
-     * session across resets, and by a speech context from one transcription to the next. γ follows
-     * measured times: greedy output, and sampled output with coupled_acceptance, is the target
-     * alone's whatever γ is; sampled with Leviathan et al.'s test it is not reproducible from the
-     * seed. */
+     * those keep losing) to keep measuring, none after two such probes in a row that each cost
+     * more than a twentieth of the plain steps before them (the draft first reads every token
+     * it missed), and one draft a step while α plus one standard error of its estimate would
+     * still pay (a few unlucky first drafts are judged again). It starts with two plain steps
+     * (the second measures plain decoding) and a step of `gamma` drafts, the draft reading the
+     * prompt only then; greedy and sampled steps are measured apart; what it measured is kept by
+     * the session across resets, and by a speech context from one transcription to the next. γ
+     * follows measured times: greedy output, and sampled output with coupled_acceptance, is the
+     * target alone's whatever γ is; sampled with Leviathan et al.'s test it is not reproducible
+     * from the seed. */
     SPECULA_GAMMA_ANALYTIC = 2,
     /* The default: analytic where the output does not depend on γ (greedy, or sampled with
      * coupled_acceptance: it is the target alone's), heuristic where it does (sampling with
