@@ -802,7 +802,7 @@ TEST_P(SpeculativeOn, CachesAreReusedAcrossSteps) {
 
 TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     // A new sequence of the same pair (reset(), or a speech context's next transcription)
-    // starts from the pair's measurements instead of probing again with a plain step and a
+    // starts from the pair's measurements instead of probing again with two plain steps and a
     // step of `gamma` drafts. Fails if reset() forgets them, the caller's are not read, or
     // greedy and sampled steps share one set.
     std::string why;
