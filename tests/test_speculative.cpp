@@ -800,21 +800,31 @@ TEST_P(SpeculativeOn, CachesAreReusedAcrossSteps) {
     EXPECT_LE(target->positions_evaluated(), committed + steps * 4);
 }
 
+// The cpu backend, the test pair and the analytic policy's config (γ 5 to start, at most 8).
+struct AnalyticPairOnCpu {
+    std::unique_ptr<Backend> backend;
+    LoadedPair pair;
+    Generator::Config config;
+};
+void load_analytic_pair_on_cpu(AnalyticPairOnCpu* p) {
+    std::string why;
+    p->backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_NE(p->backend, nullptr) << why;
+    ASSERT_NO_FATAL_FAILURE(load_pair(*p->backend, 256, &p->pair));
+    p->config.policy = GammaPolicy::kAnalytic;
+    p->config.gamma = 5;
+    p->config.gamma_max = 8;
+}
+
 TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     // A new sequence of the same pair (reset(), or a speech context's next transcription)
     // starts from the pair's measurements instead of probing again with two plain steps and a
     // step of `gamma` drafts. Fails if reset() forgets them, the caller's are not read, or
     // greedy and sampled steps share one set.
-    std::string why;
-    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
-    ASSERT_NE(backend, nullptr) << why;
-    LoadedPair pair;
-    ASSERT_NO_FATAL_FAILURE(load_pair(*backend, 256, &pair));
-    LlamaContext *target = pair.target.get(), *draft = pair.draft.get();
-    Generator::Config config;
-    config.policy = GammaPolicy::kAnalytic;
-    config.gamma = 5;
-    config.gamma_max = 8;
+    AnalyticPairOnCpu p;
+    ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p));
+    LlamaContext *target = p.pair.target.get(), *draft = p.pair.draft.get();
+    const Generator::Config& config = p.config;
 
     // The costs of AnalyticPolicyGivesAnUnluckyStartTheBenefitOfTheDoubt, 7 of 8 accepted: γ 2.
     PairMeasurements given;
@@ -867,14 +877,10 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
 // `gamma` drafts; the draft reads the prompt only then. Fails if a lone plain step is measured
 // or the draft evaluates the prompt in append().
 TEST(Speculative, TheAnalyticPolicyMeasuresTheSecondPlainStepAndTheDraftReadsLate) {
-    std::string why;
-    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
-    ASSERT_NE(backend, nullptr) << why;
-    LoadedPair pair;
-    ASSERT_NO_FATAL_FAILURE(load_pair(*backend, 256, &pair));
-    Generator::Config config;
-    config.policy = GammaPolicy::kAnalytic;
-    config.gamma = 5;
+    AnalyticPairOnCpu p;
+    ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p));
+    const LoadedPair& pair = p.pair;
+    const Generator::Config& config = p.config;
     Generator g(*pair.target, pair.draft.get(), config);
     const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
     ASSERT_TRUE(g.append(prompt).ok());
