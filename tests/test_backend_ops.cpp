@@ -904,10 +904,12 @@ TEST(CudaMatmulReads, StagedAndDirectGiveTheSameFloats) {
     const auto table_values = rope_table(32, n_rot, 10000.0f);
     auto table = p.tensor(GgmlType::kF32, n_rot, 32, as_bytes(table_values));
     // Every type: the staged ones (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) and those read directly
-    // either way. Rows of whole 256-weight groups, which the staged reads need: one step of a
-    // block's loop, and (2048) two, the second's loads issued while the first is multiplied.
+    // either way. Rows of whole 256-weight groups, which the staged reads need; a step of a
+    // block's four warps covers 1024 weights: 256, the first warp's one step alone; 2304, three
+    // steps for the first warp and two for the others (each step's loads issued while the last
+    // is multiplied); 6144, six steps each.
     for (GgmlType type : weight_types(*p.gpu)) {
-        for (int64_t cols : {256, 2048}) {
+        for (int64_t cols : {256, 2304, 6144}) {
             for (int64_t n : {1, 2, 3, 8, 17}) {
                 SCOPED_TRACE(case_name(type, cols, n));
                 const int64_t rows = 3 * head_dim + 6;  // a last block of 4 or 8 rows part filled
