@@ -10,10 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "backend_util.h"
 #include "decode/generator.h"
@@ -806,11 +808,11 @@ struct AnalyticPairOnCpu {
     LoadedPair pair;
     Generator::Config config;
 };
-void load_analytic_pair_on_cpu(AnalyticPairOnCpu* p) {
+void load_analytic_pair_on_cpu(AnalyticPairOnCpu* p, int n_ctx = 256) {
     std::string why;
     p->backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
     ASSERT_NE(p->backend, nullptr) << why;
-    ASSERT_NO_FATAL_FAILURE(load_pair(*p->backend, 256, &p->pair));
+    ASSERT_NO_FATAL_FAILURE(load_pair(*p->backend, n_ctx, &p->pair));
     p->config.policy = GammaPolicy::kAnalytic;
     p->config.gamma = 5;
     p->config.gamma_max = 8;
@@ -910,6 +912,62 @@ TEST(Speculative, ACostlyProbeIsOneThatCostMoreThanATwentiethOfThePlainSteps) {
     EXPECT_TRUE(costly_probe(2.9e-3, 1, 1.6e-3, 16));
     EXPECT_FALSE(costly_probe(0.2e-3, 2, 0.15e-3, 16));  // it paid
     EXPECT_FALSE(costly_probe(7.3e-3, 1, 0.0, 16));      // plain decoding unmeasured
+}
+
+// A decoder whose forwards take `per_token` longer for each token they evaluate: a draft that
+// costs what the 134M pair's own Q4_0 weights cost, relative to its target, on the cpu.
+class SlowDecoder : public Decoder {
+  public:
+    SlowDecoder(Decoder& inner, std::chrono::microseconds per_token)
+        : inner_(inner), per_token_(per_token) {}
+    Backend& backend() const override { return inner_.backend(); }
+    int n_vocab() const override { return inner_.n_vocab(); }
+    int n_ctx() const override { return inner_.n_ctx(); }
+    int max_batch() const override { return inner_.max_batch(); }
+    int n_past() const override { return inner_.n_past(); }
+    void truncate(int n) override { inner_.truncate(n); }
+    Status record(const Tensor& ids, bool all_rows) override {
+        std::this_thread::sleep_for(per_token_ * ids.cols);
+        return inner_.record(ids, all_rows);
+    }
+    Tensor input_ids(int first, int count) const override { return inner_.input_ids(first, count); }
+    Tensor logits(int rows) const override { return inner_.logits(rows); }
+
+  private:
+    Decoder& inner_;
+    std::chrono::microseconds per_token_;
+};
+
+TEST(Speculative, TwoCostlyProbesInARowEndTheProbing) {
+    // A draft that costs 20 ms a token where a plain step costs ~0.1 ms (a few ms in a
+    // sanitized build): after its first steps with drafts (which measure the draft) the policy
+    // decodes plainly, and each probe first evaluates every token the draft missed, so the
+    // probes after 16 and 32 plain steps are both costly (costly_probe()) and there is none
+    // after them: steps with drafts at tokens 2, 8, 24 and 57 of 300 here, where without the
+    // rule the probes went on (121, 249). A new sequence probes again (15, 48). Fails if two
+    // costly probes do not end the probing, or if reset() does not start it again.
+    AnalyticPairOnCpu p;
+    ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p, 512));
+    SlowDecoder slow_draft(*p.pair.draft, std::chrono::milliseconds(20));
+    Generator g(*p.pair.target, &slow_draft, p.config);
+    const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
+    for (int sequence = 0; sequence < 2; ++sequence) {
+        SCOPED_TRACE(sequence == 0 ? "first sequence" : "after reset()");
+        g.reset();
+        ASSERT_TRUE(g.append(prompt).ok());
+        std::vector<int32_t> out;
+        std::vector<int> drafting_at;  // the tokens generated before each step with drafts
+        while (out.size() < 300) {
+            const size_t before = out.size();
+            ASSERT_TRUE(g.step(1 + kMaxGamma, &out).ok());
+            if (g.stats().last_gamma > 0) drafting_at.push_back(int(before));
+        }
+        // Probes at 16 and 32 plain steps after the policy settled on plain decoding, then none
+        // (without the rule, the next ones came after 64 and 128 more).
+        ASSERT_FALSE(drafting_at.empty());
+        EXPECT_GE(drafting_at.back(), 16) << ::testing::PrintToString(drafting_at);
+        EXPECT_LT(drafting_at.back(), 100) << ::testing::PrintToString(drafting_at);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,
