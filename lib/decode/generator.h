@@ -137,7 +137,12 @@ class Generator {
     int max_drafts() const { return std::max(config_.gamma, config_.gamma_max); }
     void commit(std::span<const int32_t> tokens);
     void adapt_gamma(int n_accepted, int gamma);
-    StepMeasurements& current_measurements() const {  // the pair's, which *measured_ holds
+    // The steps of the current sampling's kind, of the pair's measurements (*measured_); a
+    // const generator reads them only.
+    StepMeasurements& current_measurements() {
+        return config_.sampling.greedy() ? measured_->greedy : measured_->sampled;
+    }
+    const StepMeasurements& current_measurements() const {
         return config_.sampling.greedy() ? measured_->greedy : measured_->sampled;
     }
 
