@@ -886,6 +886,71 @@ TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
         }
     }
 }
+
+// Where a driver may choose among several subgroup sizes, the matmul's pipelines require one
+// (SPECULA_VULKAN_PIN_SUBGROUP). Pinned to the device's own size (=1 on a device of one size),
+// the pipelines that require it must sum as the others do, bit for bit: plain, gated, rotated
+// and with the norm applied in the matmul, every batch width, rows long enough for whole
+// subgroups. The validation layer checks the pipelines' creation.
+TEST(VulkanSubgroups, APinnedSizeSumsAsTheDevicesOwn) {
+    std::string why;
+    std::unique_ptr<Backend> own =
+        test::try_backend_with(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_PIN_SUBGROUP", "0", &why);
+    if (!own) GTEST_SKIP() << why;
+    std::unique_ptr<Backend> pinned =
+        test::try_backend_with(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_PIN_SUBGROUP", "1", &why);
+    ASSERT_TRUE(pinned) << why;
+    bool own_pinned = true, is_pinned = false;
+    const uint32_t own_size = vulkan_matmul_subgroup(*own, &own_pinned);
+    const uint32_t size = vulkan_matmul_subgroup(*pinned, &is_pinned);
+    EXPECT_FALSE(own_pinned);
+    if (!is_pinned) GTEST_SKIP() << "this device cannot require a subgroup size";
+    if (own_size != size) GTEST_SKIP() << "the device's own subgroup size is not the pinned one";
+    Pair p{std::move(own), std::move(pinned), {}, {}};  // the pair's "cpu" is unpinned
+    const int head_dim = 64, n_rot = 64;
+    const auto table_values = rope_table(32, n_rot, 10000.0f);
+    auto table = p.tensor(GgmlType::kF32, n_rot, 32, as_bytes(table_values));
+    // One weight type: the sums after the weight reads are the same code for every type (and
+    // llvmpipe compiles each type's pipelines anew, ~15 s a type).
+    for (GgmlType type : {GgmlType::kQ4_0}) {
+        for (int64_t cols : {256, 2048}) {  // 32 and 128 threads per row
+            for (int64_t n : {1, 8, 17}) {
+                SCOPED_TRACE(case_name(type, cols, n));
+                const int64_t rows = 2 * head_dim + 6;
+                auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 51));
+                auto wu = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 52));
+                auto x =
+                    p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 53));
+                auto norm_w =
+                    p.tensor(GgmlType::kF32, cols, 1, random_bytes(GgmlType::kF32, cols, 1, 54));
+                std::vector<int32_t> positions(static_cast<size_t>(n));
+                for (size_t i = 0; i < positions.size(); ++i)
+                    positions[i] = int32_t(i * 5 % 32);
+                auto pos = p.tensor(GgmlType::kI32, n, 1, as_bytes(positions));
+                auto out = p.tensor(GgmlType::kF32, rows, n, {});
+                auto normed = p.tensor(GgmlType::kF32, rows, n, {});
+                auto gated = p.tensor(GgmlType::kF32, rows, n, {});
+                auto up = p.tensor(GgmlType::kF32, rows, n, {});
+                auto rotated = p.tensor(GgmlType::kF32, 2 * head_dim, n, {});
+                auto wr =
+                    p.tensor(type, cols, 2 * head_dim, random_bytes(type, cols, 2 * head_dim, 55));
+                auto scratch = p.tensor(GgmlType::kF32, cols, n, {});
+                p.on_each([&](Backend& be, auto pick) {
+                    be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
+                    be.matmul(pick(w), be.normed(pick(x), pick(norm_w), 1e-5f, pick(scratch)),
+                              pick(normed), Backend::Accumulate::kNo);
+                    be.matmul_gated(pick(w), pick(wu), pick(x), pick(gated), pick(up));
+                    be.matmul_rope(pick(wr), pick(x), pick(rotated),
+                                   {pick(pos), pick(table), head_dim, n_rot});
+                });
+                expect_close(p, out, 0.0);
+                expect_close(p, normed, 0.0);
+                expect_close(p, gated, 0.0);
+                expect_close(p, rotated, 0.0);
+            }
+        }
+    }
+}
 #endif
 
 // CUDA's matmul kernel reads its weights itself or through shared memory in 16-byte loads

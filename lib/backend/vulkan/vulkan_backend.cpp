@@ -137,9 +137,12 @@ struct PhysicalDevice {
     VkPhysicalDevice handle = VK_NULL_HANDLE;
     uint32_t queue_family = 0;
     bool timestamps = false;  // the compute queue can write timestamps
-    // Subgroup size of compute shaders when it is one fixed power of two and shuffles work
-    // (a subgroup butterfly then sums in one fixed order); 0 otherwise.
+    // Subgroup size of the matmul's sums over subgroups (a butterfly in one fixed order), 0
+    // where it sums in shared memory: the device's one size, or where the driver may choose
+    // among several, the one its pipelines require (pin_subgroup, Vulkan 1.3's subgroup size
+    // control) (matmul_subgroup()).
     uint32_t fixed_subgroup = 0;
+    bool pin_subgroup = false;
     // Storage buffers readable as 8- and 16-bit values (Vulkan 1.2 features): weight readers
     // then load halves and bytes as such (the shaders' _small variants).
     bool small_storage = false;
@@ -147,22 +150,53 @@ struct PhysicalDevice {
     int rank = 0;  // lower is preferred
 };
 
-uint32_t fixed_subgroup_size(VkPhysicalDevice h, uint32_t api_version) {
-    if (env_is("SPECULA_VULKAN_SUBGROUPS", "0")) return 0;  // tests the fallback
+constexpr uint32_t kMatmulThreads = 128;     // shaders/matmul.comp's workgroup
+constexpr uint32_t kMatmulSubgroupSpec = 4;  // its specialization constant SUBGROUP
+
+struct SubgroupChoice {
+    uint32_t size = 0;
+    bool pinned = false;
+};
+
+// The matmul's subgroup size: usable where shuffles work in compute shaders and the size is one
+// power of two of at most the workgroup, whole subgroups filling it. A device whose driver may
+// pick any of several sizes per pipeline (Intel, AMD, many mobile GPUs) would let the n = 1 and
+// n = γ + 1 pipelines sum in different orders, so there the size is pinned: every pipeline
+// that sums over subgroups requires it, with full subgroups (Vulkan 1.3's subgroupSizeControl
+// and computeFullSubgroups), 32 where the device allows it, else its nearest size.
+// SPECULA_VULKAN_SUBGROUPS=0: none (the shared-memory sums); SPECULA_VULKAN_PIN_SUBGROUP=0: no
+// pinning, =1: pinned even where the device has one size (its own: what the tests check).
+SubgroupChoice matmul_subgroup(VkPhysicalDevice h, uint32_t api_version, uint32_t workgroup) {
+    if (env_is("SPECULA_VULKAN_SUBGROUPS", "0")) return {};  // tests the fallback
     // Before Vulkan 1.3 nothing says that the size is the same in every pipeline.
-    if (api_version < VK_API_VERSION_1_3) return 0;
+    if (api_version < VK_API_VERSION_1_3) return {};
     VkPhysicalDeviceSubgroupSizeControlProperties control{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES};
     VkPhysicalDeviceSubgroupProperties subgroup{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, &control};
     VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &subgroup};
     vk::vkGetPhysicalDeviceProperties2(h, &props2);
-    const uint32_t size = subgroup.subgroupSize;
-    const bool usable = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                        (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) &&
-                        control.minSubgroupSize == size && control.maxSubgroupSize == size &&
-                        size >= 4 && size <= 128 && (size & (size - 1)) == 0;
-    return usable ? size : 0;
+    VkPhysicalDeviceVulkan13Features v13{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES};
+    VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &v13};
+    vk::vkGetPhysicalDeviceFeatures2(h, &features);
+    if (!(subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) ||
+        !(subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT))
+        return {};
+    const auto fits = [&](uint32_t size) {
+        return size >= 4 && size <= workgroup && (size & (size - 1)) == 0 && workgroup % size == 0;
+    };
+    const bool one_size = control.minSubgroupSize == control.maxSubgroupSize &&
+                          control.minSubgroupSize == subgroup.subgroupSize;
+    const bool force_pin = env_is("SPECULA_VULKAN_PIN_SUBGROUP", "1");
+    if (one_size && !force_pin)
+        return fits(subgroup.subgroupSize) ? SubgroupChoice{subgroup.subgroupSize, false}
+                                           : SubgroupChoice{};
+    const bool can_pin = v13.subgroupSizeControl && v13.computeFullSubgroups &&
+                         (control.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT);
+    if (!can_pin || env_is("SPECULA_VULKAN_PIN_SUBGROUP", "0")) return {};
+    const uint32_t size = std::clamp(32u, control.minSubgroupSize, control.maxSubgroupSize);
+    if (!fits(size) || workgroup / size > control.maxComputeWorkgroupSubgroups) return {};
+    return {size, true};
 }
 
 // Whether weights are read through 8/16-bit storage. SPECULA_VULKAN_SMALL_STORAGE=0: never,
@@ -206,7 +240,9 @@ std::vector<PhysicalDevice> physical_devices() {
         d.handle = h;
         d.queue_family = uint32_t(q - queues.begin());
         d.timestamps = q->timestampValidBits > 0 && props.limits.timestampPeriod > 0;
-        d.fixed_subgroup = fixed_subgroup_size(h, props.apiVersion);
+        const SubgroupChoice subgroup = matmul_subgroup(h, props.apiVersion, kMatmulThreads);
+        d.fixed_subgroup = subgroup.size;
+        d.pin_subgroup = subgroup.pinned;
         d.small_storage = use_small_storage(h, props);
         d.info.kind = SPECULA_BACKEND_VULKAN;
         std::snprintf(d.info.name, sizeof d.info.name, "%s", props.deviceName);
@@ -398,7 +434,6 @@ struct PushConstants {
 constexpr uint32_t kBindings = 6;
 
 constexpr uint32_t kMaxBatchColumns = 16;  // the widest N of shaders/matmul.comp
-constexpr uint32_t kMatmulThreads = 128;
 constexpr size_t kStagingBytes = 16u << 20;
 constexpr uint32_t kSetsPerPool = 1024;
 
@@ -450,8 +485,15 @@ class VulkanBackend final : public Backend {
         VkPhysicalDeviceVulkan11Features v11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES,
                                              &v12};
         v11.storageBuffer16BitAccess = VK_TRUE;
+        // A pinned subgroup size needs the two features that let pipelines require it.
+        VkPhysicalDeviceVulkan13Features v13{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES,
+                                             phys.small_storage ? &v11 : nullptr};
+        v13.subgroupSizeControl = VK_TRUE;
+        v13.computeFullSubgroups = VK_TRUE;
         VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
-        di.pNext = phys.small_storage ? &v11 : nullptr;
+        di.pNext = phys.pin_subgroup    ? static_cast<void*>(&v13)
+                   : phys.small_storage ? static_cast<void*>(&v11)
+                                        : nullptr;
         di.queueCreateInfoCount = 1;
         di.pQueueCreateInfos = &qi;
         SPECULA_TRY(vk_check(vk::vkCreateDevice(phys.handle, &di, nullptr, &device_->handle),
@@ -545,6 +587,8 @@ class VulkanBackend final : public Backend {
     // without VK_EXT_memory_budget), enough to refuse a context that can never fit.
     uint64_t available_memory() const override { return info_.memory_bytes; }
     bool reads_small_storage() const { return phys_.small_storage; }
+    uint32_t matmul_subgroup() const { return phys_.fixed_subgroup; }
+    bool subgroup_pinned() const { return phys_.pin_subgroup; }
 
     Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) override {
         SPECULA_TRY(usable());
@@ -1182,6 +1226,16 @@ class VulkanBackend final : public Backend {
         ci.stage.module = module;
         ci.stage.pName = "main";
         ci.stage.pSpecializationInfo = &spec;
+        // The matmul's sums over subgroups on a device whose size is pinned: the pipeline
+        // requires that size in full subgroups.
+        VkPipelineShaderStageRequiredSubgroupSizeCreateInfo required{
+            VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO};
+        if (phys_.pin_subgroup && name.starts_with("matmul_") &&
+            spec_values[kMatmulSubgroupSpec] != 0) {
+            required.requiredSubgroupSize = spec_values[kMatmulSubgroupSpec];
+            ci.stage.pNext = &required;
+            ci.stage.flags = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
+        }
         ci.layout = layout_;
         const VkResult r =
             vk::vkCreateComputePipelines(device_->handle, cache_, 1, &ci, nullptr, out);
@@ -1403,6 +1457,12 @@ class VulkanBackend final : public Backend {
 };
 
 }  // namespace
+
+uint32_t vulkan_matmul_subgroup(const Backend& vulkan, bool* pinned) {
+    const auto* backend = dynamic_cast<const VulkanBackend*>(&vulkan);
+    if (pinned != nullptr) *pinned = backend != nullptr && backend->subgroup_pinned();
+    return backend != nullptr ? backend->matmul_subgroup() : 0;
+}
 
 bool vulkan_reads_small_storage(const Backend& vulkan) {
     const auto* backend = dynamic_cast<const VulkanBackend*>(&vulkan);
