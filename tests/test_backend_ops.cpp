@@ -850,6 +850,46 @@ TEST_P(BackendOps, OutOfMemoryIsAStatusAndTheBackendSurvives) {
     EXPECT_EQ(read_floats(*p.gpu, dst.second), values);
 }
 
+// Plain, gated and rotated products of random weights of `type` (and with `with_norm` one of an
+// input normed inside the matmul) on both backends of p, which must give the same floats bit
+// for bit (two ways of computing the same sums). The rotated product's rows are the whole
+// heads of 64 among `rows`; seeds seed .. seed + 4.
+void expect_matmul_variants_identical(Pair& p, GgmlType type, int64_t cols, int64_t rows, int64_t n,
+                                      bool with_norm, uint32_t seed) {
+    const int head_dim = 64, n_rot = 64;
+    const int64_t rotated_rows = rows / head_dim * head_dim;
+    const auto table_values = rope_table(32, n_rot, 10000.0f);
+    auto table = p.tensor(GgmlType::kF32, n_rot, 32, as_bytes(table_values));
+    auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, seed));
+    auto wu = p.tensor(type, cols, rows, random_bytes(type, cols, rows, seed + 1));
+    auto x = p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, seed + 2));
+    auto wr = p.tensor(type, cols, rotated_rows, random_bytes(type, cols, rotated_rows, seed + 3));
+    auto norm_w =
+        p.tensor(GgmlType::kF32, cols, 1, random_bytes(GgmlType::kF32, cols, 1, seed + 4));
+    std::vector<int32_t> positions(static_cast<size_t>(n));
+    for (size_t i = 0; i < positions.size(); ++i)
+        positions[i] = int32_t(i * 7 % 32);
+    auto pos = p.tensor(GgmlType::kI32, n, 1, as_bytes(positions));
+    auto out = p.tensor(GgmlType::kF32, rows, n, {});
+    auto normed = p.tensor(GgmlType::kF32, rows, n, {});
+    auto gated = p.tensor(GgmlType::kF32, rows, n, {});
+    auto up = p.tensor(GgmlType::kF32, rows, n, {});
+    auto rotated = p.tensor(GgmlType::kF32, rotated_rows, n, {});
+    auto scratch = p.tensor(GgmlType::kF32, cols, n, {});
+    p.on_each([&](Backend& be, auto pick) {
+        be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
+        if (with_norm)
+            be.matmul(pick(w), be.normed(pick(x), pick(norm_w), 1e-5f, pick(scratch)), pick(normed),
+                      Backend::Accumulate::kNo);
+        be.matmul_gated(pick(w), pick(wu), pick(x), pick(gated), pick(up));
+        be.matmul_rope(pick(wr), pick(x), pick(rotated), {pick(pos), pick(table), head_dim, n_rot});
+    });
+    expect_close(p, out, 0.0);
+    if (with_norm) expect_close(p, normed, 0.0);
+    expect_close(p, gated, 0.0);
+    expect_close(p, rotated, 0.0);
+}
+
 #ifdef SPECULA_HAVE_VULKAN
 // With 8/16-bit storage, weights are read as halves and bytes; the 32-bit word reads (devices
 // without it) must give the same floats. Both are forced here, whatever the device's default.
@@ -907,47 +947,13 @@ TEST(VulkanSubgroups, APinnedSizeSumsAsTheDevicesOwn) {
     if (!is_pinned) GTEST_SKIP() << "this device cannot require a subgroup size";
     if (own_size != size) GTEST_SKIP() << "the device's own subgroup size is not the pinned one";
     Pair p{std::move(own), std::move(pinned), {}, {}};  // the pair's "cpu" is unpinned
-    const int head_dim = 64, n_rot = 64;
-    const auto table_values = rope_table(32, n_rot, 10000.0f);
-    auto table = p.tensor(GgmlType::kF32, n_rot, 32, as_bytes(table_values));
     // One weight type: the sums after the weight reads are the same code for every type (and
-    // llvmpipe compiles each type's pipelines anew, ~15 s a type).
-    for (GgmlType type : {GgmlType::kQ4_0}) {
-        for (int64_t cols : {256, 2048}) {  // 32 and 128 threads per row
-            for (int64_t n : {1, 8, 17}) {
-                SCOPED_TRACE(case_name(type, cols, n));
-                const int64_t rows = 2 * head_dim + 6;
-                auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 51));
-                auto wu = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 52));
-                auto x =
-                    p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 53));
-                auto norm_w =
-                    p.tensor(GgmlType::kF32, cols, 1, random_bytes(GgmlType::kF32, cols, 1, 54));
-                std::vector<int32_t> positions(static_cast<size_t>(n));
-                for (size_t i = 0; i < positions.size(); ++i)
-                    positions[i] = int32_t(i * 5 % 32);
-                auto pos = p.tensor(GgmlType::kI32, n, 1, as_bytes(positions));
-                auto out = p.tensor(GgmlType::kF32, rows, n, {});
-                auto normed = p.tensor(GgmlType::kF32, rows, n, {});
-                auto gated = p.tensor(GgmlType::kF32, rows, n, {});
-                auto up = p.tensor(GgmlType::kF32, rows, n, {});
-                auto rotated = p.tensor(GgmlType::kF32, 2 * head_dim, n, {});
-                auto wr =
-                    p.tensor(type, cols, 2 * head_dim, random_bytes(type, cols, 2 * head_dim, 55));
-                auto scratch = p.tensor(GgmlType::kF32, cols, n, {});
-                p.on_each([&](Backend& be, auto pick) {
-                    be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
-                    be.matmul(pick(w), be.normed(pick(x), pick(norm_w), 1e-5f, pick(scratch)),
-                              pick(normed), Backend::Accumulate::kNo);
-                    be.matmul_gated(pick(w), pick(wu), pick(x), pick(gated), pick(up));
-                    be.matmul_rope(pick(wr), pick(x), pick(rotated),
-                                   {pick(pos), pick(table), head_dim, n_rot});
-                });
-                expect_close(p, out, 0.0);
-                expect_close(p, normed, 0.0);
-                expect_close(p, gated, 0.0);
-                expect_close(p, rotated, 0.0);
-            }
+    // llvmpipe compiles each type's pipelines anew, ~15 s a type). Rows of 256 and 2048
+    // weights: 32 and 128 threads per row.
+    for (int64_t cols : {256, 2048}) {
+        for (int64_t n : {1, 8, 17}) {
+            SCOPED_TRACE(case_name(GgmlType::kQ4_0, cols, n));
+            expect_matmul_variants_identical(p, GgmlType::kQ4_0, cols, 2 * 64 + 6, n, true, 51);
         }
     }
 }
@@ -965,42 +971,16 @@ TEST(CudaMatmulReads, StagedAndDirectGiveTheSameFloats) {
         test::try_backend_with(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_STAGED", "1", &why);
     ASSERT_TRUE(staged) << why;
     Pair p{std::move(direct), std::move(staged), {}, {}};  // the pair's "cpu" reads directly
-    const int head_dim = 64, n_rot = 64;
-    const auto table_values = rope_table(32, n_rot, 10000.0f);
-    auto table = p.tensor(GgmlType::kF32, n_rot, 32, as_bytes(table_values));
     // Every type: the staged ones (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) and those read directly
     // either way. Rows of whole 256-weight groups, which the staged reads need; a step of a
     // block's four warps covers 1024 weights: 256, the first warp's one step alone; 2304, three
     // steps for the first warp and two for the others (each step's loads issued while the last
-    // is multiplied); 6144, six steps each.
+    // is multiplied); 6144, six steps each. 198 rows: a last block of 4 or 8 rows part filled.
     for (GgmlType type : weight_types(*p.gpu)) {
         for (int64_t cols : {256, 2304, 6144}) {
             for (int64_t n : {1, 2, 3, 8, 17}) {
                 SCOPED_TRACE(case_name(type, cols, n));
-                const int64_t rows = 3 * head_dim + 6;  // a last block of 4 or 8 rows part filled
-                auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 41));
-                auto wu = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 42));
-                auto x =
-                    p.tensor(GgmlType::kF32, cols, n, random_bytes(GgmlType::kF32, cols, n, 43));
-                std::vector<int32_t> positions(static_cast<size_t>(n));
-                for (size_t i = 0; i < positions.size(); ++i)
-                    positions[i] = int32_t(i * 7 % 32);
-                auto pos = p.tensor(GgmlType::kI32, n, 1, as_bytes(positions));
-                auto out = p.tensor(GgmlType::kF32, rows, n, {});
-                auto gated = p.tensor(GgmlType::kF32, rows, n, {});
-                auto up = p.tensor(GgmlType::kF32, rows, n, {});
-                auto rotated = p.tensor(GgmlType::kF32, 3 * head_dim, n, {});
-                auto wr =
-                    p.tensor(type, cols, 3 * head_dim, random_bytes(type, cols, 3 * head_dim, 44));
-                p.on_each([&](Backend& be, auto pick) {
-                    be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
-                    be.matmul_gated(pick(w), pick(wu), pick(x), pick(gated), pick(up));
-                    be.matmul_rope(pick(wr), pick(x), pick(rotated),
-                                   {pick(pos), pick(table), head_dim, n_rot});
-                });
-                expect_close(p, out, 0.0);
-                expect_close(p, gated, 0.0);
-                expect_close(p, rotated, 0.0);
+                expect_matmul_variants_identical(p, type, cols, 3 * 64 + 6, n, false, 41);
             }
         }
     }
