@@ -237,9 +237,8 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
         const bool probe = plain_steps_ + 1 >= probe_every_;
         probe_every_ = probe ? std::min(2 * probe_every_, kMaxProbeEvery) : kProbeEvery;
         if (probe) {
-            const bool costly =
-                costly_probe(step_seconds, emitted.size(), current_measurements().target_seconds[1],
-                             plain_steps_);
+            const bool costly = costly_probe(step_seconds, emitted.size(),
+                                             measured.target_seconds[1], plain_steps_);
             costly_probes_ = costly ? costly_probes_ + 1 : 0;
             if (costly_probes_ >= 2) probe_every_ = kNeverProbe;
         }

@@ -150,8 +150,7 @@ struct PhysicalDevice {
     int rank = 0;  // lower is preferred
 };
 
-constexpr uint32_t kMatmulThreads = 128;     // shaders/matmul.comp's workgroup
-constexpr uint32_t kMatmulSubgroupSpec = 4;  // its specialization constant SUBGROUP
+constexpr uint32_t kMatmulThreads = 128;  // shaders/matmul.comp's workgroup
 
 struct SubgroupChoice {
     uint32_t size = 0;
@@ -836,7 +835,7 @@ class VulkanBackend final : public Backend {
         while (per_row < kMatmulThreads && per_row * 2 <= uint32_t(w.cols / 32) * 4)
             per_row *= 2;
         // Sums over subgroups where a row's threads fill whole ones (also from the row length
-        // and the device alone).
+        // and the device alone), in pipelines that require that size where it is pinned.
         const uint32_t subgroup = per_row >= phys_.fixed_subgroup ? phys_.fixed_subgroup : 0;
         // Batches wider than the verification batch, plain products only: the tiled shader,
         // which reads each weight once per 64 columns (its sums are in another order).
@@ -896,7 +895,8 @@ class VulkanBackend final : public Backend {
                            uint32_t((w.rows + rows_per_workgroup - 1) / rows_per_workgroup),
                            {kMatmulThreads, rows_per_group, bucket, per_row, subgroup,
                             gated_by != nullptr ? 1u : 0u, norm != nullptr ? 1u : 0u,
-                            rope != nullptr ? 1u : 0u});
+                            rope != nullptr ? 1u : 0u},
+                           phys_.pin_subgroup ? subgroup : 0);
         }
     }
 
@@ -1195,12 +1195,16 @@ class VulkanBackend final : public Backend {
     // Specialization constants: 0 = workgroup size, 1..7 shader-specific (see the shader).
     static constexpr uint32_t kSpecConstants = 8;
     using Spec = std::array<uint32_t, kSpecConstants>;
-    Status pipeline(const std::string& name, Spec spec_values, VkPipeline* out) {
+    // required_subgroup > 0: the pipeline runs in full subgroups of that size (a pinned
+    // size, PhysicalDevice::pin_subgroup).
+    Status pipeline(const std::string& name, Spec spec_values, uint32_t required_subgroup,
+                    VkPipeline* out) {
         std::string key = name;
         for (uint32_t v : spec_values) {
             key.push_back('/');
             key.append(std::to_string(v));
         }
+        key.append("/required " + std::to_string(required_subgroup));
         if (auto it = pipelines_.find(key); it != pipelines_.end()) {
             *out = it->second;
             return Status::Ok();
@@ -1226,13 +1230,10 @@ class VulkanBackend final : public Backend {
         ci.stage.module = module;
         ci.stage.pName = "main";
         ci.stage.pSpecializationInfo = &spec;
-        // The matmul's sums over subgroups on a device whose size is pinned: the pipeline
-        // requires that size in full subgroups.
         VkPipelineShaderStageRequiredSubgroupSizeCreateInfo required{
             VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO};
-        if (phys_.pin_subgroup && name.starts_with("matmul_") &&
-            spec_values[kMatmulSubgroupSpec] != 0) {
-            required.requiredSubgroupSize = spec_values[kMatmulSubgroupSpec];
+        if (required_subgroup > 0) {
+            required.requiredSubgroupSize = required_subgroup;
             ci.stage.pNext = &required;
             ci.stage.flags = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
         }
@@ -1313,7 +1314,8 @@ class VulkanBackend final : public Backend {
     static constexpr uint32_t kWrites0 = 1u << 0, kWrites1 = 1u << 1, kWrites2 = 1u << 2,
                               kWrites3 = 1u << 3, kWritesAll = (1u << kBindings) - 1;
     void dispatch_typed(const char* op, GgmlType type, Bound t, uint32_t writes,
-                        const PushConstants& pc, uint32_t groups, Spec spec) {
+                        const PushConstants& pc, uint32_t groups, Spec spec,
+                        uint32_t required_subgroup = 0) {
         const char* suffix = weight_suffix(type);
         if (suffix == nullptr)
             return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
@@ -1322,16 +1324,18 @@ class VulkanBackend final : public Backend {
             phys_.small_storage &&
             (type == GgmlType::kF16 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0);
         dispatch(std::string(op) + "_" + suffix + (small ? "_small" : ""), t, writes, pc, groups,
-                 spec);
+                 spec, required_subgroup);
     }
 
-    // writes: a bit per binding the shader writes (the others it only reads).
+    // writes: a bit per binding the shader writes (the others it only reads). required_subgroup:
+    // pipeline()'s.
     void dispatch(const std::string& shader, Bound tensors, uint32_t writes, PushConstants pc,
-                  uint32_t groups, Spec spec) {
+                  uint32_t groups, Spec spec, uint32_t required_subgroup = 0) {
         if (!recording() || groups == 0) return;
         VkPipeline p = VK_NULL_HANDLE;
         VkDescriptorSet set = VK_NULL_HANDLE;
-        if (Status s = pipeline(shader, spec, &p); !s.ok()) return fail(std::move(s));
+        if (Status s = pipeline(shader, spec, required_subgroup, &p); !s.ok())
+            return fail(std::move(s));
         std::array<const VulkanBuffer*, kBindings> bound{};
         for (size_t i = 0; i < kBindings; ++i) {
             const Tensor* t = tensors[i] && tensors[i]->buffer ? tensors[i] : nullptr;
