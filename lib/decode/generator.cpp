@@ -73,8 +73,9 @@ int best_gamma(double alpha, double draft_seconds, std::span<const double> targe
 
 double updated_cost(double mean, int samples, double seconds) {
     // A mean of 0 (a clock too coarse for the step) would clamp every later measurement to 0.
-    if (samples < 2 || !(mean > 0)) return seconds;
-    return 0.9 * mean + 0.1 * std::clamp(seconds, 0.5 * mean, 2.0 * mean);
+    if (!(mean > 0) || seconds < 0.5 * mean) return seconds;
+    if (samples < 2) return std::min(mean, seconds);
+    return 0.9 * mean + 0.1 * std::min(seconds, 2.0 * mean);
 }
 
 int analytic_gamma(uint64_t accepted, uint64_t judged, double draft_seconds,
@@ -287,25 +288,28 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
         rules.state = RulesState::of(*rules_, std::span(committed_).subspan(rules_from_));
     }
     std::vector<float> unused;
+    int draft_first = 0;  // the committed tokens the draft holds when the step's calls start
     if (gamma > 0) {
-        // The draft is one or two committed tokens behind, which its first forward below
-        // takes, or further after the prompt or plain steps; a gap longer than a batch is
-        // closed first, up to the last batch.
+        // The draft is one or two committed tokens behind, which its first timed forward
+        // below takes, or further after the prompt or plain steps: then all but the last are
+        // evaluated before the step's clock starts (a gap longer than a batch closed first),
+        // so every step with drafts, a probe after plain steps too, measures a draft call.
         draft_->truncate(L - 1);
         if (L - draft_->n_past() > draft_->max_batch())
             SPECULA_TRY(catch_up(*draft_, size_t(draft_->max_batch()), &unused));
+        draft_first = draft_->n_past();
+        be.upload(draft_->input_ids(0, L - draft_first), committed_.data() + draft_first);
+        if (L - draft_first > 2)
+            SPECULA_TRY(draft_->record(draft_->input_ids(0, L - draft_first - 1), false));
     }
     SPECULA_TRY(catch_up(target_, 1, &unused));
 
-    const int draft_gap = gamma > 0 ? L - draft_->n_past() : 0;  // tokens of the first call
     be.mark_time(0);
     for (int c = 0; c < gamma; ++c) {
-        Tensor ids = target_.input_ids(c, 1);  // draft c - 1
-        if (c == 0) {
-            const int first = draft_->n_past();
-            ids = draft_->input_ids(0, L - first);
-            be.upload(ids, committed_.data() + first);
-        }
+        // Draft c - 1, or the committed tokens the draft has not evaluated.
+        const Tensor ids =
+            c > 0 ? target_.input_ids(c, 1)
+                  : draft_->input_ids(draft_->n_past() - draft_first, L - draft_->n_past());
         SPECULA_TRY(draft_->record(ids, false));
         if (rules_) {
             rules.logits = draft_->logits(1);
@@ -390,12 +394,11 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     stats_.draft_seconds += draft_s;
     stats_.target_seconds += target_s;
     stats_.verify_seconds += be.seconds_between(2, 3);
-    // The analytic policy's costs: the draft calls per draft, from steps whose first call
-    // closed the usual gap of one or two tokens (after plain steps it evaluates all the tokens
-    // the draft missed, up to a batch: not what a step of drafts costs), and a target call
-    // with its verify pass, which sampling makes several rows long.
+    // The analytic policy's costs: the draft calls per draft (the first of one or two tokens,
+    // as in a step after a step with drafts), and a target call with its verify pass, which
+    // sampling makes several rows long.
     StepMeasurements& m = current_measurements();
-    if (gamma > 0 && draft_gap <= 2)
+    if (gamma > 0)
         m.draft_call_seconds =
             updated_cost(m.draft_call_seconds, m.draft_samples++, draft_s / gamma);
     // A plain step right after the prompt or after a step with drafts finds the draft's weights

@@ -66,13 +66,15 @@ struct PairMeasurements {
     StepMeasurements greedy, sampled;
 };
 
-// A running mean of a cost after one more measurement of it (`samples` before this one): the
-// first measurement (cold caches, first-use allocations) stands only until the second replaces
-// it; then 0.9 of the mean and 0.1 of the measurement, counted as at most twice the mean and at
-// least half of it. A step on which the thread lost its core takes milliseconds on a busy
-// machine: unclamped, one such step moved a 150 µs mean to 440 µs and sent the analytic policy
-// to widths it then kept for hundreds of steps, since a width it no longer picks is measured
-// again only by a probe.
+// A running mean of a cost after one more measurement of it (`samples` before this one). What
+// slows a step (a thread that lost its core, cold caches, first-use allocations) only adds time,
+// so a measurement under half the mean replaces it (the mean was of slowed steps), the first two
+// give the faster of them, and then the mean takes 0.9 of itself and 0.1 of the measurement,
+// counted as at most twice the mean. Unclamped, one step on which the thread lost its core
+// moved a 150 µs mean to 440 µs and sent the analytic policy to widths it then kept for
+// hundreds of steps, since a width it no longer picks is measured again only by a probe; and
+// a first draft step measured 20 times its cost (a busy machine) kept a pair from drafting for
+// the rest of its life, each probe taking a twentieth off the mean.
 double updated_cost(double mean, int samples, double seconds);
 
 class Generator {
