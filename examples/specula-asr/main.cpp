@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     std::string model_path, draft_path, tokens_path, audio_path, output_path,
         language = "en", backend_name = "auto", policy = "auto";
     bool translate = false, no_timestamps = false, otxt = false, osrt = false, ovtt = false,
-         ojson = false, no_fallback = false, compare = false;
+         ojson = false, no_fallback = false, no_context = false, compare = false;
     int threads = 0, gamma = 4, gamma_max = 8;
     float temperature = 0.0f;
     CLI::App app{"specula-asr: speech to text with a whisper.cpp model file"};
@@ -92,6 +92,8 @@ int main(int argc, char** argv) {
     app.add_option("-l,--language", language, "spoken language, or auto");
     app.add_flag("--translate", translate, "translate to English");
     app.add_flag("--no-timestamps", no_timestamps, "no timestamp tokens");
+    app.add_flag("--no-context", no_context,
+                 "each window decoded without the text of the windows before it");
     app.add_option("--temp", temperature, "first temperature (0 = greedy)");
     app.add_flag("--no-fallback", no_fallback, "no temperature fallback");
     app.add_flag("--otxt", otxt, "write OUT.txt");
@@ -167,6 +169,7 @@ int main(int argc, char** argv) {
     p.language = language.c_str();
     p.translate = translate;
     p.timestamps = !no_timestamps;
+    p.condition_on_previous_text = !no_context;
     p.temperature = temperature;
     if (no_fallback) p.temperature_increment = 0.0f;
     p.on_segment = print_segment;
