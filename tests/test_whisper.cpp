@@ -793,6 +793,41 @@ TEST(AsrApi, TranscribesAFileAndRefusesBadRequests) {
     specula_asr_model_free(model);
 }
 
+// Without the earlier windows' text (condition_on_previous_text off, specula-asr --no-context)
+// a window's decoding depends on its audio alone: the first window is decoded alike either way,
+// later ones (a random model, whose text differs with its prompt) otherwise. Fails if the
+// parameter does not reach the transcriber or the history is kept regardless.
+TEST(AsrApi, WithoutThePreviousTextLaterWindowsDecodeOtherwise) {
+    Api api;
+    specula_asr_model* model = nullptr;
+    ASSERT_EQ(specula_asr_model_load(api.backend, small_whisper().c_str(), nullptr, &model),
+              SPECULA_OK);
+    specula_asr_context* ctx = nullptr;
+    ASSERT_EQ(specula_asr_context_create(model, &ctx), SPECULA_OK);
+    const std::vector<float> audio = chirp(5.0);  // about four 1.28 s windows
+    std::vector<std::vector<std::string>> texts;
+    for (bool condition : {true, false}) {
+        specula_asr_params p = specula_asr_default_params();
+        p.timestamps = false;  // a segment per window
+        p.temperature_increment = 0.0f;
+        p.condition_on_previous_text = condition;
+        ASSERT_EQ(specula_asr_transcribe(ctx, audio.data(), audio.size(), &p), SPECULA_OK)
+            << specula_last_error();
+        auto& t = texts.emplace_back();
+        for (size_t i = 0; i < specula_asr_segment_count(ctx); ++i) {
+            specula_asr_segment seg{};
+            ASSERT_EQ(specula_asr_get_segment(ctx, i, &seg), SPECULA_OK);
+            t.emplace_back(seg.text);
+        }
+        ASSERT_GE(t.size(), 3u);
+    }
+    EXPECT_EQ(texts[0][0], texts[1][0]);
+    EXPECT_NE(std::vector(texts[0].begin() + 1, texts[0].end()),
+              std::vector(texts[1].begin() + 1, texts[1].end()));
+    specula_asr_context_free(ctx);
+    specula_asr_model_free(model);
+}
+
 // A draft in the params: its transcript is the target's (greedy), its steps are counted, and a
 // draft of another vocabulary or backend is refused without harm to the context.
 TEST(AsrApi, ADraftInTheParams) {
