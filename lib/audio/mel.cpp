@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <new>
 #include <numbers>
@@ -54,7 +55,7 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
         // Frames centred on samples 0, hop, ..., all of the padded signal but the last
         // (audio.py drops it).
         out->n_frames = int(n_total / kWhisperHop);
-        out->data.assign(size_t(out->n_mel) * size_t(out->n_frames), 0.0f);
+        out->data.resize(size_t(out->n_mel) * size_t(out->n_frames));  // every value set below
         // Frames past the audio see only silence: their spectrum is zero.
         const long audio_frames = std::min<long>(
             out->n_frames,
@@ -75,12 +76,8 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
         kiss_fft_cpx spectrum[kWhisperFftBins];
         double power[kWhisperFftBins];
         const float floor = -10.0f;  // log10(1e-10)
-        for (long t = 0; t < out->n_frames; ++t) {
-            if (t >= audio_frames) {
-                for (int m = 0; m < out->n_mel; ++m)
-                    out->data[size_t(m) * size_t(out->n_frames) + size_t(t)] = floor;
-                continue;
-            }
+        float top = audio_frames < out->n_frames ? floor : -std::numeric_limits<float>::infinity();
+        for (long t = 0; t < audio_frames; ++t) {
             const long first = t * kWhisperHop - kWhisperFftSize / 2;
             for (int j = 0; j < kWhisperFftSize; ++j)
                 frame[j] = window[j] * padded_sample(samples, first + j);
@@ -93,13 +90,20 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
                 double sum = 0.0;
                 for (int k = support[size_t(m)].first; k < support[size_t(m)].second; ++k)
                     sum += double(w[k]) * power[k];
-                out->data[size_t(m) * size_t(out->n_frames) + size_t(t)] =
-                    float(std::log10(std::max(sum, 1e-10)));
+                const float v = float(std::log10(std::max(sum, 1e-10)));
+                out->data[size_t(m) * size_t(out->n_frames) + size_t(t)] = v;
+                top = std::max(top, v);
             }
         }
-        const float top = *std::max_element(out->data.begin(), out->data.end());
-        for (float& v : out->data)
-            v = (std::max(v, top - 8.0f) + 4.0f) / 4.0f;
+        // The silent frames (most of a short clip's spectrogram: the 30 s appended) are one
+        // value, written once per band after the frames of audio are scaled.
+        const float silent = (std::max(floor, top - 8.0f) + 4.0f) / 4.0f;
+        for (int m = 0; m < out->n_mel; ++m) {
+            float* band = out->data.data() + size_t(m) * size_t(out->n_frames);
+            for (long t = 0; t < audio_frames; ++t)
+                band[t] = (std::max(band[t], top - 8.0f) + 4.0f) / 4.0f;
+            std::fill(band + audio_frames, band + out->n_frames, silent);
+        }
     } catch (const std::bad_alloc&) {
         return OutOfMemory("cannot allocate a spectrogram of " +
                            std::to_string(n_total / kWhisperHop) + " frames");
