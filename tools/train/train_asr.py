@@ -346,7 +346,12 @@ def main():
     ap.add_argument("--resume", action="store_true", help="continue from <out>/state.pt")
     ap.add_argument("--init-from", help="start from this checkpoint's weights (asr.pt) with a new "
                     "optimizer and schedule: a second, shorter cosine cycle")
+    ap.add_argument("--enc-layers", type=int, default=TARGET["enc_layers"], help="the target's encoder blocks")
+    ap.add_argument("--dec-layers", type=int, default=TARGET["dec_layers"], help="the target's decoder blocks")
     a = ap.parse_args()
+    # A deeper decoder over a shallower encoder moves a clip's time towards the decoder, which
+    # the draft speeds up (the encoder runs once per window for both).
+    TARGET.update(enc_layers=a.enc_layers, dec_layers=a.dec_layers)
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
     rng = random.Random(a.seed)
