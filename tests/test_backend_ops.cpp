@@ -850,6 +850,19 @@ TEST_P(BackendOps, OutOfMemoryIsAStatusAndTheBackendSurvives) {
     EXPECT_EQ(read_floats(*p.gpu, dst.second), values);
 }
 
+// The backend of `kind` created with the switch `name` at "0" and at "1" (both null where
+// there is none, `off` null where there is none at "0"; *why says why).
+struct SwitchedBackends {
+    std::unique_ptr<Backend> off, on;
+};
+SwitchedBackends backends_with_switch(specula_backend_kind kind, const char* name,
+                                      std::string* why) {
+    SwitchedBackends b;
+    b.off = test::try_backend_with(kind, name, "0", why);
+    if (b.off) b.on = test::try_backend_with(kind, name, "1", why);
+    return b;
+}
+
 // Plain, gated and rotated products of random weights of `type` (and with `with_norm` one of an
 // input normed inside the matmul) on both backends of p, which must give the same floats bit
 // for bit (two ways of computing the same sums). The rotated product's rows are the whole
@@ -895,10 +908,8 @@ void expect_matmul_variants_identical(Pair& p, GgmlType type, int64_t cols, int6
 // without it) must give the same floats. Both are forced here, whatever the device's default.
 TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
     std::string why;
-    std::unique_ptr<Backend> words =
-        test::try_backend_with(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_SMALL_STORAGE", "0", &why);
-    std::unique_ptr<Backend> small =
-        test::try_backend_with(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_SMALL_STORAGE", "1", &why);
+    auto [words, small] =
+        backends_with_switch(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_SMALL_STORAGE", &why);
     if (!words) GTEST_SKIP() << why;
     ASSERT_TRUE(small) << why;
     EXPECT_FALSE(vulkan_reads_small_storage(*words));
@@ -934,11 +945,9 @@ TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
 // subgroups. The validation layer checks the pipelines' creation.
 TEST(VulkanSubgroups, APinnedSizeSumsAsTheDevicesOwn) {
     std::string why;
-    std::unique_ptr<Backend> own =
-        test::try_backend_with(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_PIN_SUBGROUP", "0", &why);
+    auto [own, pinned] =
+        backends_with_switch(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_PIN_SUBGROUP", &why);
     if (!own) GTEST_SKIP() << why;
-    std::unique_ptr<Backend> pinned =
-        test::try_backend_with(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_PIN_SUBGROUP", "1", &why);
     ASSERT_TRUE(pinned) << why;
     bool own_pinned = true, is_pinned = false;
     const uint32_t own_size = vulkan_matmul_subgroup(*own, &own_pinned);
@@ -964,11 +973,8 @@ TEST(VulkanSubgroups, APinnedSizeSumsAsTheDevicesOwn) {
 // floats, plain, gated and rotated, at every batch width (each with its own rows per block).
 TEST(CudaMatmulReads, StagedAndDirectGiveTheSameFloats) {
     std::string why;
-    std::unique_ptr<Backend> direct =
-        test::try_backend_with(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_STAGED", "0", &why);
+    auto [direct, staged] = backends_with_switch(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_STAGED", &why);
     if (!direct) GTEST_SKIP() << why;
-    std::unique_ptr<Backend> staged =
-        test::try_backend_with(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_STAGED", "1", &why);
     ASSERT_TRUE(staged) << why;
     Pair p{std::move(direct), std::move(staged), {}, {}};  // the pair's "cpu" reads directly
     // Every type: the staged ones (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) and those read directly
