@@ -1093,6 +1093,59 @@ TEST(Speculative, StoppingInsideAStepLosesNoTokens) {
     specula_backend_free(backend);
 }
 
+TEST(Speculative, NothingAfterTheEndTokenIsEmittedOrJudged) {
+    // A transcript ends at <|endoftext|>: a step whose accepted drafts include it emits nothing
+    // after it, and the drafts after it count neither as judged nor as accepted (the speech
+    // pair's tokens after the end, which the transcriber discards, had made its 2.97 tokens per
+    // target call at γ 4 read 3.49). The target drafting for itself, so every draft is
+    // accepted, and the end token one that greedy decoding meets inside a step's drafts. Fails
+    // if the step emits past the end token or counts the drafts after it.
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_NE(backend, nullptr) << why;
+    std::array<std::unique_ptr<LlamaModel>, 2> model;
+    std::array<std::unique_ptr<LlamaContext>, 2> ctx;
+    for (size_t i = 0; i < 2; ++i) {
+        std::unique_ptr<MappedFile> file;
+        ASSERT_TRUE(MappedFile::open(models().target, &file).ok());
+        ASSERT_TRUE(LlamaModel::load(*backend, std::move(file), nullptr, &model[i]).ok());
+        ASSERT_TRUE(LlamaContext::create(*model[i], 128, 32, &ctx[i]).ok());
+    }
+    const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
+    std::vector<int32_t> plain;
+    {
+        Generator g(*ctx[0], nullptr, Generator::Config{});
+        ASSERT_TRUE(g.append(prompt).ok());
+        while (plain.size() < 40)
+            ASSERT_TRUE(g.step(1, &plain).ok());
+    }
+    // Steps of γ 4 emit tokens 5j .. 5j + 4, the last of them the target's own: the end token
+    // is the first of its kind at a draft's place.
+    size_t end = 6;
+    while (end < plain.size() &&
+           (end % 5 == 4 || std::find(plain.begin(), plain.begin() + std::ptrdiff_t(end),
+                                      plain[end]) != plain.begin() + std::ptrdiff_t(end)))
+        ++end;
+    ASSERT_LT(end, plain.size()) << ::testing::PrintToString(plain);
+    Generator::Config config;
+    config.policy = GammaPolicy::kFixed;
+    config.gamma = 4;
+    config.end_token = plain[end];
+    Generator g(*ctx[0], ctx[1].get(), config);
+    ASSERT_TRUE(g.append(prompt).ok());
+    std::vector<int32_t> out;
+    while ((out.empty() || out.back() != config.end_token) && out.size() < plain.size())
+        ASSERT_TRUE(g.step(8, &out).ok());
+    EXPECT_EQ(out, std::vector<int32_t>(plain.begin(), plain.begin() + std::ptrdiff_t(end) + 1));
+    const GeneratorStats& st = g.stats();
+    EXPECT_EQ(st.emitted, out.size());
+    EXPECT_EQ(st.accepted, st.evaluated);  // the target drafting for itself
+    // Each step but the last: its accepted drafts and the target's token; the last: its
+    // accepted drafts up to the end token.
+    EXPECT_EQ(st.accepted + st.steps - 1, st.emitted);
+    EXPECT_EQ(g.committed().size(), prompt.size() + out.size());
+}
+
 TEST(Speculative, DraftWithAnotherVocabularyIsRefused) {
     specula_backend* backend = nullptr;
     specula_backend_params bp = specula_backend_default_params();

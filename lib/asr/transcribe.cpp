@@ -36,7 +36,7 @@ class Transcriber {
           t_(m_.tokens()),
           p_(p),
           stats_(*stats),
-          generator_(ctx, p.draft, generator_config(p), p.measurements) {
+          generator_(ctx, p.draft, generator_config(p, ctx.model().tokens().eot), p.measurements) {
         rules_.tokens = t_;
         rules_.timestamps = p.timestamps;
         rules_.max_timestamp = m_.hparams().n_audio_ctx;
@@ -60,8 +60,10 @@ class Transcriber {
         return Status::Ok();
     }
 
-    static Generator::Config generator_config(const TranscribeParams& p) {
+    static Generator::Config generator_config(const TranscribeParams& p, int32_t eot) {
         Generator::Config c;
+        // A transcript ends at <|endoftext|>: drafts past it are not judged (α) nor emitted.
+        c.end_token = eot;
         c.policy = p.gamma_policy;
         c.gamma = p.gamma;
         c.gamma_max = p.gamma_max;

@@ -208,16 +208,24 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     gamma = std::max(gamma, 0);
 
     std::vector<int32_t> emitted;
+    const size_t logprobs_before = logprobs != nullptr ? logprobs->size() : 0;
     const auto t0 = Clock::now();
     SPECULA_TRY(config_.sigmoid_verify && gamma > 0 ? sigmoid_step_on_host(gamma, &emitted)
                                                     : step_on_device(gamma, &emitted, logprobs));
     const double step_seconds = seconds_since(t0);
-    const int n_accepted = int(emitted.size()) - 1;
+    int n_accepted = int(emitted.size()) - 1;
+    // Drafts after the first rejection are never judged: α counts only judged ones.
+    int evaluated = std::min(n_accepted + 1, gamma);
+    const auto end = std::find(emitted.begin(), emitted.end(), config_.end_token);
+    if (config_.end_token >= 0 && end != emitted.end()) {
+        const int at = int(end - emitted.begin());
+        if (at < n_accepted) n_accepted = evaluated = at + 1;  // an accepted draft ended it
+        emitted.resize(size_t(at) + 1);
+        if (logprobs != nullptr) logprobs->resize(logprobs_before + emitted.size());
+    }
     commit(emitted);
     out->insert(out->end(), emitted.begin(), emitted.end());
 
-    // Drafts after the first rejection are never judged: α counts only judged ones.
-    const int evaluated = std::min(n_accepted + 1, gamma);
     for (int c = 0; c < evaluated; ++c) {
         ++stats_.evaluated_at[size_t(c)];
         if (c < n_accepted) ++stats_.accepted_at[size_t(c)];

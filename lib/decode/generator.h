@@ -90,6 +90,11 @@ class Generator {
         // while the target's draw agrees: the output is the target alone's for the seed,
         // whatever the draft and γ (docs/DESIGN.md "Speculative decoding").
         bool coupled = false;
+        // A token after which nothing is wanted (Whisper's <|endoftext|>); -1: none. A step
+        // emits nothing after it, and drafts after it are neither judged nor counted: the
+        // verification still computed them (the drafts are drawn on the device), but α and the
+        // tokens per step are what the caller gets.
+        int32_t end_token = -1;
     };
 
     // `draft` may be null (plain decoding). Both decoders must be empty and share a vocabulary.
