@@ -55,6 +55,7 @@ bool transcribe_all(specula_asr_context* ctx, const std::vector<Clip>& clips,
         for (auto [sum, v] : {std::pair{&run->sum.n_steps, t.n_steps},
                               {&run->sum.n_emitted, t.n_emitted},
                               {&run->sum.n_drafted, t.n_drafted},
+                              {&run->sum.n_evaluated, t.n_evaluated},
                               {&run->sum.n_accepted, t.n_accepted}})
             *sum += v;
     }
@@ -179,10 +180,11 @@ int main(int argc, char** argv) {
                         info.n_vocab, tokens_path.c_str());
         }
         std::printf(
-            "pair: acceptance rate %.3f (%llu of %llu drafts), %.2f tokens per target "
-            "call; transcripts identical to the target's: %zu of %zu\n",
-            s.sum.n_drafted ? double(s.sum.n_accepted) / double(s.sum.n_drafted) : 0.0,
-            (unsigned long long)s.sum.n_accepted, (unsigned long long)s.sum.n_drafted,
+            "pair: acceptance rate %.3f (%llu of %llu judged drafts; %llu drafted), %.2f "
+            "tokens per target call; transcripts identical to the target's: %zu of %zu\n",
+            s.sum.n_evaluated ? double(s.sum.n_accepted) / double(s.sum.n_evaluated) : 0.0,
+            (unsigned long long)s.sum.n_accepted, (unsigned long long)s.sum.n_evaluated,
+            (unsigned long long)s.sum.n_drafted,
             s.sum.n_steps ? double(s.sum.n_emitted) / double(s.sum.n_steps) : 0.0, same,
             clips.size());
         const double ta = median(alone_s), tp = median(pair_s);
