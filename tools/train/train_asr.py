@@ -272,7 +272,22 @@ def greedy(decoder, xa, sub_of, sub_ids, max_len=40):
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         if done.all():
             break
-    return tokens[:, 2:]
+    return tokens
+
+
+@torch.no_grad()
+def agreement(draft, xa, tokens, sub_of, sub_ids):
+    """How often the draft's greedy choice is the next token of the target's greedy transcript
+    `tokens` (greedy() of the target, to its first <|endoftext|>): greedy drafting's acceptance
+    rate per token. Returns (agreeing, judged)."""
+    logits = draft(tokens[:, :-1], xa)
+    logits[:, :, torch.tensor([t >= EOT and t != EOT for t in sub_ids.tolist()])] = -1e9
+    nxt = tokens[:, 1:]
+    ended = (nxt == sub_of[EOT]).long().cumsum(1)
+    judged = (ended - (nxt == sub_of[EOT]).long()) == 0  # up to the first <|endoftext|>
+    judged[:, 0] = False  # <|notimestamps|> is the prompt's
+    hit = (logits.argmax(-1) == nxt) & judged
+    return int(hit.sum()), int(judged.sum())
 
 
 def decode_text(tokens, sub_ids, vocab):
@@ -288,16 +303,47 @@ def evaluate(model, data, bpe, sub_of, sub_ids, vocab, n=None):
     model.eval()
     mel = torch.from_numpy(data["heldout_mel"][:n].astype(np.float32))
     refs = list(data["heldout_text"][:n])
-    res = {}
+    res, agree, judged = {}, 0, 0
     for name, dec in (("target", model.decoder), ("draft", model.draft)):
         hyps = []
         for s in range(0, len(mel), 64):
             xa = model.encoder(mel[s : s + 64])
-            hyps += decode_text(greedy(dec, xa, sub_of, sub_ids), sub_ids, vocab)
+            tokens = greedy(dec, xa, sub_of, sub_ids)
+            hyps += decode_text(tokens[:, 2:], sub_ids, vocab)
+            if dec is model.decoder:
+                a, j = agreement(model.draft, xa, tokens, sub_of, sub_ids)
+                agree, judged = agree + a, judged + j
         res[name] = wer(refs, hyps)
         res[name + "_examples"] = list(zip(refs[:3], hyps[:3]))
+    res["agreement"] = agree / max(judged, 1)
     model.train()
     return res
+
+
+def load_files(model, sub_ids, target_path, draft_path):
+    """The reverse of export(): a target and a draft file (whisper.cpp's format, any type the
+    NumPy reference reads) into the Pair's weights."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/reference"))
+    from whisper_ref import WhisperFile
+
+    sd = {}
+    for path, decoder in ((target_path, "decoder."), (draft_path, "draft.")):
+        f = WhisperFile(path)
+        for name in f.tensors:
+            if name.startswith("decoder.") or path == target_path:
+                key = decoder + name[len("decoder."):] if name.startswith("decoder.") else name
+                sd[key] = torch.from_numpy(np.ascontiguousarray(f(name), dtype=np.float32))
+        emb = sd.pop(decoder + "token_embedding.weight")
+        absent = np.ones(len(emb), bool)
+        absent[sub_ids] = False
+        if emb[absent][:, BIAS_CHANNEL].max() > ABSENT_LOGIT / 2 or emb[absent].abs().sum(0)[BIAS_CHANNEL + 1:].max() != 0:
+            sys.exit(f"{path}: tokens outside this corpus have trained embeddings (another corpus?)")
+        sd[decoder + "token_embedding"] = emb[torch.from_numpy(sub_ids)]
+    for k in ("encoder.conv1.bias", "encoder.conv2.bias"):
+        sd[k] = sd[k].reshape(-1)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected or any(not k.startswith("ctc.") for k in missing):
+        sys.exit(f"the files do not fit the model: missing {missing}, unexpected {unexpected}")
 
 
 def export(model, sub_ids, n_audio_ctx, decoder, dec_layers, path):
@@ -348,6 +394,10 @@ def main():
                     "optimizer and schedule: a second, shorter cosine cycle")
     ap.add_argument("--enc-layers", type=int, default=TARGET["enc_layers"], help="the target's encoder blocks")
     ap.add_argument("--dec-layers", type=int, default=TARGET["dec_layers"], help="the target's decoder blocks")
+    ap.add_argument("--init-from-files", nargs=2, metavar=("TARGET", "DRAFT"),
+                    help="start from a pair's whisper.cpp files (dequantized: the weights the runtime "
+                         "runs) with a new optimizer and schedule, as --init-from; --steps 0 only "
+                         "evaluates them")
     a = ap.parse_args()
     # A deeper decoder over a shallower encoder moves a clip's time towards the decoder, which
     # the draft speeds up (the encoder runs once per window for both).
@@ -371,6 +421,11 @@ def main():
         return
     if a.init_from:
         model.load_state_dict(torch.load(a.init_from)["model"])
+    elif a.init_from_files:
+        load_files(model, sub_ids, *a.init_from_files)
+        if a.steps == 0:  # only evaluate the files
+            finish(a, model, data, bpe, sub_of, sub_ids, vocab, n_audio_ctx, 0, 0.0)
+            return
     batches = Batches(data, bpe, n_audio_ctx, a.seed)
     to_sub = torch.from_numpy(np.vectorize(lambda t: sub_of.get(int(t), 0))(np.arange(N_VOCAB)))
     print(f"{len(sub_ids)} trained tokens; target {sum(p.numel() for n, p in model.named_parameters() if not n.startswith(('draft', 'ctc')))/1e6:.2f}M "
@@ -407,7 +462,8 @@ def main():
             xa = model.encoder(augment(mel, rng))
             logits = model.decoder(tokens[:, :-1], xa)
             d_logits = model.draft(tokens[:, :-1], xa.detach())
-            ctc_logits = model.ctc(xa)
+            # The files hold no CTC head: a new one learns without steering the encoder.
+            ctc_logits = model.ctc(xa.detach() if a.init_from_files else xa)
         xa, logits, d_logits, ctc_logits = xa.float(), logits.float(), d_logits.float(), ctc_logits.float()
         ce = (F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none") * weight).sum() / weight.sum()
         d_ce = (F.cross_entropy(d_logits.transpose(1, 2), tokens[:, 1:], reduction="none") * weight).sum() / weight.sum()
@@ -430,11 +486,15 @@ def main():
         model.decoder.pin_bias_channel()
         model.draft.pin_bias_channel()
         if step % 50 == 0:
+            # Teacher-forced: how often the draft's choice is the target's.
+            match = ((d_logits.argmax(-1) == logits.argmax(-1)).float() * weight).sum() / weight.sum()
             print(f"step {step} ce {ce.item():.3f} ctc {ctc.item():.3f} draft ce {d_ce.item():.3f} kl {kl.item():.3f} "
+                  f"match {match.item():.3f} "
                   f"lr {sched.get_last_lr()[0]:.2e} {time.time() - t_start:.0f} s", flush=True)
         if step % a.eval_every == 0 or step == a.steps:
             r = evaluate(model, data, bpe, sub_of, sub_ids, vocab, n=None if step == a.steps else 100)
-            print(f"step {step} held-out WER target {r['target']:.3f} draft {r['draft']:.3f} {r['target_examples'][:2]}", flush=True)
+            print(f"step {step} held-out WER target {r['target']:.3f} draft {r['draft']:.3f} "
+                  f"agreement {r['agreement']:.3f} {r['target_examples'][:2]}", flush=True)
             os.makedirs(a.out, exist_ok=True)
             torch.save(dict(model=model.state_dict(), sub_ids=sub_ids, step=step), os.path.join(a.out, "asr.pt"))
         if step % a.save_every == 0:
@@ -453,9 +513,10 @@ def finish(a, model, data, bpe, sub_of, sub_ids, vocab, n_audio_ctx, step, secon
     export(model, sub_ids, n_audio_ctx, model.decoder, TARGET["dec_layers"], os.path.join(a.out, "target"))
     export(model, sub_ids, n_audio_ctx, model.draft, DRAFT_DEC_LAYERS, os.path.join(a.out, "draft"))
     r = evaluate(model, data, bpe, sub_of, sub_ids, vocab)
-    json.dump(dict(wer_target=r["target"], wer_draft=r["draft"], step=step, seconds=seconds,
+    json.dump(dict(wer_target=r["target"], wer_draft=r["draft"], agreement=r["agreement"], step=step, seconds=seconds,
                    threads=a.threads), open(os.path.join(a.out, "train.json"), "w"), indent=1)
     print(f"done at step {step}: held-out WER target {r['target']:.3f} draft {r['draft']:.3f}, "
+          f"the draft agrees with the target's greedy transcripts on {r['agreement']:.3f} of their tokens, "
           f"{seconds:.0f} s of training", flush=True)
 
 
