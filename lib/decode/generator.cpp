@@ -216,8 +216,10 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     int n_accepted = int(emitted.size()) - 1;
     // Drafts after the first rejection are never judged: α counts only judged ones.
     int evaluated = std::min(n_accepted + 1, gamma);
-    const auto end = std::find(emitted.begin(), emitted.end(), config_.end_token);
-    if (config_.end_token >= 0 && end != emitted.end()) {
+    const auto end = config_.end_token >= 0
+                         ? std::find(emitted.begin(), emitted.end(), config_.end_token)
+                         : emitted.end();
+    if (end != emitted.end()) {
         const int at = int(end - emitted.begin());
         if (at < n_accepted) n_accepted = evaluated = at + 1;  // an accepted draft ended it
         emitted.resize(size_t(at) + 1);

@@ -255,13 +255,19 @@ def wer(refs, hyps):
     return errors / max(words, 1)
 
 
+def specials_suppressed(sub_ids):
+    """The compact ids the runtime's rules leave out of greedy text decoding: every special
+    token but <|endoftext|>."""
+    return torch.tensor([t >= EOT and t != EOT for t in sub_ids.tolist()])
+
+
 @torch.no_grad()
 def greedy(decoder, xa, sub_of, sub_ids, max_len=40):
     """Greedy transcription without timestamps (compact logits; specials other than
     <|endoftext|> left out as the runtime's rules leave them out)."""
     b = xa.shape[0]
     tokens = torch.tensor([[sub_of[SOT], sub_of[NO_TS]]] * b)
-    banned = torch.tensor([t >= EOT and t != EOT for t in sub_ids.tolist()])
+    banned = specials_suppressed(sub_ids)
     done = torch.zeros(b, dtype=torch.bool)
     for _ in range(max_len):
         logits = decoder(tokens, xa)[:, -1]
@@ -281,7 +287,7 @@ def agreement(draft, xa, tokens, sub_of, sub_ids):
     `tokens` (greedy() of the target, to its first <|endoftext|>): greedy drafting's acceptance
     rate per token. Returns (agreeing, judged)."""
     logits = draft(tokens[:, :-1], xa)
-    logits[:, :, torch.tensor([t >= EOT and t != EOT for t in sub_ids.tolist()])] = -1e9
+    logits[:, :, specials_suppressed(sub_ids)] = -1e9
     nxt = tokens[:, 1:]
     ended = (nxt == sub_of[EOT]).long().cumsum(1)
     judged = (ended - (nxt == sub_of[EOT]).long()) == 0  # up to the first <|endoftext|>
