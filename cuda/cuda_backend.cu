@@ -88,6 +88,11 @@ class CudaBackend final : public Backend {
         SPECULA_TRY(cuda_status(
             cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device),
             "cudaDeviceGetAttribute"));
+        int major = 0;
+        SPECULA_TRY(
+            cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                        "cudaDeviceGetAttribute"));
+        reads_.tensor_cores = major >= 8 && env_is("SPECULA_CUDA_TENSOR_CORES", "1");
         SPECULA_TRY(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                 "cudaStreamCreate"));
         for (cudaEvent_t& e : events_)
@@ -224,7 +229,7 @@ class CudaBackend final : public Backend {
                                      x.rows, dev(out), out.cols, accumulate == Accumulate::kYes)
                 : cuda::matmul(stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x),
                                quantized(x, w.type), x.rows, dev(out), out.cols,
-                               accumulate == Accumulate::kYes, staged_);
+                               accumulate == Accumulate::kYes, reads_);
         wrote(out);
         if (!ok) return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul");
@@ -239,7 +244,7 @@ class CudaBackend final : public Backend {
         select_device();
         const bool ok = cuda::matmul_gated(stream_, w_gate.type, dev<uint8_t>(w_gate),
                                            dev<uint8_t>(w_up), w_gate.cols, w_gate.rows, dev(x),
-                                           quantized(x, w_gate.type), x.rows, dev(out), staged_);
+                                           quantized(x, w_gate.type), x.rows, dev(out), reads_);
         wrote(out);
         if (!ok) return fail(no_kernel(w_gate.type));
         check(cudaGetLastError(), "matmul_gated");
@@ -253,7 +258,7 @@ class CudaBackend final : public Backend {
         select_device();
         const bool ok = cuda::matmul_rope(
             stream_, w.type, dev<uint8_t>(w), w.cols, w.rows, dev(x), quantized(x, w.type), x.rows,
-            dev(out), dev<int32_t>(r.positions), dev(r.table), r.head_dim, r.n_rot, staged_);
+            dev(out), dev<int32_t>(r.positions), dev(r.table), r.head_dim, r.n_rot, reads_);
         wrote(out);
         if (!ok) return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul_rope");
@@ -483,8 +488,11 @@ class CudaBackend final : public Backend {
     bool fused_rope_ = !env_is("SPECULA_CUDA_FUSED_ROPE", "0");
     // SPECULA_CUDA_STAGED=0: each thread reads its weights from memory itself instead of a warp
     // reading them into shared memory in 16-byte loads (the same floats; what the staged reads
-    // are measured against).
-    bool staged_ = !env_is("SPECULA_CUDA_STAGED", "0");
+    // are measured against). SPECULA_CUDA_TENSOR_CORES=1: Q8_0 and Q4_0 times 8-bit inputs by
+    // mma.sync (matmul_mma_kernel, sm_80 and later; other floats, batch invariant too) rather
+    // than by dp4a in matmul_kernel: faster for wide verification batches, slower for one
+    // column (docs/DESIGN.md). init() settles it.
+    cuda::MatmulReads reads_{.staged = !env_is("SPECULA_CUDA_STAGED", "0"), .tensor_cores = false};
     // Q8_0 and Q4_0 weights are multiplied by inputs quantized to 8 bits per block of 32 (the
     // cpu's integer kernels' rounding), by integer dot products; SPECULA_CUDA_INT8_INPUTS=0:
     // by the floats (what the integer products are measured against).

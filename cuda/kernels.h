@@ -27,23 +27,30 @@ void quantize_inputs(cudaStream_t s, const float* x, int64_t count, QuantizedInp
 // With q.q set, out is also quantized into q (cols whole blocks of 32).
 void rms_norm(cudaStream_t s, const float* x, const float* w, float eps, int64_t cols, int64_t rows,
               float* out, QuantizedInputs q = {});
-// accumulate: out += w x instead of out = w x. staged: weights read through shared memory in
-// 16-byte loads where their type and row length allow it, else each thread reads its own (the
-// same floats either way; ops.cu's matmul_kernel). qx: x quantized, which weights with an
-// integer kernel (has_int_kernel) are multiplied by instead of x; null: x.
+// How matmul reads and multiplies its weights. staged: through shared memory in 16-byte loads
+// where their type and row length allow it, else each thread reads its own (the same floats
+// either way; ops.cu's matmul_kernel). tensor_cores: Q8_0 and Q4_0 times quantized inputs by
+// mma.sync (sm_80 and later; matmul_mma_kernel), whose sums run in another order than
+// matmul_kernel's: one choice for every batch width keeps a device's results batch invariant.
+struct MatmulReads {
+    bool staged = true;
+    bool tensor_cores = false;
+};
+// accumulate: out += w x instead of out = w x. qx: x quantized, which weights with an integer
+// kernel (has_int_kernel) are multiplied by instead of x; null: x.
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
             const float* x, const QuantizedInputs* qx, int64_t n, float* out, int64_t out_stride,
-            bool accumulate, bool staged);
+            bool accumulate, MatmulReads reads);
 // out = silu(w_gate x) * (w_up x) in one pass, w_gate and w_up of one type: the floats of two
 // matmuls and silu_mul (Backend::matmul_gated).
 bool matmul_gated(cudaStream_t s, GgmlType type, const void* w_gate, const void* w_up, int64_t in,
                   int64_t out_features, const float* x, const QuantizedInputs* qx, int64_t n,
-                  float* out, bool staged);
+                  float* out, MatmulReads reads);
 // matmul and then rope on its output, in one pass: the same floats (Backend::matmul_rope).
 bool matmul_rope(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
                  const float* x, const QuantizedInputs* qx, int64_t n, float* out,
                  const int32_t* positions, const float* table, int head_dim, int n_rot,
-                 bool staged);
+                 MatmulReads reads);
 // The same product in tiles of kMatmulTile rows x columns (core/device_abi.h), each weight read
 // once per tile of columns, for batches wider than a verification forward: its sums run in
 // another order than matmul's, so a column may differ from one of a narrow batch by rounding.

@@ -245,6 +245,43 @@ struct MatmulEpilogue {
     int head_dim = 0, n_rot = 0;
 };
 
+// The end of a matmul block of R rows (twice R for a gated one: w's, then up's) and N columns,
+// each row's sum over the block's warps in `partial`: the rows in pairs (a pair's rotation needs
+// both), each row's warps summed in order, gated and rotated as the epilogue says, written or
+// added to out.
+template <int R, int N, bool Gated, int kWarps>
+__device__ void write_rows(const float (&partial)[kWarps][Gated ? 2 * R : R][N], int t, int threads,
+                           int64_t r0, int64_t rows, int n, float* __restrict__ out,
+                           int64_t out_stride, bool accumulate, const MatmulEpilogue& e) {
+    auto row_sum = [&](int r, int c) {
+        float v = partial[0][r][c];
+        for (int k = 1; k < kWarps; ++k)
+            v += partial[k][r][c];
+        return v;
+    };
+    for (int i = t; i < R / 2 * N; i += threads) {
+        const int r = 2 * (i / N), c = i % N;
+        if (c >= n) continue;
+        float v[2];
+        for (int k = 0; k < 2; ++k) {
+            v[k] = row_sum(r + k, c);
+            if (Gated) v[k] = silu_times(v[k], row_sum(R + r + k, c));
+        }
+        if (e.positions != nullptr) {
+            const int64_t d = (r0 + r) % e.head_dim;
+            if (d < e.n_rot) {
+                const float* cs = e.table + int64_t(e.positions[c]) * e.n_rot + d;
+                rotate_pair(v[0], v[1], cs[0], cs[1], &v[0], &v[1]);
+            }
+        }
+        for (int k = 0; k < 2; ++k) {
+            if (r0 + r + k >= rows) continue;
+            float& o = out[c * out_stride + r0 + r + k];
+            o = accumulate ? o + v[k] : v[k];
+        }
+    }
+}
+
 // Staged: a warp's 8 blocks of a row (one super-block for the K-quants) are contiguous bytes
 // that it reads in 16-byte loads into shared memory, one per lane, the next step's loads in
 // flight while the current step is multiplied; each thread then decodes its quarter block
@@ -380,34 +417,215 @@ __global__ void __launch_bounds__(kMatmulThreads)
                 (&partial[warp][0][0])[(lane >> shift) * held + i] = (&acc[0][0])[i];
     }
     __syncthreads();
-    // Rows in pairs (a pair's rotation needs both), each row's warps summed in order.
-    auto row_sum = [&](int r, int c) {
-        float v = partial[0][r][c];
-        for (int k = 1; k < kWarps; ++k)
-            v += partial[k][r][c];
-        return v;
+    write_rows<R, N, Gated, kWarps>(partial, t, kMatmulThreads, r0, rows, n, out, out_stride,
+                                    accumulate, e);
+}
+
+// The verification batch on tensor cores (sm_80 and later; SPECULA_CUDA_TENSOR_CORES=1): Q8_0
+// and Q4_0 weights times 8-bit inputs, up to 16 columns, each weight read once. A warp's
+// mma.sync m16n8k32 multiplies one 32-weight block of 16 rows by the block's 32 quantized inputs
+// of 8 columns into exact 32-bit sums, which each lane scales and adds to its float sums: one fma
+// per row, column and block, blocks in order. A column's sums depend on no other column (nor on
+// how many there are: columns past n are zeros), so n = 1 and n = 16 give the same floats: batch
+// invariant like matmul_kernel, whose order (quarter blocks) differs. A block of kMmaWarps warps
+// takes 16 rows (and up's 16 for a gated product), warp k the chunks k, k + kMmaWarps, ... of
+// kMmaChunk blocks; the warps' sums are added in order (write_rows).
+// Staged: each chunk's weights, inputs and input scales are copied into the warp's shared
+// memory in 16-byte cp.async copies, kMmaStages - 1 chunks ahead of the one multiplied (rows of
+// whole chunks, 16-byte aligned); else each lane reads its own from memory. Same floats.
+// Not the default: on an H200, at 8B widths, a forward of 16 columns took 0.65x the time it
+// takes with matmul_kernel and one of 8 0.86x, but decoding ran at 0.67-0.76x (docs/DESIGN.md
+// "Tensor cores for the verification batch").
+constexpr int kMmaRows = 16, kMmaWarps = 4, kMmaThreads = kMmaWarps * kWarp, kMmaStages = 2;
+constexpr int kMmaChunk = 8;  // blocks: a whole number of 16-byte vectors for Q8_0 and Q4_0
+// A column's staged inputs, padded by 16 bytes so that the 8 columns' reads fall in other banks.
+constexpr int kMmaXStride = kMmaChunk * int(kBlock) + 16;
+
+template <GgmlType T>
+constexpr bool kMmaWeights = T == GgmlType::kQ8_0 || T == GgmlType::kQ4_0;
+
+// One warp's stage for n columns: its rows' chunks, then the inputs' chunks and their scales.
+template <GgmlType T, bool Gated>
+__host__ __device__ constexpr int mma_stage_bytes(int n) {
+    return (Gated ? 2 : 1) * kMmaRows * kChunkBytes<T> + n * (kMmaXStride + kMmaChunk * 4);
+}
+template <GgmlType T, bool Gated>
+constexpr int mma_shared_bytes(int n) {
+    return kMmaWarps * kMmaStages * mma_stage_bytes<T, Gated>(n);
+}
+
+// D = A B for A 16 x 32 signed bytes (four words a lane: rows g, g + 8 of k = 4 q .. 4 q + 3,
+// then of 16 + 4 q ..), B 32 x 8 (two words: column g, k = 4 q .., then 16 + 4 q ..); D's words:
+// (g, 2 q), (g, 2 q + 1), (g + 8, 2 q), (g + 8, 2 q + 1), for lane 4 g + q.
+__device__ void mma_s8(const uint32_t a[4], const uint32_t b[2], int32_t d[4]) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%10, %10, %10, %10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+#else
+    __trap();  // the backend takes matmul_kernel on such devices
+#endif
+}
+
+// 16 bytes from global to shared memory without passing through registers (sm_80 and later).
+__device__ void copy16_async(void* shared, const void* global) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    const auto to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(global) : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ void copies_commit() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most `pending` of this lane's committed groups are in flight.
+template <int pending>
+__device__ void copies_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
+#endif
+}
+
+template <GgmlType T, int Tiles, bool Gated, bool Staged>
+__global__ void __launch_bounds__(kMmaThreads)
+    matmul_mma_kernel(const uint8_t* __restrict__ w, int64_t in, int64_t rows, QuantizedInputs ix,
+                      int n, float* __restrict__ out, int64_t out_stride, bool accumulate,
+                      MatmulEpilogue e) {
+    static_assert(kMmaWeights<T>, "tensor-core products for Q8_0 and Q4_0 only");
+    constexpr int R = kMmaRows, kMats = Gated ? 2 : 1, N = 8 * Tiles;
+    __shared__ float partial[kMmaWarps][kMats * R][N];
+    extern __shared__ uint4 stages[];  // Staged: kMmaStages of mma_stage_bytes(n) a warp
+    const int t = threadIdx.x, warp = t / kWarp, lane = t % kWarp, g = lane / 4, q = lane % 4;
+    const int64_t r0 = int64_t(blockIdx.x) * R, blocks = in / kBlock, stride = row_bytes<T>(in);
+    // Row k of the block (w's 16 rows, then up's): null past the matrix, whose rows count as zeros.
+    auto row_of = [&](int k) -> const uint8_t* {
+        if (r0 + k % R >= rows) return nullptr;
+        return (Gated && k >= R ? e.up : w) + (r0 + k % R) * stride;
     };
-    for (int i = t; i < R / 2 * N; i += kMatmulThreads) {
-        const int r = 2 * (i / N), c = i % N;
-        if (c >= n) continue;
-        float v[2];
-        for (int k = 0; k < 2; ++k) {
-            v[k] = row_sum(r + k, c);
-            if (Gated) v[k] = silu_times(v[k], row_sum(R + r + k, c));
-        }
-        if (e.positions != nullptr) {
-            const int64_t d = (r0 + r) % e.head_dim;
-            if (d < e.n_rot) {
-                const float* cs = e.table + int64_t(e.positions[c]) * e.n_rot + d;
-                rotate_pair(v[0], v[1], cs[0], cs[1], &v[0], &v[1]);
+    // acc[m][j][i]: matrix m, tile j of 8 columns, D's word i.
+    float acc[kMats][Tiles][4];
+    for (int m = 0; m < kMats; ++m)
+        for (int j = 0; j < Tiles; ++j)
+            for (int i = 0; i < 4; ++i)
+                acc[m][j][i] = 0.0f;
+    // Block u of a chunk: w_at(k), row k's chunk (null: zeros); x_at(c), column c's inputs of
+    // the chunk; d_at(c), their scales. A lane's eight weights of a row and eight inputs of a
+    // column are its quarter of the block (int_quarter: weights 8 q .. 8 q + 7), the k of the
+    // product permuted alike for both, which leaves every sum of the block as it is.
+    auto multiply = [&](int u, auto w_at, auto x_at, auto d_at) {
+        uint32_t a[kMats][4];
+        float dw[kMats][2];
+        for (int m = 0; m < kMats; ++m) {
+            for (int h = 0; h < 2; ++h) {
+                if (const uint8_t* row = w_at(m * R + g + 8 * h)) {
+                    int32_t v[2];
+                    int_quarter<T>(row, u, q, v, &dw[m][h]);
+                    a[m][h] = uint32_t(v[0]);
+                    a[m][2 + h] = uint32_t(v[1]);
+                } else {
+                    a[m][h] = a[m][2 + h] = 0;
+                    dw[m][h] = 0.0f;
+                }
             }
         }
-        for (int k = 0; k < 2; ++k) {
-            if (r0 + r + k >= rows) continue;
-            float& o = out[c * out_stride + r0 + r + k];
-            o = accumulate ? o + v[k] : v[k];
+        for (int j = 0; j < Tiles; ++j) {
+            uint32_t bx[2] = {0, 0};
+            if (8 * j + g < n) {
+                const int2 xq =
+                    *reinterpret_cast<const int2*>(x_at(8 * j + g) + u * kBlock + 8 * q);
+                bx[0] = uint32_t(xq.x);
+                bx[1] = uint32_t(xq.y);
+            }
+            float dx[2];
+            for (int k = 0; k < 2; ++k) {
+                const int c = 8 * j + 2 * q + k;
+                dx[k] = c < n ? d_at(c)[u] : 0.0f;
+            }
+            for (int m = 0; m < kMats; ++m) {
+                int32_t d[4];
+                mma_s8(a[m], bx, d);
+                for (int i = 0; i < 4; ++i)
+                    acc[m][j][i] = fmaf(float(d[i]), dw[m][i / 2] * dx[i % 2], acc[m][j][i]);
+            }
+        }
+    };
+    if constexpr (Staged) {
+        constexpr int kRowBytes = kChunkBytes<T>, kVectors = kChunkVectors<T>;
+        const int stage_bytes = mma_stage_bytes<T, Gated>(n);
+        uint8_t* mine = reinterpret_cast<uint8_t*>(stages) + warp * kMmaStages * stage_bytes;
+        const int64_t chunks = blocks / kMmaChunk;
+        // Copies chunk `chunk` (if there is one) into stage `st`; one group per call either way.
+        auto fetch = [&](int64_t chunk, int st) {
+            uint8_t* to = mine + st * stage_bytes;
+            if (chunk < chunks) {
+                for (int i = lane; i < kMats * R * kVectors; i += kWarp) {
+                    const int k = i / kVectors, v = i % kVectors;
+                    if (const uint8_t* row = row_of(k))
+                        copy16_async(to + k * kRowBytes + 16 * v, row + chunk * kRowBytes + 16 * v);
+                }
+                uint8_t* xs = to + kMats * R * kRowBytes;
+                for (int i = lane; i < n * 16; i += kWarp) {
+                    const int c = i / 16, v = i % 16;
+                    copy16_async(xs + c * kMmaXStride + 16 * v,
+                                 ix.q + c * in + chunk * kMmaChunk * kBlock + 16 * v);
+                }
+                uint8_t* ds = xs + n * kMmaXStride;
+                for (int i = lane; i < n * 2; i += kWarp) {
+                    const int c = i / 2, v = i % 2;
+                    copy16_async(ds + c * kMmaChunk * 4 + 16 * v,
+                                 ix.d + c * blocks + chunk * kMmaChunk + 4 * v);
+                }
+            }
+            copies_commit();
+        };
+        for (int st = 0; st < kMmaStages - 1; ++st)
+            fetch(warp + int64_t(st) * kMmaWarps, st);
+        int st = 0;
+        for (int64_t chunk = warp; chunk < chunks; chunk += kMmaWarps) {
+            fetch(chunk + int64_t(kMmaStages - 1) * kMmaWarps, (st + kMmaStages - 1) % kMmaStages);
+            copies_wait<kMmaStages - 1>();
+            __syncwarp();
+            const uint8_t* from = mine + st * stage_bytes;
+            const uint8_t* xs = from + kMats * R * kRowBytes;
+            const auto* ds = reinterpret_cast<const float*>(xs + n * kMmaXStride);
+            for (int u = 0; u < kMmaChunk; ++u) {
+                multiply(
+                    u, [&](int k) { return r0 + k % R < rows ? from + k * kRowBytes : nullptr; },
+                    [&](int c) { return xs + c * kMmaXStride; },
+                    [&](int c) { return ds + c * kMmaChunk; });
+            }
+            __syncwarp();  // the stage is written again kMmaStages - 1 chunks on
+            st = (st + 1) % kMmaStages;
+        }
+        copies_wait<0>();
+    } else {
+        for (int64_t chunk = warp; chunk * kMmaChunk < blocks; chunk += kMmaWarps) {
+            const int64_t b0 = chunk * kMmaChunk;
+            for (int u = 0; u < kMmaChunk && b0 + u < blocks; ++u) {
+                multiply(
+                    u,
+                    [&](int k) {
+                        const uint8_t* row = row_of(k);
+                        return row != nullptr ? row + b0 * kBlockBytes<T> : nullptr;
+                    },
+                    [&](int c) {
+                        return reinterpret_cast<const uint8_t*>(ix.q + c * in + b0 * kBlock);
+                    },
+                    [&](int c) { return ix.d + c * blocks + b0; });
+            }
         }
     }
+    for (int m = 0; m < kMats; ++m)
+        for (int j = 0; j < Tiles; ++j)
+            for (int i = 0; i < 4; ++i)
+                partial[warp][m * R + g + 8 * (i / 2)][8 * j + 2 * q + i % 2] = acc[m][j][i];
+    __syncthreads();
+    write_rows<R, N, Gated, kMmaWarps>(partial, t, kMmaThreads, r0, rows, n, out, out_stride,
+                                       accumulate, e);
 }
 
 // out[c][r] = dot(w[r], x[c]) for batches wider than a verification forward (the Whisper
@@ -749,10 +967,10 @@ constexpr int kRowsPerBlock = std::max(2, (N <= 2   ? 2
 template <GgmlType T, bool Gated>
 void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const float* x,
                   const QuantizedInputs* qx, int64_t n, float* out, int64_t out_stride,
-                  bool accumulate, const MatmulEpilogue& e, bool staged) {
+                  bool accumulate, const MatmulEpilogue& e, MatmulReads reads) {
     const auto* wb = static_cast<const uint8_t*>(w);
-    staged =
-        staged && in % (8 * kBlock) == 0 && aligned16(w) && (e.up == nullptr || aligned16(e.up));
+    const bool staged = reads.staged && in % (8 * kBlock) == 0 && aligned16(w) &&
+                        (e.up == nullptr || aligned16(e.up));
     // Column counts round up to 1, 2, 4, 8 or 16 accumulators; wider batches in slices.
     for (int64_t c0 = 0; c0 < n; c0 += 16) {
         const int m = int(n - c0 < 16 ? n - c0 : 16);
@@ -762,6 +980,24 @@ void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const
         float* os = out + c0 * out_stride;
         MatmulEpilogue slice = e;
         if (slice.positions != nullptr) slice.positions += c0;
+        if constexpr (kMmaWeights<T>) {
+            if (reads.tensor_cores && qx != nullptr) {
+                const auto go = [&]<int Tiles, bool Staged>() {
+                    const auto kernel = matmul_mma_kernel<T, Tiles, Gated, Staged>;
+                    const int shared = Staged ? mma_shared_bytes<T, Gated>(m) : 0;
+                    if (shared > 48 * 1024)  // the default limit of dynamic shared memory
+                        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             shared);
+                    kernel<<<blocks(rows, kMmaRows), kMmaThreads, shared, s>>>(
+                        wb, in, rows, ix, m, os, out_stride, accumulate, slice);
+                };
+                if (m <= 8)
+                    staged ? go.template operator()<1, true>() : go.template operator()<1, false>();
+                else
+                    staged ? go.template operator()<2, true>() : go.template operator()<2, false>();
+                continue;
+            }
+        }
         const auto launch = [&]<int N>() {
             constexpr int R = kRowsPerBlock<N, Gated>;
             if constexpr (kIntInputs<T>) {
@@ -869,28 +1105,28 @@ void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64
 
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
             const float* x, const QuantizedInputs* qx, int64_t n, float* out, int64_t out_stride,
-            bool accumulate, bool staged) {
+            bool accumulate, MatmulReads reads) {
     return with_weight_type(type, [&]<GgmlType T>() {
         matmul_typed<T, false>(s, w, in, out_features, x, qx, n, out, out_stride, accumulate, {},
-                               staged);
+                               reads);
     });
 }
 
 bool matmul_gated(cudaStream_t s, GgmlType type, const void* w_gate, const void* w_up, int64_t in,
                   int64_t out_features, const float* x, const QuantizedInputs* qx, int64_t n,
-                  float* out, bool staged) {
+                  float* out, MatmulReads reads) {
     MatmulEpilogue e;
     e.up = static_cast<const uint8_t*>(w_up);
     return with_weight_type(type, [&]<GgmlType T>() {
         matmul_typed<T, true>(s, w_gate, in, out_features, x, qx, n, out, out_features, false, e,
-                              staged);
+                              reads);
     });
 }
 
 bool matmul_rope(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
                  const float* x, const QuantizedInputs* qx, int64_t n, float* out,
                  const int32_t* positions, const float* table, int head_dim, int n_rot,
-                 bool staged) {
+                 MatmulReads reads) {
     MatmulEpilogue e;
     e.positions = positions;
     e.table = table;
@@ -898,7 +1134,7 @@ bool matmul_rope(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64
     e.n_rot = n_rot;
     return with_weight_type(type, [&]<GgmlType T>() {
         matmul_typed<T, false>(s, w, in, out_features, x, qx, n, out, out_features, false, e,
-                               staged);
+                               reads);
     });
 }
 

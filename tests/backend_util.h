@@ -36,21 +36,34 @@ inline std::unique_ptr<Backend> try_backend(specula_backend_kind kind, std::stri
     return b;
 }
 
+// Environment variable `name` set to `value` for the guard's lifetime, then restored.
+class ScopedEnv {
+  public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        if (const char* before = std::getenv(name); before != nullptr) saved_ = before;
+        setenv(name, value, 1);
+    }
+    ~ScopedEnv() {
+        if (saved_) {
+            setenv(name_, saved_->c_str(), 1);
+        } else {
+            unsetenv(name_);
+        }
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+  private:
+    const char* name_;
+    std::optional<std::string> saved_;
+};
+
 // try_backend with the environment variable `name` set to `value` while the backend is made
 // (a backend reads its SPECULA_VULKAN_* switches then); the variable is restored afterwards.
 inline std::unique_ptr<Backend> try_backend_with(specula_backend_kind kind, const char* name,
                                                  const char* value, std::string* why) {
-    const char* before = std::getenv(name);
-    const std::optional<std::string> saved =
-        before != nullptr ? std::optional<std::string>(before) : std::nullopt;
-    setenv(name, value, 1);
-    std::unique_ptr<Backend> b = try_backend(kind, why);
-    if (saved) {
-        setenv(name, saved->c_str(), 1);
-    } else {
-        unsetenv(name);
-    }
-    return b;
+    const ScopedEnv env(name, value);
+    return try_backend(kind, why);
 }
 
 // Has every cpu backend made from now on (unless told otherwise) multiply quantized weights with

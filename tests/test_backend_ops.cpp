@@ -968,25 +968,99 @@ TEST(VulkanSubgroups, APinnedSizeSumsAsTheDevicesOwn) {
 }
 #endif
 
-// CUDA's matmul kernel reads its weights itself or through shared memory in 16-byte loads
+// CUDA's matmul kernels read their weights themselves or through shared memory in 16-byte loads
 // (SPECULA_CUDA_STAGED, the default where type and row length allow): both must give the same
-// floats, plain, gated and rotated, at every batch width (each with its own rows per block).
+// floats, plain, gated and rotated, at every batch width (each with its own rows per block),
+// for the dp4a kernel and for the tensor cores' (Q8_0 and Q4_0, where the device has them).
 TEST(CudaMatmulReads, StagedAndDirectGiveTheSameFloats) {
+    for (const char* tensor_cores : {"0", "1"}) {
+        SCOPED_TRACE(std::string("SPECULA_CUDA_TENSOR_CORES=") + tensor_cores);
+        const test::ScopedEnv env("SPECULA_CUDA_TENSOR_CORES", tensor_cores);
+        std::string why;
+        auto [direct, staged] =
+            backends_with_switch(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_STAGED", &why);
+        if (!direct) GTEST_SKIP() << why;
+        ASSERT_TRUE(staged) << why;
+        Pair p{std::move(direct), std::move(staged), {}, {}};  // the pair's "cpu" reads directly
+        // Every type: the staged ones (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) and those read directly
+        // either way. Rows of whole 256-weight groups, which the staged reads need; a step of a
+        // block's four warps covers 1024 weights: 256, the first warp's one step alone; 2304,
+        // three steps for the first warp and two for the others (each step's loads issued while
+        // the last is multiplied); 6144, six steps each. 198 rows: a last block part filled.
+        for (GgmlType type : weight_types(*p.gpu)) {
+            if (*tensor_cores == '1' && type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0)
+                continue;  // the other types took matmul_kernel in the first pass
+            for (int64_t cols : {256, 2304, 6144}) {
+                for (int64_t n : {1, 2, 3, 8, 17}) {
+                    SCOPED_TRACE(case_name(type, cols, n));
+                    expect_matmul_variants_identical(p, type, cols, 3 * 64 + 6, n, false, 41);
+                }
+            }
+        }
+    }
+}
+
+// On tensor cores (SPECULA_CUDA_TENSOR_CORES=1, sm_80 and later) Q8_0 and Q4_0 times 8-bit
+// inputs sum in another order than matmul_kernel's dp4a: a column's floats must be the same in
+// every verification batch, alone (1), in one tile of 8 columns (5, 8), in two (9, 16) and past
+// a slice (17), plain, gated and rotated; and the two orders agree within the tolerance.
+TEST(CudaTensorCores, AColumnIsTheSameAloneAndInABatch) {
     std::string why;
-    auto [direct, staged] = backends_with_switch(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_STAGED", &why);
-    if (!direct) GTEST_SKIP() << why;
-    ASSERT_TRUE(staged) << why;
-    Pair p{std::move(direct), std::move(staged), {}, {}};  // the pair's "cpu" reads directly
-    // Every type: the staged ones (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) and those read directly
-    // either way. Rows of whole 256-weight groups, which the staged reads need; a step of a
-    // block's four warps covers 1024 weights: 256, the first warp's one step alone; 2304, three
-    // steps for the first warp and two for the others (each step's loads issued while the last
-    // is multiplied); 6144, six steps each. 198 rows: a last block of 4 or 8 rows part filled.
-    for (GgmlType type : weight_types(*p.gpu)) {
-        for (int64_t cols : {256, 2304, 6144}) {
-            for (int64_t n : {1, 2, 3, 8, 17}) {
+    auto [dp4a, mma] =
+        backends_with_switch(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_TENSOR_CORES", &why);
+    if (!dp4a) GTEST_SKIP() << why;
+    ASSERT_TRUE(mma) << why;
+    Pair p{std::move(dp4a), std::move(mma), {}, {}};  // the pair's "cpu" multiplies by dp4a
+    const int head_dim = 64, n_rot = 64;
+    const int64_t rows = 3 * 64 + 6, rotated_rows = 3 * 64, widest = kVerificationColumns;
+    const auto table_values = rope_table(32, n_rot, 10000.0f);
+    auto table = p.tensor(GgmlType::kF32, n_rot, 32, as_bytes(table_values));
+    std::vector<int32_t> positions(static_cast<size_t>(widest));
+    for (size_t i = 0; i < positions.size(); ++i)
+        positions[i] = int32_t(i * 7 % 32);
+    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+        for (int64_t cols : {256, 2304}) {  // one chunk of blocks for a warp; several
+            auto w = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 61));
+            auto wu = p.tensor(type, cols, rows, random_bytes(type, cols, rows, 62));
+            auto wr =
+                p.tensor(type, cols, rotated_rows, random_bytes(type, cols, rotated_rows, 63));
+            const auto x_bytes = random_bytes(GgmlType::kF32, cols, widest, 64);
+            std::vector<float> batch_out, batch_gated, batch_rotated;  // of the widest batch
+            for (int64_t n :
+                 {widest, int64_t{1}, int64_t{5}, int64_t{8}, int64_t{9}, int64_t{16}}) {
                 SCOPED_TRACE(case_name(type, cols, n));
-                expect_matmul_variants_identical(p, type, cols, 3 * 64 + 6, n, false, 41);
+                auto x = p.tensor(GgmlType::kF32, cols, n,
+                                  {x_bytes.begin(), x_bytes.begin() + n * cols * 4});
+                const std::vector<int32_t> first(positions.begin(), positions.begin() + n);
+                auto pos = p.tensor(GgmlType::kI32, n, 1, as_bytes(first));
+                auto out = p.tensor(GgmlType::kF32, rows, n, {});
+                auto gated = p.tensor(GgmlType::kF32, rows, n, {});
+                auto up = p.tensor(GgmlType::kF32, rows, n, {});
+                auto rotated = p.tensor(GgmlType::kF32, rotated_rows, n, {});
+                p.on_each([&](Backend& be, auto pick) {
+                    be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
+                    be.matmul_gated(pick(w), pick(wu), pick(x), pick(gated), pick(up));
+                    be.matmul_rope(pick(wr), pick(x), pick(rotated),
+                                   {pick(pos), pick(table), head_dim, n_rot});
+                });
+                expect_close(p, out);
+                expect_close(p, gated);
+                expect_close(p, rotated);
+                const auto mine = [&](const std::pair<Tensor, Tensor>& t) {
+                    return read_floats(*p.gpu, t.second);
+                };
+                if (n == widest) {
+                    batch_out = mine(out);
+                    batch_gated = mine(gated);
+                    batch_rotated = mine(rotated);
+                    continue;
+                }
+                const auto first_columns = [&](const std::vector<float>& v, int64_t per_column) {
+                    return std::vector<float>(v.begin(), v.begin() + n * per_column);
+                };
+                EXPECT_EQ(mine(out), first_columns(batch_out, rows));
+                EXPECT_EQ(mine(gated), first_columns(batch_gated, rows));
+                EXPECT_EQ(mine(rotated), first_columns(batch_rotated, rotated_rows));
             }
         }
     }
