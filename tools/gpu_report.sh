@@ -77,6 +77,8 @@ step "CUDA: gate, up and silu in one kernel (1) vs three (0)"
 compare SPECULA_CUDA_FUSED_GATE q8_0 "1 0 1 0" bench-cuda-fused-gate.txt
 step "CUDA: Q8_0 and Q4_0 times 8-bit inputs (1) vs float inputs (0)"
 for type in q8_0 q4_0; do compare SPECULA_CUDA_INT8_INPUTS $type "1 0 1 0" bench-cuda-int8-inputs.txt; done
+step "CUDA: Q8_0 and Q4_0 on tensor cores (1) vs dp4a (0)"
+for type in q8_0 q4_0; do compare SPECULA_CUDA_TENSOR_CORES $type "0 1 0 1" bench-cuda-tensor-cores.txt; done
 fi
 
 if want 8b; then
