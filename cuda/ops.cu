@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(kMatmulThreads)
 // memory in 16-byte cp.async copies, kMmaStages - 1 chunks ahead of the one multiplied (rows of
 // whole chunks, 16-byte aligned); else each lane reads its own from memory. Same floats.
 // Not the default: on an H200, at 8B widths, a forward of 16 columns took 0.65x the time it
-// takes with matmul_kernel and one of 8 0.86x, but decoding ran at 0.67-0.76x (docs/DESIGN.md
+// takes with matmul_kernel and one of 8 0.86x, but decoding ran at 0.66-0.76x (docs/DESIGN.md
 // "Tensor cores for the verification batch").
 constexpr int kMmaRows = 16, kMmaWarps = 4, kMmaThreads = kMmaWarps * kWarp, kMmaStages = 2;
 constexpr int kMmaChunk = 8;  // blocks: a whole number of 16-byte vectors for Q8_0 and Q4_0
