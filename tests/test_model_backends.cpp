@@ -230,9 +230,10 @@ TEST_P(GenerateOnBackend, Greedy64TokensMatchTheCpu) {
     specula_status s = SPECULA_OK;
     const auto tokens_gpu = greedy(GetParam(), path, &sg, &s);
     ASSERT_EQ(s, SPECULA_OK) << specula_last_error();
-    setenv("SPECULA_CPU_FLOAT_INPUTS", int_inputs ? "0" : "1", 1);
-    const auto tokens_cpu = greedy(SPECULA_BACKEND_CPU, path, &sc, &s);
-    setenv("SPECULA_CPU_FLOAT_INPUTS", "1", 1);
+    const auto tokens_cpu = [&] {
+        const test::ScopedEnv inputs("SPECULA_CPU_FLOAT_INPUTS", int_inputs ? "0" : "1");
+        return greedy(SPECULA_BACKEND_CPU, path, &sc, &s);
+    }();
     ASSERT_EQ(s, SPECULA_OK) << specula_last_error();
     ASSERT_EQ(tokens_gpu.size(), 64u);
     EXPECT_EQ(tokens_gpu, tokens_cpu);
