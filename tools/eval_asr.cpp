@@ -58,6 +58,9 @@ bool transcribe_all(specula_asr_context* ctx, const std::vector<Clip>& clips,
                               {&run->sum.n_evaluated, t.n_evaluated},
                               {&run->sum.n_accepted, t.n_accepted}})
             *sum += v;
+        run->sum.draft_seconds += t.draft_seconds;
+        run->sum.target_seconds += t.target_seconds;
+        run->sum.verify_seconds += t.verify_seconds;
     }
     return true;
 }
@@ -195,6 +198,19 @@ int main(int argc, char** argv) {
             median(alone_dec) / median(pair_dec));
         std::printf("decoder seconds: target alone %.3f, pair %.3f, draft alone %.3f\n",
                     median(alone_dec), median(pair_dec), d.decode_seconds);
+        // Where a step's time goes (the last repetition): the rest of the decoder's time is
+        // the host's (rules state, the transcription loop) and the step's wait.
+        for (const auto& [name, r] : {std::pair{"target alone", &a}, {"pair", &s}}) {
+            const double steps = double(std::max<uint64_t>(r->sum.n_steps, 1));
+            const double timed =
+                r->sum.draft_seconds + r->sum.target_seconds + r->sum.verify_seconds;
+            std::printf(
+                "per step, ms (%s, %llu steps): draft %.3f, target %.3f, rules and verification "
+                "%.3f, the rest %.3f\n",
+                name, (unsigned long long)r->sum.n_steps, 1e3 * r->sum.draft_seconds / steps,
+                1e3 * r->sum.target_seconds / steps, 1e3 * r->sum.verify_seconds / steps,
+                1e3 * (r->decode_seconds - timed) / steps);
+        }
     }
     specula_asr_context_free(draft_ctx);
     specula_asr_context_free(ctx);
