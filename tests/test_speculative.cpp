@@ -830,7 +830,8 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
 
     // The costs of AnalyticPolicyGivesAnUnluckyStartTheBenefitOfTheDoubt, 7 of 8 accepted: γ 2.
     PairMeasurements given;
-    given.greedy.draft_call_seconds = 0.16;
+    given.greedy.draft = {0.16, 0.16};
+    given.greedy.draft_first_samples = given.greedy.draft_next_samples = 1;
     given.greedy.target_seconds[1] = 1.0;
     given.greedy.target_seconds[2] = 1.3;
     given.greedy.target_seconds[5] = 2.2;
@@ -848,11 +849,10 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     g.reset();
     const StepMeasurements greedy = g.measurements();
     ASSERT_GT(greedy.target_seconds[1], 0.0);
-    ASSERT_GT(greedy.draft_call_seconds, 0.0);
+    ASSERT_GT(greedy.draft.first, 0.0);
+    ASSERT_GT(greedy.draft.next, 0.0);  // the first step of drafts has `gamma` of them
     EXPECT_GT(greedy.judged, 0u);
-    EXPECT_EQ(g.next_gamma(),
-              analytic_gamma(greedy.accepted, greedy.judged, greedy.draft_call_seconds,
-                             greedy.target_seconds, 0, config.gamma_max));
+    EXPECT_EQ(g.next_gamma(), analytic_gamma(greedy, 0, config.gamma_max));
 
     // Sampled steps (a speech transcription's temperature fallback) cost and accept otherwise:
     // they measure apart, from a plain first step, and leave the greedy steps' means alone.
@@ -871,7 +871,8 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     g.set_sampling(SamplingParams{});
     EXPECT_EQ(g.measurements().judged, greedy.judged);
     EXPECT_EQ(g.measurements().target_seconds, greedy.target_seconds);
-    EXPECT_EQ(g.measurements().draft_call_seconds, greedy.draft_call_seconds);
+    EXPECT_EQ(g.measurements().draft.first, greedy.draft.first);
+    EXPECT_EQ(g.measurements().draft.next, greedy.draft.next);
 }
 
 // The analytic policy starts with two plain steps, of which only the second measures plain
@@ -1012,7 +1013,7 @@ TEST(Speculative, ASlowMeasurementOfTheDraftAtTheStartIsCorrected) {
         std::vector<int32_t> out;
         int steps = 0, drafting = 0;
         while (out.size() < 120) {
-            const int measured = g.measurements().draft_samples;
+            const int measured = g.measurements().draft_first_samples;
             draft.armed = measured < 2 && (slowed >> measured & 1) && g.next_gamma() > 0;
             ASSERT_TRUE(g.step(1 + kMaxGamma, &out).ok());
             ++steps;
@@ -1021,6 +1022,104 @@ TEST(Speculative, ASlowMeasurementOfTheDraftAtTheStartIsCorrected) {
         // Stuck: the step that measured and a probe after 16, 32 and 64 plain steps.
         EXPECT_GE(drafting, 15) << drafting << " of " << steps << " steps drafted";
     }
+}
+
+// A draft whose first call of one or two tokens after its cache was truncated (a step's first
+// draft call, which evaluates what it has not seen of the committed tokens) sleeps `first` and
+// every other call `next`.
+class FirstCallDecoder : public SlowDecoder {
+  public:
+    FirstCallDecoder(Decoder& inner, std::chrono::microseconds first,
+                     std::chrono::microseconds next)
+        : SlowDecoder(inner, {}), first_(first), next_(next) {}
+    void truncate(int n) override {
+        fresh_ = true;
+        SlowDecoder::truncate(n);
+    }
+    Status record(const Tensor& ids, bool all_rows) override {
+        // A longer call is the catch-up after plain steps, before the step's clock starts.
+        const bool first = fresh_ && ids.cols <= 2;
+        std::this_thread::sleep_for(first ? first_ : next_);
+        fresh_ = fresh_ && !first;
+        return SlowDecoder::record(ids, all_rows);
+    }
+
+  private:
+    std::chrono::microseconds first_, next_;
+    bool fresh_ = true;
+};
+
+TEST(Speculative, TheAnalyticPolicyPricesTheFirstDraftCallApart) {
+    // A step's first draft call evaluates one or two tokens after the target had the caches;
+    // the later ones one token each (the bundled speech pair on the cpu: 0.133 and 0.071 ms).
+    // Here the close pair (α ~0.6) with a first call of 40 ms and later ones of 0.3 ms (~1.3
+    // with their work) and a target of 60 ms + 1 ms a position (~2 with its work), from γ 1:
+    // 3 or 4 drafts a step pay best (γ 3: 2.18 tokens for 40 + 2.6 + 68 ms, 0.0196 a ms; γ 2
+    // 1.96 for 40 + 1.3 + 66, 0.0182; plain decoding 0.0161). Priced alike (the first step's
+    // two calls per draft, ~21 ms) γ 1 won (1.6 for 21 + 64, 0.0189; γ 2 0.0182; γ 3 0.0174).
+    // Fails if the later calls are not measured apart, or if the first step of drafts has one
+    // only (then they are not measured at all).
+    AnalyticPairOnCpu p;
+    ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p, 512));
+    p.config.gamma = 1;
+    SlowDecoder target(*p.pair.target, std::chrono::milliseconds(1), std::chrono::milliseconds(60));
+    FirstCallDecoder draft(*p.pair.draft, std::chrono::milliseconds(40),
+                           std::chrono::microseconds(300));
+    Generator g(target, &draft, p.config);
+    ASSERT_TRUE(g.append(std::vector<int32_t>{1, 450, 4996, 17354, 1701}).ok());
+    std::vector<int32_t> out;
+    // The steps up to the policy's next plain ones (after 16 with drafts): the draft's catch-up
+    // after them runs before the clock, which this draft's first-call sleep does not model.
+    int steps = 0, wide = 0;
+    for (bool drafted = false; out.size() < 80;) {
+        ASSERT_TRUE(g.step(1 + kMaxGamma, &out).ok());
+        if (drafted && g.stats().last_gamma == 0) break;
+        drafted = drafted || g.stats().last_gamma > 0;
+        ++steps;
+        wide += g.stats().last_gamma >= 3;
+    }
+    EXPECT_GT(g.measurements().draft.first, 5 * g.measurements().draft.next);
+    EXPECT_GE(2 * wide, steps) << wide << " of " << steps << " steps drafted 3 or more";
+}
+
+// A target whose first call of `width` positions sleeps `cold` longer: a first use.
+class ColdWidthDecoder : public SlowDecoder {
+  public:
+    ColdWidthDecoder(Decoder& inner, int width, std::chrono::microseconds cold)
+        : SlowDecoder(inner, std::chrono::milliseconds(1), std::chrono::milliseconds(10)),
+          width_(width),
+          cold_(cold) {}
+    Status record(const Tensor& ids, bool all_rows) override {
+        if (ids.cols == width_ && !used_) std::this_thread::sleep_for(cold_);
+        used_ = used_ || ids.cols == width_;
+        return SlowDecoder::record(ids, all_rows);
+    }
+
+  private:
+    int width_;
+    std::chrono::microseconds cold_;
+    bool used_ = false;
+};
+
+TEST(Speculative, TheAnalyticPolicyMeasuresAWidthAgain) {
+    // The first step of drafts (γ 5, 6 positions) was the first use of its width and its only
+    // measurement, since the policy then picked other widths, and the widths between it and 2
+    // were priced from it (the bundled speech pair: 0.66-0.79 ms for 5 positions, 0.54 warm;
+    // the policy then drafted 1 or 2 a step, 1.22-1.26x the target alone's decoder against
+    // 1.35x with 3). Here the close pair's target costs 10 ms + 1 ms a position, 60 ms more
+    // on its first call of 6. Fails if a width measured once is not measured again (its mean
+    // stays ~80 ms).
+    AnalyticPairOnCpu p;
+    ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p, 512));
+    ColdWidthDecoder target(*p.pair.target, 6, std::chrono::milliseconds(60));
+    SlowDecoder draft(*p.pair.draft, {}, std::chrono::microseconds(300));
+    Generator g(target, &draft, p.config);
+    ASSERT_TRUE(g.append(std::vector<int32_t>{1, 450, 4996, 17354, 1701}).ok());
+    std::vector<int32_t> out;
+    while (out.size() < 120)
+        ASSERT_TRUE(g.step(1 + kMaxGamma, &out).ok());
+    EXPECT_GE(g.measurements().target_samples[6], 2);
+    EXPECT_LT(g.measurements().target_seconds[6], 0.060);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,
@@ -1256,12 +1355,32 @@ TEST(Speculative, BestGammaWeighsWhatTheTargetCostsPerPosition) {
     linear[2] = 1.3;
     linear[5] = 2.2;
     flat[5] = 1.0;
-    EXPECT_EQ(best_gamma(0.7, 0.16, linear, 0, 8), 1);
-    EXPECT_EQ(best_gamma(0.7, 0.16, flat, 0, 8), 3);
-    EXPECT_EQ(best_gamma(0.7, 0.16, linear, 2, 8), 2);  // a lower bound is kept
+    const DraftCost draft{0.16, 0.16};
+    EXPECT_EQ(best_gamma(0.7, draft, linear, 0, 8), 1);
+    EXPECT_EQ(best_gamma(0.7, draft, flat, 0, 8), 3);
+    EXPECT_EQ(best_gamma(0.7, draft, linear, 2, 8), 2);  // a lower bound is kept
     // A draft that costs as much as the target never pays: plain decoding.
-    EXPECT_EQ(best_gamma(0.7, 1.0, linear, 0, 8), 0);
-    EXPECT_EQ(best_gamma(0.7, 1.0, linear, 1, 8), 1);
+    EXPECT_EQ(best_gamma(0.7, DraftCost{1.0, 1.0}, linear, 0, 8), 0);
+    EXPECT_EQ(best_gamma(0.7, DraftCost{1.0, 1.0}, linear, 1, 8), 1);
+}
+
+// A step's first draft call 0.5, each later one 0.1, a target forward 1 + 0.1 (n - 1), α 0.8:
+//   gamma 4: 3.3616 / (0.5 + 0.3 + 1.4) = 1.528
+//   gamma 5: 3.6893 / (0.5 + 0.4 + 1.5) = 1.537
+//   gamma 6: 3.9514 / (0.5 + 0.5 + 1.6) = 1.520
+// Every call priced as the first (the later ones not measured yet, or the old pricing of a step
+// of one draft): gamma 1 1.8 / (0.5 + 1.1) = 1.125 against gamma 2 2.44 / 2.2 = 1.109 and
+// plain decoding 1.
+TEST(Speculative, BestGammaPricesTheFirstDraftCallApart) {
+    std::vector<double> linear(18, 0.0);
+    linear[1] = 1.0;
+    linear[2] = 1.1;
+    linear[6] = 1.5;
+    EXPECT_DOUBLE_EQ(DraftCost({0.5, 0.1}).of(4), 0.8);
+    EXPECT_DOUBLE_EQ(DraftCost({0.5, 0}).of(4), 2.0);
+    EXPECT_EQ(DraftCost({0.5, 0.1}).of(0), 0.0);
+    EXPECT_EQ(best_gamma(0.8, DraftCost{0.5, 0.1}, linear, 0, 8), 5);
+    EXPECT_EQ(best_gamma(0.8, DraftCost{0.5, 0}, linear, 0, 8), 1);
 }
 
 // The same costs (a draft 0.16, a target forward 1 + 0.3 (n - 1)), by hand:
@@ -1270,14 +1389,39 @@ TEST(Speculative, BestGammaWeighsWhatTheTargetCostsPerPosition) {
 //   10 of 30: α 11/32 = 0.344, + sqrt(0.2256 / 32) = 0.428, 1.428 / 1.46 = 0.978: plain;
 //   7 of 8: α 0.8, γ 2 (2.44 / 1.92 = 1.271) beats γ 1 (1.233) and γ 3 (2.952 / 2.38 = 1.240).
 TEST(Speculative, AnalyticPolicyGivesAnUnluckyStartTheBenefitOfTheDoubt) {
-    std::vector<double> linear(18, 0.0);
-    linear[2] = 1.3;
-    linear[5] = 2.2;
-    EXPECT_EQ(analytic_gamma(1, 3, 0.16, linear, 0, 8), 1);
-    EXPECT_EQ(analytic_gamma(10, 30, 0.16, linear, 0, 8), 0);
-    EXPECT_EQ(analytic_gamma(7, 8, 0.16, linear, 0, 8), 2);
+    const auto measured = [](uint64_t accepted, uint64_t judged, double draft) {
+        StepMeasurements m;
+        m.accepted = accepted;
+        m.judged = judged;
+        m.draft = {draft, draft};
+        m.target_seconds[2] = 1.3;
+        m.target_seconds[5] = 2.2;
+        return m;
+    };
+    EXPECT_EQ(analytic_gamma(measured(1, 3, 0.16), 0, 8), 1);
+    EXPECT_EQ(analytic_gamma(measured(10, 30, 0.16), 0, 8), 0);
+    EXPECT_EQ(analytic_gamma(measured(7, 8, 0.16), 0, 8), 2);
     // A draft as costly as the target is not helped by any α.
-    EXPECT_EQ(analytic_gamma(1, 3, 1.0, linear, 0, 8), 0);
+    EXPECT_EQ(analytic_gamma(measured(1, 3, 1.0), 0, 8), 0);
+}
+
+// A draft after the end token is not wanted, so a draft goes on with probability α (1 - e),
+// e the end tokens per emitted token. Draft calls 0.2, a target forward 1 + 0.1 (n - 1), α 80 /
+// 100 = 0.8 (79 of 98 accepted): γ 3 (2.952 / 1.9 = 1.554 against γ 2 2.44 / 1.6 = 1.525 and
+// γ 4 3.3616 / 2.2 = 1.528); with 10 end tokens in 99 (e = 10 / 100) α (1 - e) = 0.72 and γ 2
+// (2.2384 / 1.6 = 1.399 against γ 1 1.72 / 1.3 = 1.323 and γ 3 2.6116 / 1.9 = 1.375).
+TEST(Speculative, AnalyticPolicyCountsTheEndOfTheSequence) {
+    StepMeasurements m;
+    m.accepted = 79;
+    m.judged = 98;
+    m.draft = {0.2, 0.2};
+    m.target_seconds[1] = 1.0;
+    m.target_seconds[2] = 1.1;
+    m.target_seconds[6] = 1.5;
+    m.emitted = 99;
+    EXPECT_EQ(analytic_gamma(m, 0, 8), 3);
+    m.ended = 10;
+    EXPECT_EQ(analytic_gamma(m, 0, 8), 2);
 }
 
 }  // namespace

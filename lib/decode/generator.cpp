@@ -11,6 +11,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The backend's time slots of a step on the device (Backend::mark_time()).
+enum TimeMark : int { kStepStart, kDraftsDone, kTargetDone, kVerified, kFirstDraftDone };
+
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -56,13 +59,13 @@ double estimated_target_seconds(std::span<const double> measured, int n) {
     return std::max(ta + (tb - ta) * double(n - a) / double(b - a), 0.0);
 }
 
-int best_gamma(double alpha, double draft_seconds, std::span<const double> target_seconds,
+int best_gamma(double alpha, const DraftCost& draft, std::span<const double> target_seconds,
                int gamma_min, int gamma_max) {
     int best = -1;
     double best_rate = 0;
     for (int g = gamma_min; g <= gamma_max; ++g) {
         const double rate = expected_tokens(alpha, g) /
-                            (g * draft_seconds + estimated_target_seconds(target_seconds, g + 1));
+                            (draft.of(g) + estimated_target_seconds(target_seconds, g + 1));
         if (best < 0 || rate > best_rate) {
             best = g;
             best_rate = rate;
@@ -78,17 +81,17 @@ double updated_cost(double mean, int samples, double seconds) {
     return 0.9 * mean + 0.1 * std::min(seconds, 2.0 * mean);
 }
 
-int analytic_gamma(uint64_t accepted, uint64_t judged, double draft_seconds,
-                   std::span<const double> target_seconds, int gamma_min, int gamma_max) {
-    const double n = double(judged) + 2.0;
-    const double alpha = std::min((double(accepted) + 1.0) / n, 0.999);
-    const int gamma = best_gamma(alpha, draft_seconds, target_seconds, gamma_min, gamma_max);
+int analytic_gamma(const StepMeasurements& m, int gamma_min, int gamma_max) {
+    const double n = double(m.judged) + 2.0;
+    const double alpha = std::min((double(m.accepted) + 1.0) / n, 0.999);
+    const double goes_on = 1.0 - double(m.ended) / double(m.emitted + 1);
+    const int gamma = best_gamma(alpha * goes_on, m.draft, m.target_seconds, gamma_min, gamma_max);
     if (gamma > 0) return gamma;
     // Plain decoding measures α no more: a few unlucky first drafts must not settle on it.
     // One draft a step while α with one standard error added says drafting pays; a draft
     // that is poor indeed loses the benefit of the doubt as its judged drafts accumulate.
     const double optimistic = std::min(alpha + std::sqrt(alpha * (1.0 - alpha) / n), 0.999);
-    return std::min(best_gamma(optimistic, draft_seconds, target_seconds, 0, gamma_max), 1);
+    return std::min(best_gamma(optimistic * goes_on, m.draft, m.target_seconds, 0, gamma_max), 1);
 }
 
 bool costly_probe(double step_seconds, size_t emitted, double plain_seconds, int plain_steps) {
@@ -168,15 +171,26 @@ int Generator::next_gamma() const {
             // for what has been measured.
             const StepMeasurements& m = current_measurements();
             if (m.target_seconds[1] <= 0) return 0;
-            if (m.draft_call_seconds <= 0) return config_.gamma;
+            // The later draft calls of a step are measured apart from the first (DraftCost):
+            // the first step of drafts has two at least.
+            if (m.draft.first <= 0 || (m.draft_next_samples == 0 && config_.gamma_max > 1))
+                return std::min(std::max(config_.gamma, 2), config_.gamma_max);
             // While plain decoding wins, a step with drafts now and then keeps α and the
             // costs measured (they change with the text and the context length); while
             // drafting wins, two plain steps now and then keep the cost it is weighed against
             // measured (a lone plain step measures nothing: step_on_device).
             if (drafting_steps_ + 1 >= kProbeEvery || plain_steps_ == 1) return 0;
             const int gamma_min = plain_steps_ + 1 >= probe_every_ ? 1 : 0;
-            return analytic_gamma(m.accepted, m.judged, m.draft_call_seconds, m.target_seconds,
-                                  gamma_min, config_.gamma_max);
+            const int gamma = analytic_gamma(m, gamma_min, config_.gamma_max);
+            // A width measured once is measured again while drafting (updated_cost() keeps the
+            // faster of the first two): its one measurement may be of a first use (the first
+            // step of drafts, right after the prompt: the bundled speech pair's target took
+            // 0.66-0.79 ms for 5 positions there, 0.54 warm), and a width the policy does not
+            // pick is not measured again, so the widths beside it were priced from it.
+            if (gamma > 0)
+                for (int g = 1; g <= config_.gamma_max; ++g)
+                    if (m.target_samples[size_t(g + 1)] == 1) return g;
+            return gamma;
         }
     }
     return config_.gamma;
@@ -219,7 +233,8 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     const auto end = config_.end_token >= 0
                          ? std::find(emitted.begin(), emitted.end(), config_.end_token)
                          : emitted.end();
-    if (end != emitted.end()) {
+    const bool ended = end != emitted.end();
+    if (ended) {
         const int at = int(end - emitted.begin());
         if (at < n_accepted) n_accepted = evaluated = at + 1;  // an accepted draft ended it
         emitted.resize(size_t(at) + 1);
@@ -236,6 +251,8 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     StepMeasurements& measured = current_measurements();
     measured.judged += uint64_t(evaluated);
     measured.accepted += uint64_t(n_accepted);
+    measured.emitted += emitted.size();
+    measured.ended += ended ? 1 : 0;
     stats_.drafted += uint64_t(gamma);
     stats_.accepted += uint64_t(n_accepted);
     stats_.emitted += emitted.size();
@@ -314,7 +331,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     }
     SPECULA_TRY(catch_up(target_, 1, &unused));
 
-    be.mark_time(0);
+    be.mark_time(kStepStart);
     for (int c = 0; c < gamma; ++c) {
         // Draft c - 1, or the committed tokens the draft has not evaluated.
         const Tensor ids =
@@ -341,11 +358,12 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
             sample.result = {races_.buffer, drafted_word(c) * sizeof(int32_t), GgmlType::kI32, 2,
                              1};
         be.verify(sample);
+        if (c == 0) be.mark_time(kFirstDraftDone);
     }
-    be.mark_time(1);
+    be.mark_time(kDraftsDone);
     be.upload(target_.input_ids(0, 1), &committed_.back());
     SPECULA_TRY(target_.record(target_.input_ids(0, gamma + 1), true));
-    be.mark_time(2);
+    be.mark_time(kTargetDone);
     if (rules_) {
         rules.logits = target_.logits(gamma + 1);
         rules.drafts = target_.input_ids(1, std::max(gamma, 1));
@@ -373,7 +391,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
         v.result = result_;
     }
     be.verify(v);
-    be.mark_time(3);
+    be.mark_time(kVerified);
     if (coupled) {
         std::vector<int32_t> races(size_t(races_.cols));
         SPECULA_TRY(be.download(races_, races.data()));  // the step's one wait
@@ -400,24 +418,28 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
             logprobs->push_back(logit - lse[size_t(j)]);
         }
     }
-    const double draft_s = be.seconds_between(0, 1), target_s = be.seconds_between(1, 2);
-    stats_.draft_seconds += draft_s;
-    stats_.target_seconds += target_s;
-    stats_.verify_seconds += be.seconds_between(2, 3);
-    // The analytic policy's costs: the draft calls per draft (the first of one or two tokens,
-    // as in a step after a step with drafts), and a target call with its verify pass, which
-    // sampling makes several rows long.
+    stats_.draft_seconds += be.seconds_between(kStepStart, kDraftsDone);
+    stats_.target_seconds += be.seconds_between(kDraftsDone, kTargetDone);
+    stats_.verify_seconds += be.seconds_between(kTargetDone, kVerified);
+    // The analytic policy's costs: the first draft call (of one or two tokens, as in a step
+    // after a step with drafts) and the later ones apart (DraftCost), and a target call with
+    // its verify pass, which sampling makes several rows long.
     StepMeasurements& m = current_measurements();
-    if (gamma > 0)
-        m.draft_call_seconds =
-            updated_cost(m.draft_call_seconds, m.draft_samples++, draft_s / gamma);
+    if (gamma > 0) {
+        const int first_end = gamma > 1 ? kFirstDraftDone : kDraftsDone;
+        m.draft.first = updated_cost(m.draft.first, m.draft_first_samples++,
+                                     be.seconds_between(kStepStart, first_end));
+    }
+    if (gamma > 1)
+        m.draft.next = updated_cost(m.draft.next, m.draft_next_samples++,
+                                    be.seconds_between(kFirstDraftDone, kDraftsDone) / (gamma - 1));
     // A plain step right after the prompt or after a step with drafts finds the draft's weights
     // in the caches, where the target's were (on the cpu, a model of 90 MB: 3 ms against 1.6
     // warm); plain decoding does not pay that, so only a plain step after a plain one measures it.
     const auto width = size_t(gamma + 1);
     if (gamma > 0 || plain_steps_ > 0)
         m.target_seconds[width] = updated_cost(m.target_seconds[width], m.target_samples[width]++,
-                                               be.seconds_between(1, 3));
+                                               be.seconds_between(kDraftsDone, kVerified));
     return Status::Ok();
 }
 
