@@ -326,6 +326,22 @@ def evaluate(model, data, bpe, sub_of, sub_ids, vocab, n=None):
     return res
 
 
+def load_data(folders):
+    """asr_data.npz of each folder: the training clips of all (another --seed speaks the same
+    sentences with other voices, speeds and noise, and draws other random words), the held-out
+    clips of the first, and every sentence of any (their tokens are the trained ones)."""
+    data = dict(np.load(os.path.join(folders[0], "asr_data.npz")))
+    for folder in folders[1:]:
+        more = np.load(os.path.join(folder, "asr_data.npz"))
+        assert int(more["n_audio_ctx"]) == int(data["n_audio_ctx"]), "another window"
+        for k in ("train_mel", "train_text", "train_voice", "train_span"):
+            data[k] = np.concatenate([data[k], more[k]])
+        known = set(data["all_sentences"])
+        data["all_sentences"] = np.concatenate(
+            [data["all_sentences"], [s for s in more["all_sentences"] if s not in known]])
+    return data
+
+
 def load_files(model, sub_ids, target_path, draft_path):
     """The reverse of export(): a target and a draft file (whisper.cpp's format, any type the
     NumPy reference reads) into the Pair's weights."""
@@ -383,7 +399,9 @@ def export(model, sub_ids, n_audio_ctx, decoder, dec_layers, path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--data", required=True, nargs="+",
+                    help="asr_data.py output folders: their training clips together, the first's "
+                         "held-out clips")
     ap.add_argument("--header", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=4500)
@@ -411,7 +429,7 @@ def main():
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
     rng = random.Random(a.seed)
-    data = dict(np.load(os.path.join(a.data, "asr_data.npz")))
+    data = load_data(a.data)
     n_audio_ctx = int(data["n_audio_ctx"])
     _, _, vocab = read_header(a.header)
     bpe = Bpe(vocab)
