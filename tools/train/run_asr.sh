@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command that makes the Whisper pair from scratch (about 4.3 hours on a 2-core machine:
+# One command that makes the Whisper pair from scratch (about 4 hours on a 2-core machine:
 # ~25 minutes of speech synthesis, 4500 + 2500 + 1500 + 2500 training steps at 0.8-1.3 s each): synthesizes the speech
 # (asr_data.py), trains the target and its Distil-Whisper-style draft (train_asr.py, fixed
 # seed; it saves its whole state every 100 steps, and a rerun continues from there with the
