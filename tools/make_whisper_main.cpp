@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
     std::string out, shape = "tiny", type = "f16";
     bool english = false;
     int n_audio_ctx = 0, n_text_ctx = 0, n_vocab = 0, width = 0, heads = 0, layers = 0, n_mels = 0;
+    int encoder_layers = 0, decoder_layers = 0;
     CLI::App app{"Write a whisper.cpp model file with random weights"};
     app.add_option("--header", spec.header_path,
                    "whisper.cpp model file whose mel filters and vocabulary are copied "
@@ -27,6 +28,8 @@ int main(int argc, char** argv) {
     app.add_option("--width", width, "model width (encoder and decoder)");
     app.add_option("--heads", heads, "attention heads (encoder and decoder)");
     app.add_option("--layers", layers, "blocks (encoder and decoder)");
+    app.add_option("--encoder-layers", encoder_layers, "encoder blocks (after --layers)");
+    app.add_option("--decoder-layers", decoder_layers, "decoder blocks (after --layers)");
     app.add_option("--n-mels", n_mels, "mel bands");
     app.add_option("--seed", spec.seed);
     CLI11_PARSE(app, argc, argv);
@@ -41,6 +44,8 @@ int main(int argc, char** argv) {
                                 {heads, &h.n_text_head},
                                 {layers, &h.n_audio_layer},
                                 {layers, &h.n_text_layer},
+                                {encoder_layers, &h.n_audio_layer},
+                                {decoder_layers, &h.n_text_layer},
                                 {n_mels, &h.n_mels}})
         if (value > 0) *field = value;
     if (s.ok()) s = specula::parse_weight_type(type, &spec.weight_type);
