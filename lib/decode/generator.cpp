@@ -425,11 +425,9 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     // after a step with drafts) and the later ones apart (DraftCost), and a target call with
     // its verify pass, which sampling makes several rows long.
     StepMeasurements& m = current_measurements();
-    if (gamma > 0) {
-        const int first_end = gamma > 1 ? kFirstDraftDone : kDraftsDone;
+    if (gamma > 0)
         m.draft.first = updated_cost(m.draft.first, m.draft_first_samples++,
-                                     be.seconds_between(kStepStart, first_end));
-    }
+                                     be.seconds_between(kStepStart, kFirstDraftDone));
     if (gamma > 1)
         m.draft.next = updated_cost(m.draft.next, m.draft_next_samples++,
                                     be.seconds_between(kFirstDraftDone, kDraftsDone) / (gamma - 1));

@@ -15,42 +15,42 @@ bash tools/setup-debian.sh train-asr
 cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release --target specula-import specula-eval-asr
 out=build/train-asr
-if [ ! -f "$out/asr_data.npz" ]; then
-  /usr/bin/python3 tools/train/asr_data.py --header "$header" --out "$out" --clips 24000 --word-salad 0.3 --heldout-clips 300 --seed 1
-  /usr/bin/python3 tools/train/asr_data.py --header "$header" --out "$out" --eval-dir "$out/eval" --eval-clips 100 --seed 1
-fi
+# A training set of 24,000 clips in $1 (with 300 held-out ones), unless it is there.
+synthesize() {
+  [ -f "$1/asr_data.npz" ] || /usr/bin/python3 tools/train/asr_data.py --header "$header" \
+    --out "$1" --clips 24000 --word-salad 0.3 --heldout-clips 300 --seed "$2"
+}
+# A cycle's pair (its export in $1) as the bundled Q8_0 files, which the next cycle starts from.
+bundle() {
+  for m in target draft; do
+    build/release/tools/specula-import "$1/$m.manifest.json" --whisper-header "$header" \
+      --type q8_0 -o "examples/models/specula-whisper-$m.bin"
+  done
+}
+synthesize "$out" 1
+[ -d "$out/eval" ] || /usr/bin/python3 tools/train/asr_data.py --header "$header" --out "$out" \
+  --eval-dir "$out/eval" --eval-clips 100 --seed 1
 /usr/bin/python3 tools/train/train_asr.py --data "$out" --header "$header" --out "$out/out" --seed 1234 --resume | tee -a "$out/train.log"
 # A second, shorter cosine cycle from the first one's weights (a new optimizer, another order
 # of the clips): held-out WER 26% -> 23% by its step 1000 of 2500.
 /usr/bin/python3 tools/train/train_asr.py --data "$out" --header "$header" --out "$out/out2" \
   --init-from "$out/out/asr.pt" --steps 2500 --lr 4e-4 --seed 1235 --resume | tee -a "$out/train2.log"
-for m in target draft; do
-  build/release/tools/specula-import "$out/out2/$m.manifest.json" --whisper-header "$header" \
-    --type q8_0 -o "examples/models/specula-whisper-$m.bin"
-done
+bundle "$out/out2"
 # A third, shorter cycle from those files (the Q8_0 weights, dequantized): 21.6% -> 20.1% WER
 # through specula.
 /usr/bin/python3 tools/train/train_asr.py --data "$out" --header "$header" --out "$out/out3" \
   --init-from-files examples/models/specula-whisper-{target,draft}.bin --steps 1500 --lr 2e-4 \
   --seed 1237 --resume | tee -a "$out/train3.log"
-for m in target draft; do
-  build/release/tools/specula-import "$out/out3/$m.manifest.json" --whisper-header "$header" \
-    --type q8_0 -o "examples/models/specula-whisper-$m.bin"
-done
+bundle "$out/out3"
 # A fourth cycle on twice the clips: the same training sentences spoken again by other voices,
 # speeds and noise, and other random words (another --seed), with the first set: held-out WER
 # 20.1% -> 14.7% through specula (the third cycle's model knew its own clips better than it
 # heard: its training loss went from 0.36-0.44 at its end to 0.62-0.68 on batches half new).
-if [ ! -f "$out/data2/asr_data.npz" ]; then
-  /usr/bin/python3 tools/train/asr_data.py --header "$header" --out "$out/data2" --clips 24000 --word-salad 0.3 --heldout-clips 300 --seed 2
-fi
+synthesize "$out/data2" 2
 /usr/bin/python3 tools/train/train_asr.py --data "$out" "$out/data2" --header "$header" --out "$out/out4" \
   --init-from-files examples/models/specula-whisper-{target,draft}.bin --steps 2500 --lr 2e-4 \
   --seed 1238 --resume | tee -a "$out/train4.log"
-for m in target draft; do
-  build/release/tools/specula-import "$out/out4/$m.manifest.json" --whisper-header "$header" \
-    --type q8_0 -o "examples/models/specula-whisper-$m.bin"
-done
+bundle "$out/out4"
 # The 2048 text tokens the training sentences use most: what the draft proposes (FR-Spec).
 /usr/bin/python3 tools/train/draft_vocab.py --header "$header" --top 2048 \
   --out examples/models/specula-whisper-draft.tokens
