@@ -13,6 +13,7 @@
 #include "audio/mel.h"
 #include "audio/resample.h"
 #include "audio/wav.h"
+#include "core/thread_pool.h"
 
 using namespace specula;
 using specula::audio::decode_wav;
@@ -292,6 +293,31 @@ TEST(LogMel, AToneOnABinHasItsPowerThereAndSilenceTheFloor) {
     // Frames of the appended silence sit at the clamp, (max - 8 + 4) / 4.
     for (int m : {0, 50, 200})
         EXPECT_NEAR(at(m, mel.n_frames - 1), (top - 8.0 + 4.0) / 4.0, 1e-4);
+}
+
+TEST(LogMel, ThreadsShareTheFramesAndGiveTheSameValues) {
+    // Noise that grows louder to the end: the loudest frame, which sets the clamp of every
+    // value, is in the last chunk.
+    std::vector<float> x(7 * 16000 + 4321);
+    uint32_t state = 12345;
+    for (size_t i = 0; i < x.size(); ++i) {
+        state = state * 1664525u + 1013904223u;
+        x[i] = float(double(i) / double(x.size())) * (float(state >> 8) / float(1 << 24) - 0.5f);
+    }
+    audio::LogMel one, many;
+    ASSERT_TRUE(audio::log_mel(x, one_bin_per_band(), &one).ok());
+    for (int threads : {2, 3, 8}) {
+        ThreadPool pool(threads);
+        size_t calls = 0;
+        const audio::ParallelFor parallel_for = [&](size_t n, const auto& fn) {
+            calls += n;
+            pool.parallel_for(n, fn);
+        };
+        ASSERT_TRUE(audio::log_mel(x, one_bin_per_band(), &many, parallel_for).ok());
+        EXPECT_GT(calls, 1u);
+        ASSERT_EQ(many.n_frames, one.n_frames);
+        ASSERT_EQ(many.data, one.data) << threads << " threads";
+    }
 }
 
 TEST(LogMel, BadFiltersAndSamplesAreStatuses) {

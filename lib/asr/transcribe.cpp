@@ -103,7 +103,10 @@ class Transcriber {
                                    " is out of range");
         audio::LogMel mel;
         const auto mel_start = std::chrono::steady_clock::now();
-        SPECULA_TRY(audio::log_mel(samples, m_.mel_filters(), &mel));
+        Backend& be = ctx_.backend();
+        SPECULA_TRY(
+            audio::log_mel(samples, m_.mel_filters(), &mel,
+                           [&be](size_t n, const auto& fn) { be.parallel_for_host(n, fn); }));
         stats_.mel_seconds = seconds_since(mel_start);
         const int content = mel.n_frames - audio::kWhisperChunkFrames;
         const int window = ctx_.window_frames();

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <new>
@@ -29,9 +31,50 @@ float padded_sample(std::span<const float> x, long i) {
     return size_t(i) < x.size() ? x[size_t(i)] : 0.0f;
 }
 
+// Frames [begin, end) of the spectrogram, each log10 of its mel bands' power (unscaled), into
+// out->data; returns their largest value. A frame does not depend on the others, so any split of
+// the frames among threads gives the same values.
+float log_mel_frames(std::span<const float> samples, const MelFilters& filters,
+                     std::span<const std::pair<int, int>> support, long begin, long end,
+                     LogMel* out) {
+    FftrPlan plan(kiss_fftr_alloc(kWhisperFftSize, 0, nullptr, nullptr));  // one per thread
+    if (!plan) throw std::bad_alloc();
+    // A periodic Hann window (torch.hann_window's default).
+    float window[kWhisperFftSize];
+    for (int j = 0; j < kWhisperFftSize; ++j)
+        window[j] = float(0.5 * (1.0 - std::cos(2.0 * std::numbers::pi * j / kWhisperFftSize)));
+    float frame[kWhisperFftSize];
+    kiss_fft_cpx spectrum[kWhisperFftBins];
+    double power[kWhisperFftBins];
+    float top = -std::numeric_limits<float>::infinity();
+    for (long t = begin; t < end; ++t) {
+        const long first = t * kWhisperHop - kWhisperFftSize / 2;
+        for (int j = 0; j < kWhisperFftSize; ++j)
+            frame[j] = window[j] * padded_sample(samples, first + j);
+        kiss_fftr(plan.get(), frame, spectrum);
+        for (int k = 0; k < kWhisperFftBins; ++k)
+            power[k] =
+                double(spectrum[k].r) * spectrum[k].r + double(spectrum[k].i) * spectrum[k].i;
+        for (int m = 0; m < out->n_mel; ++m) {
+            const float* w = filters.weights.data() + size_t(m) * kWhisperFftBins;
+            double sum = 0.0;
+            for (int k = support[size_t(m)].first; k < support[size_t(m)].second; ++k)
+                sum += double(w[k]) * power[k];
+            const float v = float(std::log10(std::max(sum, 1e-10)));
+            out->data[size_t(m) * size_t(out->n_frames) + size_t(t)] = v;
+            top = std::max(top, v);
+        }
+    }
+    return top;
+}
+
+// Frames a thread is given at least (a frame takes about 2 µs).
+constexpr long kMinFramesPerThread = 100;
+
 }  // namespace
 
-Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel* out) {
+Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel* out,
+               const ParallelFor& parallel_for) {
     if (filters.n_mel <= 0 ||
         filters.weights.size() != size_t(filters.n_mel) * size_t(kWhisperFftBins))
         return InvalidArgument("mel filters: " + std::to_string(filters.weights.size()) +
@@ -44,13 +87,7 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
     if (n_total / kWhisperHop > long(1 << 30) / filters.n_mel)
         return InvalidArgument("audio of " + std::to_string(samples.size()) +
                                " samples is too long for one spectrogram");
-    FftrPlan plan(kiss_fftr_alloc(kWhisperFftSize, 0, nullptr, nullptr));
-    if (!plan) return OutOfMemory("cannot allocate an FFT plan");
     try {
-        // A periodic Hann window (torch.hann_window's default).
-        float window[kWhisperFftSize];
-        for (int j = 0; j < kWhisperFftSize; ++j)
-            window[j] = float(0.5 * (1.0 - std::cos(2.0 * std::numbers::pi * j / kWhisperFftSize)));
         out->n_mel = filters.n_mel;
         // Frames centred on samples 0, hop, ..., all of the padded signal but the last
         // (audio.py drops it).
@@ -72,29 +109,32 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
                 --hi;
             support[size_t(m)] = {lo, hi};
         }
-        float frame[kWhisperFftSize];
-        kiss_fft_cpx spectrum[kWhisperFftBins];
-        double power[kWhisperFftBins];
         const float floor = -10.0f;  // log10(1e-10)
         float top = audio_frames < out->n_frames ? floor : -std::numeric_limits<float>::infinity();
-        for (long t = 0; t < audio_frames; ++t) {
-            const long first = t * kWhisperHop - kWhisperFftSize / 2;
-            for (int j = 0; j < kWhisperFftSize; ++j)
-                frame[j] = window[j] * padded_sample(samples, first + j);
-            kiss_fftr(plan.get(), frame, spectrum);
-            for (int k = 0; k < kWhisperFftBins; ++k)
-                power[k] =
-                    double(spectrum[k].r) * spectrum[k].r + double(spectrum[k].i) * spectrum[k].i;
-            for (int m = 0; m < out->n_mel; ++m) {
-                const float* w = filters.weights.data() + size_t(m) * kWhisperFftBins;
-                double sum = 0.0;
-                for (int k = support[size_t(m)].first; k < support[size_t(m)].second; ++k)
-                    sum += double(w[k]) * power[k];
-                const float v = float(std::log10(std::max(sum, 1e-10)));
-                out->data[size_t(m) * size_t(out->n_frames) + size_t(t)] = v;
-                top = std::max(top, v);
+        // Blocks of frames, which parallel_for shares among its threads; a chunk of blocks is
+        // computed with one FFT plan, and its largest value kept at its first block.
+        const long blocks = std::max<long>(1, audio_frames / kMinFramesPerThread);
+        const auto block_start = [&](size_t b) { return audio_frames * long(b) / blocks; };
+        std::vector<float> tops(static_cast<size_t>(blocks),
+                                -std::numeric_limits<float>::infinity());
+        std::vector<std::exception_ptr> errors(static_cast<size_t>(blocks));
+        const std::function<void(size_t, size_t)> chunk = [&](size_t b0, size_t b1) {
+            try {
+                tops[b0] = log_mel_frames(samples, filters, support, block_start(b0),
+                                          block_start(b1), out);
+            } catch (...) {
+                errors[b0] = std::current_exception();
             }
+        };
+        if (parallel_for && blocks > 1) {
+            parallel_for(size_t(blocks), chunk);
+        } else {
+            chunk(0, size_t(blocks));
         }
+        for (const std::exception_ptr& e : errors)
+            if (e) std::rethrow_exception(e);
+        for (float v : tops)
+            top = std::max(top, v);
         // The silent frames (most of a short clip's spectrogram: the 30 s appended) are one
         // value, written once per band after the frames of audio are scaled.
         const float silent = (std::max(floor, top - 8.0f) + 4.0f) / 4.0f;
@@ -106,7 +146,7 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
         }
     } catch (const std::bad_alloc&) {
         return OutOfMemory("cannot allocate a spectrogram of " +
-                           std::to_string(n_total / kWhisperHop) + " frames");
+                           std::to_string(n_total / kWhisperHop) + " frames or its FFT plans");
     }
     return Status::Ok();
 }

@@ -5,6 +5,8 @@
 // log10 of at least 1e-10, everything below (maximum - 8) raised to it, then (x + 4) / 4.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -30,9 +32,15 @@ struct LogMel {
     std::vector<float> data;  // data[m * n_frames + t], as whisper.cpp lays it out
 };
 
-// The log-mel of 16 kHz mono samples. Filters of the wrong size and samples that are not finite
-// numbers are SPECULA_ERR_INVALID_ARGUMENT; an FFT plan or buffer that cannot be had is
-// SPECULA_ERR_OUT_OF_MEMORY.
-Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel* out);
+// Calls fn(begin, end) on chunks that cover [0, n), on any threads, and returns when all are
+// done (Backend::parallel_for_host).
+using ParallelFor = std::function<void(size_t n, const std::function<void(size_t, size_t)>& fn)>;
+
+// The log-mel of 16 kHz mono samples; with parallel_for, its frames of audio are computed in
+// blocks on its threads (the same values however they are shared). Filters of the wrong size
+// and samples that are not finite numbers are SPECULA_ERR_INVALID_ARGUMENT; an FFT plan or
+// buffer that cannot be had is SPECULA_ERR_OUT_OF_MEMORY.
+Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel* out,
+               const ParallelFor& parallel_for = nullptr);
 
 }  // namespace specula::audio

@@ -34,6 +34,10 @@ Status check_weight_type(const Backend& backend, const std::string& tensor, Ggml
                        " backend does not run (it runs " + runs + ")");
 }
 
+void Backend::parallel_for_host(size_t n, const std::function<void(size_t, size_t)>& fn) {
+    if (n > 0) fn(0, n);
+}
+
 Tensor Tensor::row_range(int64_t first, int64_t count) const {
     Tensor v = *this;
     v.offset += size_t(first) * row_bytes();

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -95,6 +96,10 @@ class Backend {
     // allocation made of many buffers (a context's caches) needs is checked against it first,
     // since on a host that overcommits, each buffer succeeds and touching them kills the process.
     virtual uint64_t available_memory() const = 0;
+    // fn(begin, end) over chunks that cover [0, n), for the host's own work beside the
+    // device's (a spectrogram): the cpu backend shares them among its threads, which are the
+    // machine's cores it was given; the others call fn(0, n).
+    virtual void parallel_for_host(size_t n, const std::function<void(size_t, size_t)>& fn);
 
     // Device memory for activations and caches, zero-filled.
     virtual Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) = 0;

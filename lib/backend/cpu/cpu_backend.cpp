@@ -228,6 +228,10 @@ class CpuBackend final : public Backend {
         return inputs_ == CpuInputs::kQuantized && cpu::has_integer_kernel(type);
     }
 
+    void parallel_for_host(size_t n, const std::function<void(size_t, size_t)>& fn) override {
+        pool_.parallel_for(n, fn);
+    }
+
     // Linux's MemAvailable (what can be allocated without swapping), else the free pages.
     uint64_t available_memory() const override {
         if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
