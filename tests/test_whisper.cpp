@@ -520,6 +520,46 @@ TEST(WhisperDecoder, SpeculativeGreedyIsTheTargetsGreedy) {
     EXPECT_LT(other.accepted, other.drafted);
 }
 
+// A draft sharing the target's encoder takes the window lazily (encode_shared_later): its
+// cross K/V are computed by its first use, not before (a draft the γ policy leaves idle costs
+// nothing), give the logits an eager encode_shared gives, and a window the target has replaced
+// since is refused, not decoded from.
+TEST(WhisperContext, ASharedWindowTakenLaterIsTheSameAndNotAReplacedOne) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_TRUE(backend) << why;
+    std::unique_ptr<MappedFile> file;
+    ASSERT_TRUE(MappedFile::open(small_whisper(9), &file).ok());
+    std::unique_ptr<WhisperModel> model;
+    ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &model).ok());
+    std::unique_ptr<WhisperContext> target, eager, lazy;
+    for (auto* ctx : {&target, &eager, &lazy})
+        ASSERT_TRUE(WhisperContext::create(*model, 1, ctx).ok());
+    audio::LogMel mel;
+    ASSERT_TRUE(audio::log_mel(chirp(1.0), model->mel_filters(), &mel).ok());
+    EXPECT_EQ(lazy->encode_shared_later(*target).code(), SPECULA_ERR_INVALID_ARGUMENT);
+    ASSERT_TRUE(target->encode(mel, 0).ok());
+    ASSERT_TRUE(eager->encode_shared(*target).ok());
+    const uint64_t waits = backend->host_waits();
+    ASSERT_TRUE(lazy->encode_shared_later(*target).ok());
+    EXPECT_EQ(backend->host_waits(), waits);  // nothing computed yet
+    const std::vector<int32_t> prompt = {kEn.sot, kEn.no_timestamps, 300};
+    std::vector<float> expected, got;
+    ASSERT_TRUE(eager->forward(prompt, false, &expected).ok());
+    ASSERT_TRUE(lazy->forward(prompt, false, &got).ok());
+    EXPECT_EQ(got, expected);
+    // Taken later, after the target encoded another window (silence): refused.
+    ASSERT_TRUE(lazy->encode_shared_later(*target).ok());
+    ASSERT_TRUE(target->encode(mel, mel.n_frames - target->window_frames() / 2).ok());
+    EXPECT_EQ(lazy->forward(prompt, false, &got).code(), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(lazy->prepare().code(), SPECULA_OK);  // the refusal is not repeated...
+    EXPECT_EQ(lazy->forward(prompt, false, &got).code(),
+              SPECULA_ERR_INVALID_ARGUMENT);  // ...nor decoded
+    ASSERT_TRUE(lazy->encode_shared_later(*target).ok());
+    ASSERT_TRUE(lazy->forward(prompt, false, &got).ok());
+    EXPECT_NE(got, expected);  // the second window's
+}
+
 // Speculative transcription: the rules mask every drafted and verified row on the device, each
 // from the tokens before it, so a draft changes nothing of a transcript (segments, times,
 // tokens), greedy or through the temperature fallback's sampled attempts, whether it agrees

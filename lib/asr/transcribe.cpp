@@ -119,7 +119,7 @@ class Transcriber {
             auto t0 = std::chrono::steady_clock::now();
             SPECULA_TRY(ctx_.encode(mel, seek));
             if (p_.draft != nullptr)
-                SPECULA_TRY(shared_encoder_ ? p_.draft->encode_shared(ctx_)
+                SPECULA_TRY(shared_encoder_ ? p_.draft->encode_shared_later(ctx_)
                                             : p_.draft->encode(mel, seek));
             stats_.encode_seconds += seconds_since(t0);
             ++stats_.windows;

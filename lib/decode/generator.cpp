@@ -317,6 +317,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     std::vector<float> unused;
     int draft_first = 0;  // the committed tokens the draft holds when the step's calls start
     if (gamma > 0) {
+        SPECULA_TRY(draft_->prepare());
         // The draft is one or two committed tokens behind, which its first timed forward
         // below takes, or further after the prompt or plain steps: then all but the last are
         // evaluated before the step's clock starts (a gap longer than a batch closed first),

@@ -21,6 +21,9 @@ class Decoder {
     virtual int n_past() const = 0;
     // Forgets positions >= n (a length counter: no data moves).
     virtual void truncate(int n) = 0;
+    // Does work the decoder deferred until it is used (a Whisper draft's cross-attention keys
+    // and values of the window), so that it is not timed as a forward; record() does it too.
+    virtual Status prepare() { return Status::Ok(); }
 
     // Records a forward of the ids.cols token ids already on the device (e.g. written by
     // Backend::verify) at positions n_past.. and leaves their logits in logits(rows): every row

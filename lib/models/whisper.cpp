@@ -319,6 +319,8 @@ Status WhisperContext::encode(const audio::LogMel& mel, int first) {
         int64_t(mel.data.size()) != int64_t(mel.n_mel) * mel.n_frames)
         return InvalidArgument("mel frames out of range");
     const int count = std::min(frames, mel.n_frames - first);
+    shared_source_ = nullptr;  // this window is its own
+    ++windows_encoded_;
     Backend& be = model_.backend_;
     using A = Backend::Accumulate;
     // The window as rows of time (the convolutions run over rows).
@@ -355,9 +357,27 @@ bool WhisperContext::shares_encoder_with(const WhisperModel& target) const {
 }
 
 Status WhisperContext::encode_shared(const WhisperContext& source) {
+    SPECULA_TRY(encode_shared_later(source));
+    return prepare();
+}
+
+Status WhisperContext::encode_shared_later(const WhisperContext& source) {
     if (&source.backend() != &backend() || !source.encoded_ || !shares_encoder_with(source.model_))
         return InvalidArgument(
             "a shared encoding needs an encoded window of the same encoder on the same backend");
+    shared_source_ = &source;
+    shared_window_ = source.windows_encoded_;
+    n_past_ = 0;
+    encoded_ = false;
+    return Status::Ok();
+}
+
+Status WhisperContext::prepare() {
+    if (shared_source_ == nullptr) return Status::Ok();
+    const WhisperContext& source = *shared_source_;
+    shared_source_ = nullptr;
+    if (source.windows_encoded_ != shared_window_ || !source.encoded_)
+        return InvalidArgument("the window this decoder was to share has been replaced");
     return cross_keys_values(source.enc_out_);
 }
 
@@ -379,6 +399,7 @@ Status WhisperContext::cross_keys_values(const Tensor& enc_out) {
 Status WhisperContext::record(const Tensor& ids, bool all_rows) {
     const WhisperHparams& hp = model_.hparams();
     const int n = int(ids.cols);
+    SPECULA_TRY(prepare());
     if (!encoded_) return InvalidArgument("forward before any audio was encoded");
     if (n == 0) return InvalidArgument("forward needs at least one token");
     if (n_past_ + n > hp.n_text_ctx)

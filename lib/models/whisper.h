@@ -145,6 +145,11 @@ class WhisperContext final : public Decoder {
     // the same backend: shares_encoder_with) and computes this decoder's cross K/V from it,
     // without running the encoder again. Forgets the decoder's cache.
     Status encode_shared(const WhisperContext& source);
+    // The same, computed only when this decoder is first used (prepare() or record()) on that
+    // window: a draft that the γ policy leaves idle in a window costs nothing there. Using it
+    // after `source` has encoded another window is SPECULA_ERR_INVALID_ARGUMENT.
+    Status encode_shared_later(const WhisperContext& source);
+    Status prepare() override;
     // The encoder's output of the last encode(): n_audio_ctx rows of n_audio_state (tests).
     Tensor encoder_output() const { return enc_out_; }
 
@@ -168,6 +173,10 @@ class WhisperContext final : public Decoder {
     std::vector<std::unique_ptr<Buffer>> buffers_;
     int max_logit_rows_ = 0, n_past_ = 0;
     bool encoded_ = false;
+    uint64_t windows_encoded_ = 0;  // encode() calls: which window enc_out_ holds
+    // encode_shared_later(): the context whose window this one decodes next, and that window
+    const WhisperContext* shared_source_ = nullptr;
+    uint64_t shared_window_ = 0;
     uint64_t forward_calls_ = 0;
     mutable const WhisperModel* encoder_compared_with_ = nullptr;
     mutable bool shares_encoder_ = false;
