@@ -58,6 +58,8 @@ bool transcribe_all(specula_asr_context* ctx, const std::vector<Clip>& clips,
                               {&run->sum.n_evaluated, t.n_evaluated},
                               {&run->sum.n_accepted, t.n_accepted}})
             *sum += v;
+        run->sum.mel_seconds += t.mel_seconds;
+        run->sum.encode_seconds += t.encode_seconds;
         run->sum.draft_seconds += t.draft_seconds;
         run->sum.target_seconds += t.target_seconds;
         run->sum.verify_seconds += t.verify_seconds;
@@ -198,6 +200,12 @@ int main(int argc, char** argv) {
             median(alone_dec) / median(pair_dec));
         std::printf("decoder seconds: target alone %.3f, pair %.3f, draft alone %.3f\n",
                     median(alone_dec), median(pair_dec), d.decode_seconds);
+        // The parts both run alike (the pair's encoder: the shared one, or the draft's too).
+        std::printf(
+            "seconds (the last repetition): target alone mel %.3f, encoder %.3f, decoder %.3f; "
+            "pair mel %.3f, encoder %.3f, decoder %.3f\n",
+            a.sum.mel_seconds, a.sum.encode_seconds, a.decode_seconds, s.sum.mel_seconds,
+            s.sum.encode_seconds, s.decode_seconds);
         // Where a step's time goes (the last repetition): the rest of the decoder's time is
         // the host's (rules state, the transcription loop) and the step's wait.
         for (const auto& [name, r] : {std::pair{"target alone", &a}, {"pair", &s}}) {
