@@ -748,6 +748,33 @@ TEST(CpuOps, AttentionOverFixedKeysIsTheSameForARowAloneAndInABlock) {
     }
 }
 
+// A prompt's inputs are quantized for the integer kernels by the backend's threads, a share of
+// the blocks each: a row's product is bit for bit what it is alone, however wide the batch.
+TEST(CpuOps, AWideBatchOfQuantizedInputsIsEachRowAlone) {
+    auto cpu = create_cpu_backend(2, CpuInputs::kQuantized);
+    CpuTensors make(*cpu);
+    const int64_t cols = 256, rows = 48, n = 600;  // 4800 blocks of inputs: the threads split
+    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+        SCOPED_TRACE(ggml_type_name(type));
+        ASSERT_TRUE(cpu->quantizes_inputs(type, n));
+        const std::vector<uint8_t> bytes = random_bytes(type, cols, rows, 41);  // read in place
+        std::unique_ptr<Buffer> weights;
+        ASSERT_TRUE(cpu->load_weights(bytes, type, cols, rows, &weights).ok());
+        const Tensor w{weights.get(), 0, type, cols, rows};
+        const std::vector<float> xs = random_floats(size_t(cols * n), 42);
+        const Tensor x = make(cols, n, &xs), out = make(rows, n, nullptr);
+        cpu->matmul(w, x, out, Backend::Accumulate::kNo);
+        const std::vector<float> together = read_floats(*cpu, out);
+        for (int64_t r : {int64_t(0), n / 2 - 1, n / 2, n - 1}) {
+            cpu->matmul(w, x.row_range(r, 1), out.row_range(r, 1), Backend::Accumulate::kNo);
+            const std::vector<float> alone = read_floats(*cpu, out.row_range(r, 1));
+            ASSERT_EQ(alone, std::vector<float>(together.begin() + r * rows,
+                                                together.begin() + (r + 1) * rows))
+                << "row " << r;
+        }
+    }
+}
+
 // The cpu backend reads causal attention's keys from a transpose it keeps beside the cache: the
 // keys are the cache's as it is now, whichever op wrote into it since (an upload, a matmul into
 // rows already read, a rewrite after a rollback), bit for bit what a backend that never read the
