@@ -147,7 +147,8 @@ class WhisperContext final : public Decoder {
     Status encode_shared(const WhisperContext& source);
     // The same, computed only when this decoder is first used (prepare() or record()) on that
     // window: a draft that the γ policy leaves idle in a window costs nothing there. Using it
-    // after `source` has encoded another window is SPECULA_ERR_INVALID_ARGUMENT.
+    // after `source` has encoded another window is SPECULA_ERR_INVALID_ARGUMENT; `source` must
+    // outlive that use, or this context's next encode (the C API owns both in one context).
     Status encode_shared_later(const WhisperContext& source);
     Status prepare() override;
     // The encoder's output of the last encode(): n_audio_ctx rows of n_audio_state (tests).
