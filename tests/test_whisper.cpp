@@ -177,6 +177,13 @@ TEST(WhisperRules, SamplingNeverDrawsAMaskedToken) {
 
 namespace {
 
+// The whisper.cpp file at path, mapped and loaded on backend.
+Status load_whisper(Backend& backend, const std::string& path, std::unique_ptr<WhisperModel>* out) {
+    std::unique_ptr<MappedFile> file;
+    SPECULA_TRY(MappedFile::open(path, &file));
+    return WhisperModel::load(backend, std::move(file), nullptr, out);
+}
+
 // A random English-only model with 1.28 s windows (n_audio_ctx 64). Each test writes its own:
 // ctest runs tests as parallel processes, and rewriting a file another has mapped kills it.
 std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type = GgmlType::kF16) {
@@ -253,10 +260,8 @@ Status run(specula_backend_kind kind, const std::vector<float>& audio, Transcrip
     std::string why;
     auto backend = test::try_backend(kind, &why);
     if (!backend) return {SPECULA_ERR_NO_DEVICE, why};
-    std::unique_ptr<MappedFile> file;
-    SPECULA_TRY(MappedFile::open(small_whisper(), &file));
     std::unique_ptr<WhisperModel> model;
-    SPECULA_TRY(WhisperModel::load(*backend, std::move(file), nullptr, &model));
+    SPECULA_TRY(load_whisper(*backend, small_whisper(), &model));
     std::unique_ptr<WhisperContext> ctx;
     SPECULA_TRY(WhisperContext::create(*model, 1, &ctx));
     asr::TranscribeParams p;
@@ -321,10 +326,8 @@ TEST(WhisperTranscribe, SegmentsAndTheSeekFollowTheTimestamps) {
     std::string why;
     auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
     ASSERT_TRUE(backend) << why;
-    std::unique_ptr<MappedFile> file;
-    ASSERT_TRUE(MappedFile::open(small_whisper(), &file).ok());
     std::unique_ptr<WhisperModel> model;
-    ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &model).ok());
+    ASSERT_TRUE(load_whisper(*backend, small_whisper(), &model).ok());
     const int32_t a = 100, b = 200, c = 300;  // text tokens
     struct Case {
         const char* what;
@@ -366,10 +369,8 @@ TEST(WhisperTranscribe, TheDetectedLanguageIsTheMostLikelyLanguageToken) {
     std::string why;
     auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
     ASSERT_TRUE(backend) << why;
-    std::unique_ptr<MappedFile> file;
-    ASSERT_TRUE(MappedFile::open(small_whisper(9, false), &file).ok());
     std::unique_ptr<WhisperModel> model;
-    ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &model).ok());
+    ASSERT_TRUE(load_whisper(*backend, small_whisper(9, false), &model).ok());
     const WhisperTokens& t = model->tokens();
     ASSERT_TRUE(t.multilingual);
     std::unique_ptr<WhisperContext> ctx;
@@ -403,10 +404,8 @@ TEST(WhisperContext, TheWindowPastTheAudioIsSilence) {
     std::string why;
     auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
     ASSERT_TRUE(backend) << why;
-    std::unique_ptr<MappedFile> file;
-    ASSERT_TRUE(MappedFile::open(small_whisper(9), &file).ok());
     std::unique_ptr<WhisperModel> model;
-    ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &model).ok());
+    ASSERT_TRUE(load_whisper(*backend, small_whisper(9), &model).ok());
     std::unique_ptr<WhisperContext> ctx;
     ASSERT_TRUE(WhisperContext::create(*model, 1, &ctx).ok());
     std::vector<float> audio = chirp(0.5);
@@ -434,11 +433,8 @@ TEST(WhisperModel, ARestrictedOutputIsTheWholeOutputOnItsTokens) {
             continue;
         }
         std::vector<std::unique_ptr<WhisperModel>> models(3);
-        for (auto& m : models) {
-            std::unique_ptr<MappedFile> file;
-            ASSERT_TRUE(MappedFile::open(small_whisper(9), &file).ok());
-            ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &m).ok());
-        }
+        for (auto& m : models)
+            ASSERT_TRUE(load_whisper(*backend, small_whisper(9), &m).ok());
         WhisperModel &whole = *models[0], &restricted = *models[1], &late = *models[2];
         const int32_t eot = whole.tokens().eot, n_vocab = whole.hparams().n_vocab;
         EXPECT_EQ(restricted.restrict_output(std::vector<int32_t>{5, n_vocab}).code(),
@@ -486,11 +482,8 @@ TEST(WhisperDecoder, SpeculativeGreedyIsTheTargetsGreedy) {
     ASSERT_TRUE(backend) << why;
     std::vector<std::unique_ptr<WhisperModel>> models(2);
     std::vector<std::unique_ptr<WhisperContext>> contexts(3);
-    for (size_t i = 0; i < models.size(); ++i) {
-        std::unique_ptr<MappedFile> file;
-        ASSERT_TRUE(MappedFile::open(small_whisper(9 + i), &file).ok());
-        ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &models[i]).ok());
-    }
+    for (size_t i = 0; i < models.size(); ++i)
+        ASSERT_TRUE(load_whisper(*backend, small_whisper(9 + i), &models[i]).ok());
     audio::LogMel mel;
     ASSERT_TRUE(audio::log_mel(chirp(1.0), models[0]->mel_filters(), &mel).ok());
     for (size_t i = 0; i < contexts.size(); ++i) {
@@ -528,10 +521,8 @@ TEST(WhisperContext, ASharedWindowTakenLaterIsTheSameAndNotAReplacedOne) {
     std::string why;
     auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
     ASSERT_TRUE(backend) << why;
-    std::unique_ptr<MappedFile> file;
-    ASSERT_TRUE(MappedFile::open(small_whisper(9), &file).ok());
     std::unique_ptr<WhisperModel> model;
-    ASSERT_TRUE(WhisperModel::load(*backend, std::move(file), nullptr, &model).ok());
+    ASSERT_TRUE(load_whisper(*backend, small_whisper(9), &model).ok());
     std::unique_ptr<WhisperContext> target, eager, lazy;
     for (auto* ctx : {&target, &eager, &lazy})
         ASSERT_TRUE(WhisperContext::create(*model, 1, ctx).ok());
@@ -582,11 +573,8 @@ TEST(WhisperTranscribe, ADraftChangesNoTranscriptOnAnyBackend) {
         const std::string target_path = small_whisper(9), other_path = small_whisper(10);
         for (const std::string& path : {target_path, small_whisper(9, true, GgmlType::kQ4_0),
                                         other_path, distil_whisper(target_path, other_path)}) {
-            std::unique_ptr<MappedFile> file;
-            ASSERT_TRUE(MappedFile::open(path, &file).ok());
             models.emplace_back();
-            ASSERT_TRUE(
-                WhisperModel::load(*backend, std::move(file), nullptr, &models.back()).ok());
+            ASSERT_TRUE(load_whisper(*backend, path, &models.back()).ok());
         }
         for (size_t d = 0; d < models.size(); ++d)
             EXPECT_EQ(models[d]->same_encoder(*models[0]), d == 0 || d == 3) << "model " << d;
