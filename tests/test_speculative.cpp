@@ -1122,6 +1122,54 @@ TEST(Speculative, TheAnalyticPolicyMeasuresAWidthAgain) {
     EXPECT_LT(g.measurements().target_seconds[6], 0.060);
 }
 
+// A target whose one-position calls are slower by `cold` for its first `cold_calls` (a first
+// use's caches and allocations), then as fast as a SlowDecoder's.
+class ColdStartDecoder : public SlowDecoder {
+  public:
+    ColdStartDecoder(Decoder& inner, int cold_calls, std::chrono::microseconds cold)
+        : SlowDecoder(inner, std::chrono::microseconds(200), std::chrono::milliseconds(2)),
+          left_(cold_calls),
+          cold_(cold) {}
+    Status record(const Tensor& ids, bool all_rows) override {
+        if (ids.cols == 1 && left_ > 0) {
+            --left_;
+            std::this_thread::sleep_for(cold_);
+        }
+        return SlowDecoder::record(ids, all_rows);
+    }
+
+  private:
+    int left_;
+    std::chrono::microseconds cold_;
+};
+
+TEST(Speculative, TheAnalyticPolicyMeasuresThePlainCostAgainAcrossShortSequences) {
+    // Sequences of 6 steps (a speech window's length) share the pair's measurements. The plain
+    // width's first measurement was cold (the target's first one-position calls 8 ms slower
+    // than the 2.2 ms warm), against which drafting (3 ms a draft call) paid; warm, plain
+    // decoding wins. Fails if the steps since the plain width was measured are counted per
+    // sequence: it is never measured again, and every step drafts.
+    AnalyticPairOnCpu p;
+    ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p, 512));
+    ColdStartDecoder target(*p.pair.target, 2, std::chrono::milliseconds(8));
+    SlowDecoder draft(*p.pair.draft, {}, std::chrono::milliseconds(3));
+    PairMeasurements measured;
+    Generator g(target, &draft, p.config, &measured);
+    uint64_t drafted_first = 0, drafted_last = 0;
+    for (int sequence = 0; sequence < 12; ++sequence) {
+        g.reset();
+        ASSERT_TRUE(g.append(std::vector<int32_t>{1, 450, 4996, 17354, 1701}).ok());
+        std::vector<int32_t> out;
+        for (int s = 0; s < 6; ++s)
+            ASSERT_TRUE(g.step(1 + kMaxGamma, &out).ok());
+        (sequence == 0 ? drafted_first : drafted_last) = g.stats().drafted;
+    }
+    EXPECT_GT(drafted_first, 0u);  // the cold measurement made drafting look worth it
+    EXPECT_GE(measured.greedy.target_samples[1], 2);
+    EXPECT_LT(measured.greedy.target_seconds[1], 0.006);
+    EXPECT_EQ(drafted_last, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,
                          ::testing::Values(SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN,
                                            SPECULA_BACKEND_CUDA),

@@ -119,7 +119,6 @@ void Generator::reset() {
     step_ = 0;
     heuristic_gamma_ = config_.gamma;
     plain_steps_ = 0;
-    drafting_steps_ = 0;
     probe_every_ = kProbeEvery;
     costly_probes_ = 0;
     stats_ = GeneratorStats{};
@@ -179,7 +178,7 @@ int Generator::next_gamma() const {
             // costs measured (they change with the text and the context length); while
             // drafting wins, two plain steps now and then keep the cost it is weighed against
             // measured (a lone plain step measures nothing: step_on_device).
-            if (drafting_steps_ + 1 >= kProbeEvery || plain_steps_ == 1) return 0;
+            if (m.drafting_since_plain + 1 >= kProbeEvery || plain_steps_ == 1) return 0;
             const int gamma_min = plain_steps_ + 1 >= probe_every_ ? 1 : 0;
             const int gamma = analytic_gamma(m, gamma_min, config_.gamma_max);
             // A width measured once is measured again while drafting (updated_cost() keeps the
@@ -272,7 +271,7 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
         }
     }
     plain_steps_ = gamma == 0 ? plain_steps_ + 1 : 0;
-    drafting_steps_ = gamma > 0 ? drafting_steps_ + 1 : 0;
+    if (gamma > 0) ++measured.drafting_since_plain;
     adapt_gamma(n_accepted, gamma);
     return Status::Ok();
 }
@@ -436,9 +435,11 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     // in the caches, where the target's were (on the cpu, a model of 90 MB: 3 ms against 1.6
     // warm); plain decoding does not pay that, so only a plain step after a plain one measures it.
     const auto width = size_t(gamma + 1);
-    if (gamma > 0 || plain_steps_ > 0)
+    if (gamma > 0 || plain_steps_ > 0) {
         m.target_seconds[width] = updated_cost(m.target_seconds[width], m.target_samples[width]++,
                                                be.seconds_between(kDraftsDone, kVerified));
+        if (width == 1) m.drafting_since_plain = 0;
+    }
     return Status::Ok();
 }
 
