@@ -1082,23 +1082,29 @@ TEST(Speculative, TheAnalyticPolicyPricesTheFirstDraftCallApart) {
     EXPECT_GE(2 * wide, steps) << wide << " of " << steps << " steps drafted 3 or more";
 }
 
-// A target whose first call of `width` positions sleeps `cold` longer: a first use.
+// A target whose first `cold_calls` calls of `width` positions sleep `cold` longer (a first
+// use's caches and allocations); otherwise a SlowDecoder of per_token and per_call.
 class ColdWidthDecoder : public SlowDecoder {
   public:
-    ColdWidthDecoder(Decoder& inner, int width, std::chrono::microseconds cold)
-        : SlowDecoder(inner, std::chrono::milliseconds(1), std::chrono::milliseconds(10)),
+    ColdWidthDecoder(Decoder& inner, int width, std::chrono::microseconds cold, int cold_calls = 1,
+                     std::chrono::microseconds per_token = std::chrono::milliseconds(1),
+                     std::chrono::microseconds per_call = std::chrono::milliseconds(10))
+        : SlowDecoder(inner, per_token, per_call),
           width_(width),
-          cold_(cold) {}
+          cold_(cold),
+          cold_calls_(cold_calls) {}
     Status record(const Tensor& ids, bool all_rows) override {
-        if (ids.cols == width_ && !used_) std::this_thread::sleep_for(cold_);
-        used_ = used_ || ids.cols == width_;
+        if (ids.cols == width_ && cold_calls_ > 0) {
+            --cold_calls_;
+            std::this_thread::sleep_for(cold_);
+        }
         return SlowDecoder::record(ids, all_rows);
     }
 
   private:
     int width_;
     std::chrono::microseconds cold_;
-    bool used_ = false;
+    int cold_calls_;
 };
 
 TEST(Speculative, TheAnalyticPolicyMeasuresAWidthAgain) {
@@ -1122,27 +1128,6 @@ TEST(Speculative, TheAnalyticPolicyMeasuresAWidthAgain) {
     EXPECT_LT(g.measurements().target_seconds[6], 0.060);
 }
 
-// A target whose one-position calls are slower by `cold` for its first `cold_calls` (a first
-// use's caches and allocations), then as fast as a SlowDecoder's.
-class ColdStartDecoder : public SlowDecoder {
-  public:
-    ColdStartDecoder(Decoder& inner, int cold_calls, std::chrono::microseconds cold)
-        : SlowDecoder(inner, std::chrono::microseconds(200), std::chrono::milliseconds(2)),
-          left_(cold_calls),
-          cold_(cold) {}
-    Status record(const Tensor& ids, bool all_rows) override {
-        if (ids.cols == 1 && left_ > 0) {
-            --left_;
-            std::this_thread::sleep_for(cold_);
-        }
-        return SlowDecoder::record(ids, all_rows);
-    }
-
-  private:
-    int left_;
-    std::chrono::microseconds cold_;
-};
-
 TEST(Speculative, TheAnalyticPolicyMeasuresThePlainCostAgainAcrossShortSequences) {
     // Sequences of 6 steps (a speech window's length) share the pair's measurements. The plain
     // width's first measurement was cold (the target's first one-position calls 8 ms slower
@@ -1151,7 +1136,8 @@ TEST(Speculative, TheAnalyticPolicyMeasuresThePlainCostAgainAcrossShortSequences
     // sequence: it is never measured again, and every step drafts.
     AnalyticPairOnCpu p;
     ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p, 512));
-    ColdStartDecoder target(*p.pair.target, 2, std::chrono::milliseconds(8));
+    ColdWidthDecoder target(*p.pair.target, 1, std::chrono::milliseconds(8), 2,
+                            std::chrono::microseconds(200), std::chrono::milliseconds(2));
     SlowDecoder draft(*p.pair.draft, {}, std::chrono::milliseconds(3));
     PairMeasurements measured;
     Generator g(target, &draft, p.config, &measured);

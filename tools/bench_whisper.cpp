@@ -39,7 +39,6 @@ double ms_since(Clock::time_point t0) {
 struct Times {
     std::vector<double> encode, decode, batch5, prompt;  // ms per run, one entry per repetition
     std::vector<double> mel;                             // of a 5 s clip
-    std::string mel_backend;                             // whose threads computed it
     std::vector<std::vector<double>> widths;             // per --verify width, ms per forward
 };
 
@@ -112,7 +111,6 @@ Status run(const std::string& path, const std::vector<int32_t>& output_tokens,
             clip[i] = 0.3f * float(std::sin(0.05 * double(i)));
         audio::LogMel clip_mel;
         // As a transcription on this backend computes it.
-        times->mel_backend = specula_backend_kind_name(kind);
         const audio::ParallelFor threads = [&](size_t n, const auto& fn) {
             backend->parallel_for_host(n, fn);
         };
@@ -194,7 +192,7 @@ int main(int argc, char** argv) {
         }
         std::printf("| %s | %.1f | %.2f | %.2f | %.1f |\n", name.c_str(), median(t.encode),
                     median(t.decode), median(t.batch5), median(t.prompt));
-        if (mel_ms.empty()) mel_backend = t.mel_backend;
+        if (mel_ms.empty() && !t.mel.empty()) mel_backend = name;
         mel_ms.insert(mel_ms.end(), t.mel.begin(), t.mel.end());
         std::string row = "| " + name;
         for (const std::vector<double>& w : t.widths) {

@@ -3,13 +3,14 @@
 #include <kiss_fftr.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <new>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,17 +33,14 @@ float padded_sample(std::span<const float> x, long i) {
 }
 
 // Frames [begin, end) of the spectrogram, each log10 of its mel bands' power (unscaled), into
-// out->data; returns their largest value. A frame does not depend on the others, so any split of
-// the frames among threads gives the same values.
-float log_mel_frames(std::span<const float> samples, const MelFilters& filters,
-                     std::span<const std::pair<int, int>> support, long begin, long end,
-                     LogMel* out) {
+// out->data; returns their largest value, or nothing when its FFT plan cannot be had. A frame
+// does not depend on the others, so any split of the frames among threads gives the same values.
+std::optional<float> log_mel_frames(std::span<const float> samples, const MelFilters& filters,
+                                    std::span<const float> window,
+                                    std::span<const std::pair<int, int>> support, long begin,
+                                    long end, LogMel* out) {
     FftrPlan plan(kiss_fftr_alloc(kWhisperFftSize, 0, nullptr, nullptr));  // one per thread
-    if (!plan) throw std::bad_alloc();
-    // A periodic Hann window (torch.hann_window's default).
-    float window[kWhisperFftSize];
-    for (int j = 0; j < kWhisperFftSize; ++j)
-        window[j] = float(0.5 * (1.0 - std::cos(2.0 * std::numbers::pi * j / kWhisperFftSize)));
+    if (!plan) return std::nullopt;
     float frame[kWhisperFftSize];
     kiss_fft_cpx spectrum[kWhisperFftBins];
     double power[kWhisperFftBins];
@@ -109,32 +107,32 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
                 --hi;
             support[size_t(m)] = {lo, hi};
         }
+        // A periodic Hann window (torch.hann_window's default).
+        std::array<float, kWhisperFftSize> window;
+        for (int j = 0; j < kWhisperFftSize; ++j)
+            window[size_t(j)] =
+                float(0.5 * (1.0 - std::cos(2.0 * std::numbers::pi * j / kWhisperFftSize)));
         const float floor = -10.0f;  // log10(1e-10)
         float top = audio_frames < out->n_frames ? floor : -std::numeric_limits<float>::infinity();
         // Blocks of frames, which parallel_for shares among its threads; a chunk of blocks is
         // computed with one FFT plan, and its largest value kept at its first block.
         const long blocks = std::max<long>(1, audio_frames / kMinFramesPerThread);
         const auto block_start = [&](size_t b) { return audio_frames * long(b) / blocks; };
-        std::vector<float> tops(static_cast<size_t>(blocks),
-                                -std::numeric_limits<float>::infinity());
-        std::vector<std::exception_ptr> errors(static_cast<size_t>(blocks));
+        std::vector<std::optional<float>> tops(static_cast<size_t>(blocks),
+                                               -std::numeric_limits<float>::infinity());
         const std::function<void(size_t, size_t)> chunk = [&](size_t b0, size_t b1) {
-            try {
-                tops[b0] = log_mel_frames(samples, filters, support, block_start(b0),
-                                          block_start(b1), out);
-            } catch (...) {
-                errors[b0] = std::current_exception();
-            }
+            tops[b0] = log_mel_frames(samples, filters, window, support, block_start(b0),
+                                      block_start(b1), out);
         };
         if (parallel_for && blocks > 1) {
             parallel_for(size_t(blocks), chunk);
         } else {
             chunk(0, size_t(blocks));
         }
-        for (const std::exception_ptr& e : errors)
-            if (e) std::rethrow_exception(e);
-        for (float v : tops)
-            top = std::max(top, v);
+        for (const std::optional<float>& v : tops) {
+            if (!v) return OutOfMemory("cannot allocate an FFT plan");
+            top = std::max(top, *v);
+        }
         // The silent frames (most of a short clip's spectrogram: the 30 s appended) are one
         // value, written once per band after the frames of audio are scaled.
         const float silent = (std::max(floor, top - 8.0f) + 4.0f) / 4.0f;
@@ -146,7 +144,7 @@ Status log_mel(std::span<const float> samples, const MelFilters& filters, LogMel
         }
     } catch (const std::bad_alloc&) {
         return OutOfMemory("cannot allocate a spectrogram of " +
-                           std::to_string(n_total / kWhisperHop) + " frames or its FFT plans");
+                           std::to_string(n_total / kWhisperHop) + " frames");
     }
     return Status::Ok();
 }
