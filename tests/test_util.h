@@ -3,11 +3,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
 
 #include "model_maker.h"
+#include "platform/mapped_file.h"
 
 namespace specula::test {
 
@@ -55,6 +57,42 @@ inline std::string make_model(const std::string& name, RandomLlamaSpec spec) {
     const Status s = write_random_llama(spec, path);
     if (!s.ok()) throw std::runtime_error(s.message());
     return path;
+}
+
+// A GGUF file written again with changes: `metadata` edits the key/value pairs in place, and
+// `tensor`, where it returns true, gives a tensor a new shape and bytes (files that differ from
+// another in one respect).
+struct GgufEdit {
+    std::function<void(std::vector<std::pair<std::string, GgufValue>>*)> metadata;
+    std::function<bool(const GgufTensorInfo&, std::vector<int64_t>*, std::vector<uint8_t>*)> tensor;
+};
+inline Status write_edited_gguf(const std::string& src, const GgufEdit& edit,
+                                const std::string& dst) {
+    std::unique_ptr<MappedFile> file;
+    SPECULA_TRY(MappedFile::open(src, &file));
+    GgufFile gguf;
+    SPECULA_TRY(GgufFile::parse(file->bytes(), &gguf));
+    std::vector<std::pair<std::string, GgufValue>> metadata = gguf.metadata();
+    if (edit.metadata) edit.metadata(&metadata);
+    GgufWriter w;
+    for (auto& [key, value] : metadata)
+        w.set(key, std::move(value));
+    for (const GgufTensorInfo& t : gguf.tensors()) {
+        std::vector<int64_t> shape = t.shape;
+        std::vector<uint8_t> data;
+        if (!edit.tensor || !edit.tensor(t, &shape, &data))
+            data.assign(t.data.begin(), t.data.end());
+        SPECULA_TRY(w.add_tensor(t.name, t.type, std::move(shape), std::move(data)));
+    }
+    return w.write(dst);
+}
+
+// The value of `key` among GGUF metadata (nullptr when absent).
+inline GgufValue* find_value(std::vector<std::pair<std::string, GgufValue>>* metadata,
+                             const std::string& key) {
+    for (auto& [k, v] : *metadata)
+        if (k == key) return &v;
+    return nullptr;
 }
 
 }  // namespace specula::test

@@ -486,10 +486,7 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
             const LlamaModel& draft = *p.draft->impl;
             if (&draft.backend() != &model->impl->backend())
                 return InvalidArgument("the draft model must be loaded on the target's backend");
-            if (!draft.tokenizer().same_vocabulary(model->impl->tokenizer()))
-                return Status(SPECULA_ERR_VOCAB_MISMATCH,
-                              "the draft model's tokenizer differs from the target's: their token "
-                              "ids do not mean the same text");
+            SPECULA_TRY(model->impl->tokenizer().check_draft(draft.tokenizer()));
             SPECULA_TRY(LlamaContext::create(draft, n_ctx, kMaxBatch, &s->draft));
         }
         config.sampling = {p.temperature, p.top_k, p.top_p, p.seed};

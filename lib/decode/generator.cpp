@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "sampling/verify.h"
 
@@ -136,9 +137,18 @@ Status Generator::catch_up(Decoder& ctx, size_t keep, std::vector<float>* logits
     ctx.truncate(int(std::min(end, size_t(ctx.n_past()))));
     for (size_t i = size_t(ctx.n_past()); i < end; i += size_t(ctx.max_batch())) {
         const size_t n = std::min(end - i, size_t(ctx.max_batch()));
-        SPECULA_TRY(ctx.forward(std::span(committed_).subspan(i, n), false, logits));
+        SPECULA_TRY(ctx.forward(committed_for(ctx, i, i + n), false, logits));
     }
     return Status::Ok();
+}
+
+std::span<const int32_t> Generator::committed_for(const Decoder& ctx, size_t begin, size_t end) {
+    const std::span<const int32_t> ids = std::span(committed_).subspan(begin, end - begin);
+    if (ctx.n_vocab() >= target_.n_vocab()) return ids;
+    draft_ids_.resize(ids.size());
+    std::transform(ids.begin(), ids.end(), draft_ids_.begin(),
+                   [&](int32_t id) { return id < ctx.n_vocab() ? id : 0; });
+    return draft_ids_;
 }
 
 Status Generator::append(std::span<const int32_t> tokens) {
@@ -291,7 +301,32 @@ Status Generator::device_buffers(int n_vocab) {
         t->buffer = b.get();
         buffers_.push_back(std::move(b));
     }
+    // A draft with fewer ids puts no weight on the target's others: its rows are copied into
+    // draft_rows_, whose columns past its vocabulary stay -infinity.
+    if (draft_ != nullptr && draft_->n_vocab() < n_vocab) {
+        const std::vector<float> tail(size_t(n_vocab - draft_->n_vocab()),
+                                      -std::numeric_limits<float>::infinity());
+        for (int r = 0; r < rows; ++r) {
+            Tensor t = draft_rows_.row_range(r, 1);
+            t.offset += size_t(draft_->n_vocab()) * sizeof(float);
+            t.cols = int64_t(tail.size());
+            be.upload(t, tail.data());
+        }
+    }
     return Status::Ok();
+}
+
+Tensor Generator::draft_row(int c) {
+    Tensor logits = draft_->logits(1);
+    if (draft_->n_vocab() >= target_.n_vocab()) {
+        logits.cols = target_.n_vocab();  // the target's ids are the first ones
+        return logits;
+    }
+    Tensor row = draft_rows_.row_range(c, 1);
+    Tensor head = row;
+    head.cols = draft_->n_vocab();
+    target_.backend().copy(logits, head);
+    return row;
 }
 
 // The whole step is recorded for the device and waited for once, when its n and
@@ -325,7 +360,8 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
         if (L - draft_->n_past() > draft_->max_batch())
             SPECULA_TRY(catch_up(*draft_, size_t(draft_->max_batch()), &unused));
         draft_first = draft_->n_past();
-        be.upload(draft_->input_ids(0, L - draft_first), committed_.data() + draft_first);
+        be.upload(draft_->input_ids(0, L - draft_first),
+                  committed_for(*draft_, size_t(draft_first), size_t(L)).data());
         if (L - draft_first > 2)
             SPECULA_TRY(draft_->record(draft_->input_ids(0, L - draft_first - 1), false));
     }
@@ -338,17 +374,18 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
             c > 0 ? target_.input_ids(c, 1)
                   : draft_->input_ids(draft_->n_past() - draft_first, L - draft_->n_past());
         SPECULA_TRY(draft_->record(ids, false));
+        const Tensor q = draft_row(c);
         if (rules_) {
-            rules.logits = draft_->logits(1);
+            rules.logits = q;
             rules.drafts = target_.input_ids(1, std::max(c, 1));
             rules.first_row = c;
             be.token_rules(rules);
         }
         // Leviathan et al.'s test reads q again; the coupled acceptance only compares tokens.
-        if (!config_.sampling.greedy() && !coupled)
-            be.copy(draft_->logits(1), draft_rows_.row_range(c, 1));
+        if (!config_.sampling.greedy() && !coupled && q.buffer != draft_rows_.buffer)
+            be.copy(q, draft_rows_.row_range(c, 1));
         VerifyArgs sample;
-        sample.target = draft_->logits(1);
+        sample.target = q;
         sample.sampling = config_.sampling;
         sample.step = coupled ? 0 : step_;
         sample.stream = coupled ? RandomStream::kResidual : RandomStream::kDraft;
@@ -454,6 +491,8 @@ Status Generator::sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted)
     SPECULA_TRY(catch_up(*draft_, 0, &logits));  // the 1 or 2 committed tokens it has not seen
     for (int c = 0; c < gamma; ++c) {
         if (c > 0) SPECULA_TRY(draft_->forward(std::span(&drafts.back(), 1), false, &logits));
+        // Over the target's ids (the draft's others never proposed, the target's it lacks 0).
+        logits.resize(V, -std::numeric_limits<float>::infinity());
         draft_rows.insert(draft_rows.end(), logits.begin(), logits.end());
         drafts.push_back(draft_token(logits, config_.sampling, step_, uint32_t(c)));
     }

@@ -119,7 +119,11 @@ class Generator {
         int32_t end_token = -1;
     };
 
-    // `draft` may be null (plain decoding). Both decoders must be empty and share a vocabulary.
+    // `draft` may be null (plain decoding). Both decoders must be empty, and their token ids
+    // must mean the same text over the ids both have (Tokenizer::check_draft): a draft with
+    // more ids never proposes those the target lacks, and one with fewer reads each committed
+    // id it lacks (an unused id of the target's padding) as id 0, which may make its drafts
+    // worse, never the output other than the target's.
     // `measurements`, where given, outlives the generator and is the pair's: it is read and
     // updated instead of the generator's own.
     Generator(Decoder& target, Decoder* draft, const Config& config,
@@ -159,6 +163,10 @@ class Generator {
     // Makes ctx hold exactly the committed tokens but the last `keep`: forgets positions
     // beyond them and evaluates the missing ones.
     Status catch_up(Decoder& ctx, size_t keep, std::vector<float>* logits);
+    // committed_[begin, end) as ctx reads them: the draft reads ids past its vocabulary as 0.
+    std::span<const int32_t> committed_for(const Decoder& ctx, size_t begin, size_t end);
+    // The draft's row of draft c's logits over the target's vocabulary (device_buffers()).
+    Tensor draft_row(int c);
     Status step_on_device(int gamma, std::vector<int32_t>* emitted, std::vector<float>* logprobs);
     Status sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted);
     Status device_buffers(int n_vocab);
@@ -193,6 +201,7 @@ class Generator {
     size_t rules_from_ = 0;  // committed_[rules_from_..] are the tokens the rules see
     std::vector<std::unique_ptr<Buffer>> buffers_;
     Tensor draft_rows_, result_, lse_, races_;  // on the target's backend
+    std::vector<int32_t> draft_ids_;            // committed_for()'s
 };
 
 // Leviathan et al. Theorem 3.8: the expected speedup of γ drafts per step with

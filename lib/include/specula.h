@@ -288,9 +288,12 @@ typedef struct specula_session_params {
     float temperature; /* 0 = greedy; so is anything below SPECULA_MIN_TEMPERATURE */
     int32_t top_k;     /* 0 = off */
     float top_p;       /* 1 = off */
-    /* Speculative decoding: a draft model on the same backend with the same
-     * vocabulary (else SPECULA_ERR_VOCAB_MISMATCH). NULL decodes with the target alone.
-     * The output distribution is the target's either way. */
+    /* Speculative decoding: a draft model on the same backend whose token ids mean what
+     * the target's do: the same tokenizer kind, BOS, EOS and add-BOS, the same token texts
+     * over the ids both have, and at most 128 ids more on either side, all unused (padding,
+     * as GGUF conversions pad a vocabulary); else SPECULA_ERR_VOCAB_MISMATCH naming the first
+     * difference. NULL decodes with the target alone. The output distribution is the
+     * target's either way. */
     specula_model* draft;
     specula_gamma_policy gamma_policy; /* default SPECULA_GAMMA_AUTO */
     int32_t gamma;     /* drafts per step (fixed), or the starting value (1..SPECULA_MAX_GAMMA) */

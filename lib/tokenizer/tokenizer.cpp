@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <queue>
 #include <string_view>
 
@@ -548,6 +549,50 @@ bool Tokenizer::same_vocabulary(const Tokenizer& o) const {
     return kind_ == o.kind_ && tokens_ == o.tokens_ && types_ == o.types_ && scores_ == o.scores_ &&
            merge_ranks_ == o.merge_ranks_ && bos_ == o.bos_ && eos_ == o.eos_ &&
            add_space_prefix_ == o.add_space_prefix_;
+}
+
+Status Tokenizer::check_draft(const Tokenizer& d) const {
+    const auto mismatch = [](const std::string& why) {
+        return Status(SPECULA_ERR_VOCAB_MISMATCH,
+                      "the draft's vocabulary is not the target's: " + why);
+    };
+    if (kind_ != d.kind_)
+        return mismatch(std::string("the draft's tokenizer is ") + d.kind_name() +
+                        ", the target's " + kind_name());
+    const auto special = [](const char* what, int32_t target, int32_t draft) {
+        return std::string(what) + " is id " + std::to_string(target) + " in the target and " +
+               std::to_string(draft) + " in the draft";
+    };
+    if (bos_ != d.bos_) return mismatch(special("BOS", bos_, d.bos_));
+    if (eos_ != d.eos_) return mismatch(special("EOS", eos_, d.eos_));
+    if (add_bos_ != d.add_bos_)
+        return mismatch(std::string("the target ") + (add_bos_ ? "adds" : "does not add") +
+                        " a BOS to a text and the draft " + (d.add_bos_ ? "does" : "does not"));
+    const int32_t shared = std::min(n_vocab(), d.n_vocab());
+    if (std::abs(n_vocab() - d.n_vocab()) > kMaxVocabPadding)
+        return mismatch("the target has " + std::to_string(n_vocab()) + " ids and the draft " +
+                        std::to_string(d.n_vocab()) + ", more than " +
+                        std::to_string(kMaxVocabPadding) + " apart");
+    const auto quoted = [](const std::string& text) {
+        std::string q(1, '\'');
+        q.append(text, 0, 40);
+        q += '\'';
+        return q;
+    };
+    for (int32_t id = 0; id < shared; ++id) {
+        const auto i = size_t(id);
+        if (tokens_[i] != d.tokens_[i] || types_[i] != d.types_[i])
+            return mismatch("id " + std::to_string(id) + " is " + quoted(tokens_[i]) +
+                            " in the target and " + quoted(d.tokens_[i]) + " in the draft");
+    }
+    const Tokenizer& longer = n_vocab() > d.n_vocab() ? *this : d;
+    for (int32_t id = shared; id < longer.n_vocab(); ++id)
+        if (longer.types_[size_t(id)] != kUnused)
+            return mismatch("id " + std::to_string(id) + " " + quoted(longer.tokens_[size_t(id)]) +
+                            " of the " + (&longer == this ? "target" : "draft") +
+                            " is not in the " + (&longer == this ? "draft" : "target") +
+                            " and is not an unused (padding) token");
+    return Status::Ok();
 }
 
 }  // namespace specula

@@ -63,9 +63,17 @@ class Tokenizer {
     // Concatenated pieces, without the space the tokenizer put in front of the text.
     std::string decode(std::span<const int32_t> tokens) const;
 
-    // Two tokenizers that map every text to the same ids: a draft model must
-    // share its target's (docs/DESIGN.md "Tokenizers").
+    // Two tokenizers that map every text to the same ids.
     bool same_vocabulary(const Tokenizer& other) const;
+    // Whether a draft model with the tokenizer `draft` may propose ids to a target with this
+    // one: the same kind, BOS, EOS and add-BOS, the same text and type for every id both have,
+    // and at most kMaxVocabPadding ids more on either side, each an unused token (GGUF
+    // conversions pad a vocabulary to the embedding's rows: Qwen2.5-0.5B has 151,936 ids,
+    // Qwen2.5-7B 152,064). Otherwise SPECULA_ERR_VOCAB_MISMATCH naming the first difference.
+    // Scores and merges may differ: the draft never tokenizes text, it only reads and proposes
+    // ids (docs/DESIGN.md "Tokenizers").
+    Status check_draft(const Tokenizer& draft) const;
+    static constexpr int32_t kMaxVocabPadding = 128;
 
   private:
     // Text without user-defined tokens; at_start: the beginning of the text (SentencePiece's
