@@ -47,27 +47,45 @@ class ZeroedPages {
     ZeroedPages(ZeroedPages&& o) noexcept
         : small_(std::move(o.small_)),
           mapped_(std::exchange(o.mapped_, nullptr)),
-          bytes_(o.bytes_) {}
-    ZeroedPages& operator=(ZeroedPages&&) = delete;
+          bytes_(o.bytes_),
+          data_(std::exchange(o.data_, nullptr)) {}
+    ZeroedPages& operator=(ZeroedPages&& o) noexcept {
+        std::swap(small_, o.small_);
+        std::swap(mapped_, o.mapped_);
+        std::swap(bytes_, o.bytes_);
+        std::swap(data_, o.data_);
+        return *this;
+    }
     ZeroedPages(const ZeroedPages&) = delete;
     ~ZeroedPages() {
         if (mapped_ != nullptr) munmap(mapped_, bytes_);
     }
-    // A null data() when the memory cannot be had.
-    static ZeroedPages allocate(size_t bytes) {
+    // A null data() when the memory cannot be had. `huge`: memory a kernel streams through
+    // (repacked weights) starts on a 2 MiB boundary and asks the kernel for huge pages, where
+    // it grants them (transparent huge pages "madvise" or "always").
+    static ZeroedPages allocate(size_t bytes, bool huge = false) {
         ZeroedPages z;
-        z.bytes_ = bytes;
         if (bytes < kMapFrom) {
+            z.bytes_ = bytes;
             z.small_ = allocate_aligned<uint8_t>(bytes, true);
+            z.data_ = z.small_.get();
             return z;
         }
-        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p != MAP_FAILED) z.mapped_ = p;
+        huge = huge && bytes >= kHugePage;
+        z.bytes_ = bytes + (huge ? kHugePage : 0);
+        void* p =
+            mmap(nullptr, z.bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return z;
+        z.mapped_ = p;
+        auto start = reinterpret_cast<uintptr_t>(p);
+        if (huge) {
+            start = (start + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
+            madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);  // advice only
+        }
+        z.data_ = reinterpret_cast<uint8_t*>(start);
         return z;
     }
-    uint8_t* data() const {
-        return mapped_ != nullptr ? static_cast<uint8_t*>(mapped_) : small_.get();
-    }
+    uint8_t* data() const { return data_; }
 
   private:
     // AddressSanitizer checks heap blocks, not mappings: its builds keep every buffer checked.
@@ -76,9 +94,11 @@ class ZeroedPages {
 #else
     static constexpr size_t kMapFrom = size_t(1) << 20;
 #endif
+    static constexpr size_t kHugePage = size_t(2) << 20;
     AlignedArray<uint8_t> small_;
     void* mapped_ = nullptr;
-    size_t bytes_ = 0;
+    size_t bytes_ = 0;  // of the mapping
+    uint8_t* data_ = nullptr;
 };
 
 class CpuBuffer final : public Buffer {
@@ -96,11 +116,11 @@ class CpuBuffer final : public Buffer {
     uint8_t* data() const { return data_; }
     bool read_only() const { return read_only_; }
     // The weights repacked for the integer kernels (cpu::pack_rows), or nullptr.
-    const uint8_t* packed() const { return packed_.get(); }
-    // Room for them (uninitialised), or nullptr when the memory cannot be had.
+    const uint8_t* packed() const { return packed_.data(); }
+    // Room for them, or nullptr when the memory cannot be had.
     uint8_t* allocate_packed(size_t bytes) {
-        packed_ = allocate_aligned<uint8_t>(bytes, false);
-        return packed_.get();
+        packed_ = ZeroedPages::allocate(bytes, true);
+        return packed_.data();
     }
 
     // The transpose of a key cache held in this buffer (cpu::transpose_keys), for causal
@@ -145,7 +165,7 @@ class CpuBuffer final : public Buffer {
 
   private:
     ZeroedPages owned_;
-    AlignedArray<uint8_t> packed_;
+    ZeroedPages packed_;
     std::vector<std::unique_ptr<KeyTranspose>> transposes_;
     uint8_t* data_ = nullptr;
     size_t size_ = 0;
