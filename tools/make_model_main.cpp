@@ -32,8 +32,30 @@ int main(int argc, char** argv) {
     app.add_option("--rope-scale", spec.rope_scale, "linear rope scaling by this factor");
     app.add_flag("--llama3-rope", spec.llama3_rope,
                  "Llama 3.2's rope scaling, as a rope_freqs tensor of per-pair factors");
+    std::string shape;
+    app.add_option("--shape", shape,
+                   "a released model's shape, which the other options change: llama3.2-1b, "
+                   "llama3.2-3b, llama3.1-8b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b");
+    app.add_option("--head-scale", spec.head_scale,
+                   "the output head's logits have about this standard deviation (how peaked "
+                   "the distributions are; 0: 4 for a separate head, the embedding's for a tied "
+                   "one)");
+    app.add_option("--draft-output", spec.draft_path,
+                   "also write a draft: the target's first --draft-layers layers, embedding and "
+                   "head (a benchmark device with a dialled acceptance rate, not a model)");
+    app.add_option("--draft-layers", spec.draft_layers, "the draft's layers");
+    app.add_option("--late-scale", spec.late_scale,
+                   "the target's layers after the draft's add their outputs scaled by this: 0 "
+                   "makes target and draft the same function, larger values lower the "
+                   "acceptance rate");
     CLI11_PARSE(app, argc, argv);
-    specula::Status s = specula::parse_weight_type(type, &spec.weight_type);
+    specula::Status s = specula::Status::Ok();
+    if (!shape.empty()) {
+        // The shape's values, then the options given again: those on the command line win.
+        s = specula::apply_released_shape(shape, &spec);
+        if (s.ok()) CLI11_PARSE(app, argc, argv);
+    }
+    if (s.ok()) s = specula::parse_weight_type(type, &spec.weight_type);
     spec.threads = int(std::max(1u, std::thread::hardware_concurrency()));
     if (s.ok()) s = specula::write_random_llama(spec, out);
     if (!s.ok()) {

@@ -113,6 +113,11 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
 
     if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3")
         return InvalidArgument("architecture '" + s.arch + "': llama, qwen2 or qwen3");
+    const bool with_draft = !s.draft_path.empty();
+    if (with_draft && !(s.draft_layers >= 1 && s.draft_layers < s.n_layer && s.late_scale >= 0))
+        return InvalidArgument(
+            "a draft takes 1 .. n_layer - 1 of the target's layers, and "
+            "late_scale >= 0");
     const int head_dim = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
     GgufWriter w;
     const std::string a = s.arch + ".";
@@ -161,12 +166,26 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     }
     if (s.n_vocab > 0 && size_t(s.n_vocab) < n_vocab) n_vocab = size_t(s.n_vocab);
 
+    // The draft's file: the same metadata but its layer count and name, and the tensors that
+    // add() gives it.
+    GgufWriter d = w;
+    d.set_u32(a + "block_count", uint32_t(s.draft_layers));
+    d.set_string("general.name", s.name + "-draft");
+    const auto add = [&](const std::string& name, GgmlType type, std::vector<int64_t> shape,
+                         std::vector<uint8_t> data, bool in_draft) {
+        if (with_draft && in_draft) SPECULA_TRY(d.add_tensor(name, type, shape, data));
+        return w.add_tensor(name, type, std::move(shape), std::move(data));
+    };
+
     Gaussian g(s.seed, s.threads);
     const int64_t e = s.n_embd, qd = int64_t(head_dim) * s.n_head,
                   kv = int64_t(head_dim) * s.n_head_kv, ff = s.n_ff, V = int64_t(n_vocab);
     const float se = 1.0f / std::sqrt(float(e)), sf = 1.0f / std::sqrt(float(ff));
     const GgmlType t = s.weight_type;
-    SPECULA_TRY(w.add_tensor("token_embd.weight", t, {e, V}, random_matrix(g, t, e, V, 1.0f)));
+    // A tied head is the embedding: its scale is the head's.
+    const float head_std = (s.head_scale > 0 ? s.head_scale : 4.0f) * se;
+    const float embd_std = s.tied_output && s.head_scale > 0 ? head_std : 1.0f;
+    SPECULA_TRY(add("token_embd.weight", t, {e, V}, random_matrix(g, t, e, V, embd_std), true));
     if (s.llama3_rope) {
         // Llama 3.2's rope_scaling (factor 32, low/high frequency factors 1 and 4, original
         // context 8192), turned into per-pair factors as the GGUF conversion does: wavelengths
@@ -184,41 +203,77 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         }
         std::vector<uint8_t> bytes(factors.size() * sizeof(float));
         std::memcpy(bytes.data(), factors.data(), bytes.size());
-        SPECULA_TRY(
-            w.add_tensor("rope_freqs.weight", GgmlType::kF32, {n_rot / 2}, std::move(bytes)));
+        SPECULA_TRY(add("rope_freqs.weight", GgmlType::kF32, {n_rot / 2}, std::move(bytes), true));
     }
     for (int l = 0; l < s.n_layer; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
-        SPECULA_TRY(w.add_tensor(p + "attn_norm.weight", GgmlType::kF32, {e},
-                                 random_matrix(g, GgmlType::kF32, e, 1, 0.1f, 1.0f)));
-        SPECULA_TRY(w.add_tensor(p + "attn_q.weight", t, {e, qd}, random_matrix(g, t, e, qd, se)));
-        SPECULA_TRY(w.add_tensor(p + "attn_k.weight", t, {e, kv}, random_matrix(g, t, e, kv, se)));
-        SPECULA_TRY(w.add_tensor(p + "attn_v.weight", t, {e, kv}, random_matrix(g, t, e, kv, se)));
+        const bool in_draft = l < s.draft_layers;
+        // The residual updates of the layers a draft does not have, scaled (late_scale).
+        const float update = with_draft && !in_draft ? s.late_scale : 1.0f;
+        const auto norm = [&](int64_t n) {
+            return random_matrix(g, GgmlType::kF32, n, 1, 0.1f, 1.0f);
+        };
+        SPECULA_TRY(add(p + "attn_norm.weight", GgmlType::kF32, {e}, norm(e), in_draft));
+        SPECULA_TRY(add(p + "attn_q.weight", t, {e, qd}, random_matrix(g, t, e, qd, se), in_draft));
+        SPECULA_TRY(add(p + "attn_k.weight", t, {e, kv}, random_matrix(g, t, e, kv, se), in_draft));
+        SPECULA_TRY(add(p + "attn_v.weight", t, {e, kv}, random_matrix(g, t, e, kv, se), in_draft));
         if (s.arch == "qwen2")
             for (auto [name, n] :
                  {std::pair{"attn_q.bias", qd}, {"attn_k.bias", kv}, {"attn_v.bias", kv}})
-                SPECULA_TRY(w.add_tensor(p + name, GgmlType::kF32, {n},
-                                         random_matrix(g, GgmlType::kF32, n, 1, 0.5f)));
+                SPECULA_TRY(add(p + name, GgmlType::kF32, {n},
+                                random_matrix(g, GgmlType::kF32, n, 1, 0.5f), in_draft));
         if (s.arch == "qwen3")
             for (const char* name : {"attn_q_norm.weight", "attn_k_norm.weight"})
-                SPECULA_TRY(
-                    w.add_tensor(p + name, GgmlType::kF32, {head_dim},
-                                 random_matrix(g, GgmlType::kF32, head_dim, 1, 0.1f, 1.0f)));
-        SPECULA_TRY(w.add_tensor(p + "attn_output.weight", t, {qd, e},
-                                 random_matrix(g, t, qd, e, 1.0f / std::sqrt(float(qd)))));
-        SPECULA_TRY(w.add_tensor(p + "ffn_norm.weight", GgmlType::kF32, {e},
-                                 random_matrix(g, GgmlType::kF32, e, 1, 0.1f, 1.0f)));
+                SPECULA_TRY(add(p + name, GgmlType::kF32, {head_dim}, norm(head_dim), in_draft));
+        SPECULA_TRY(add(p + "attn_output.weight", t, {qd, e},
+                        random_matrix(g, t, qd, e, update / std::sqrt(float(qd))), in_draft));
+        SPECULA_TRY(add(p + "ffn_norm.weight", GgmlType::kF32, {e}, norm(e), in_draft));
         SPECULA_TRY(
-            w.add_tensor(p + "ffn_gate.weight", t, {e, ff}, random_matrix(g, t, e, ff, se)));
-        SPECULA_TRY(w.add_tensor(p + "ffn_up.weight", t, {e, ff}, random_matrix(g, t, e, ff, se)));
-        SPECULA_TRY(
-            w.add_tensor(p + "ffn_down.weight", t, {ff, e}, random_matrix(g, t, ff, e, sf)));
+            add(p + "ffn_gate.weight", t, {e, ff}, random_matrix(g, t, e, ff, se), in_draft));
+        SPECULA_TRY(add(p + "ffn_up.weight", t, {e, ff}, random_matrix(g, t, e, ff, se), in_draft));
+        SPECULA_TRY(add(p + "ffn_down.weight", t, {ff, e}, random_matrix(g, t, ff, e, update * sf),
+                        in_draft));
     }
-    SPECULA_TRY(w.add_tensor("output_norm.weight", GgmlType::kF32, {e},
-                             random_matrix(g, GgmlType::kF32, e, 1, 0.1f, 1.0f)));
+    SPECULA_TRY(add("output_norm.weight", GgmlType::kF32, {e},
+                    random_matrix(g, GgmlType::kF32, e, 1, 0.1f, 1.0f), true));
     if (!s.tied_output)
-        SPECULA_TRY(w.add_tensor("output.weight", t, {e, V}, random_matrix(g, t, e, V, se * 4.0f)));
+        SPECULA_TRY(add("output.weight", t, {e, V}, random_matrix(g, t, e, V, head_std), true));
+    if (with_draft) SPECULA_TRY(d.write(s.draft_path));
     return w.write(path);
+}
+
+Status apply_released_shape(const std::string& name, RandomLlamaSpec* spec) {
+    struct Shape {
+        const char* name;
+        const char* arch;
+        int n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim;
+        bool tied, llama3_rope;
+    };
+    static constexpr Shape kShapes[] = {
+        {"llama3.2-1b", "llama", 2048, 16, 32, 8, 8192, 64, true, true},
+        {"llama3.2-3b", "llama", 3072, 28, 24, 8, 8192, 128, true, true},
+        {"llama3.1-8b", "llama", 4096, 32, 32, 8, 14336, 128, false, true},
+        {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 4864, 64, true, false},
+        {"qwen2.5-1.5b", "qwen2", 1536, 28, 12, 2, 8960, 128, true, false},
+        {"qwen2.5-3b", "qwen2", 2048, 36, 16, 2, 11008, 128, true, false},
+        {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 128, false, false},
+    };
+    std::string names;
+    for (const Shape& sh : kShapes) {
+        names += (names.empty() ? "" : ", ") + std::string(sh.name);
+        if (name != sh.name) continue;
+        spec->arch = sh.arch;
+        spec->n_embd = sh.n_embd;
+        spec->n_layer = sh.n_layer;
+        spec->n_head = sh.n_head;
+        spec->n_head_kv = sh.n_head_kv;
+        spec->n_ff = sh.n_ff;
+        spec->head_dim = sh.head_dim == sh.n_embd / sh.n_head ? 0 : sh.head_dim;
+        spec->tied_output = sh.tied;
+        spec->llama3_rope = sh.llama3_rope;
+        return Status::Ok();
+    }
+    return InvalidArgument("unknown shape '" + name + "' (" + names + ")");
 }
 
 Status whisper_shape(const std::string& name, bool english, WhisperHparams* out) {

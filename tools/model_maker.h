@@ -32,10 +32,28 @@ struct RandomLlamaSpec {
     bool tied_output = false;
     float rope_scale = 0.0f;   // > 0: rope.scaling.type linear with this factor
     bool llama3_rope = false;  // a rope_freqs tensor as Llama 3.2's conversion writes it
+    // > 0: the output head's weights are drawn with head_scale / sqrt(n_embd), logits with a
+    // standard deviation of about head_scale (how peaked the model's distributions are), a tied
+    // head's (the embedding's) too. 0: 4 for a separate head; a tied one keeps the embedding's
+    // unit weights.
+    float head_scale = 0.0f;
     uint64_t seed = 1;
     int threads = 1;  // drawing large matrices: the same weights on any number
     std::string name = "random-llama";
+    // A draft written beside the target (draft_path not empty), a benchmark device whose
+    // acceptance rate is dialled, not a model: the target's first draft_layers layers with its
+    // embedding, final norm and head. The target's later layers add their attention and
+    // feed-forward outputs scaled by late_scale, so 0 makes the two the same function and
+    // larger values make them agree less (docs/benchmarks.md has the scales of some rates).
+    std::string draft_path;
+    int draft_layers = 0;
+    float late_scale = 1.0f;
 };
+
+// Released models' shapes (no weights): "llama3.2-1b", "llama3.2-3b", "qwen2.5-0.5b",
+// "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama3.1-8b" set the architecture, widths,
+// layers, heads and head width, the tied head and Llama 3's rope factors of `spec`.
+Status apply_released_shape(const std::string& name, RandomLlamaSpec* spec);
 
 Status write_random_llama(const RandomLlamaSpec& spec, const std::string& path);
 
