@@ -19,6 +19,7 @@
 
 #include "backend_util.h"
 #include "decode/generator.h"
+#include "decode/ngram_lookup.h"
 #include "format/quant.h"
 #include "models/llama.h"
 #include "sampling/token_rules.h"
@@ -529,6 +530,9 @@ TEST(Verify, SigmoidVariantIsMeasurablyNotExact) {
 
 struct Models {
     std::string target, close_draft, far_draft, other_vocab;
+    // A target that repeats itself (a tied head over little else: its last tokens' embeddings
+    // dominate), for model-free drafts to find matches in its text, and its Q4_0 weights.
+    std::string repetitive, repetitive_draft;
 };
 
 const Models& models() {
@@ -544,6 +548,12 @@ const Models& models() {
         out.far_draft = test::make_model("spec-draft-far", spec);
         spec.vocab_path = test::data_path("ggml-vocab-gpt-2.gguf");
         out.other_vocab = test::make_model("spec-draft-gpt2", spec);
+        spec = test::small_spec(GgmlType::kQ8_0, 21);
+        spec.tied_output = true;
+        spec.head_scale = 2.0f;
+        out.repetitive = test::make_model("spec-repetitive", spec);
+        spec.weight_type = GgmlType::kQ4_0;
+        out.repetitive_draft = test::make_model("spec-repetitive-q4_0", spec);
         return out;
     }();
     return m;
@@ -1156,6 +1166,136 @@ TEST(Speculative, TheAnalyticPolicyMeasuresThePlainCostAgainAcrossShortSequences
     EXPECT_GE(measured.greedy.target_samples[1], 2);
     EXPECT_LT(measured.greedy.target_seconds[1], 0.006);
     EXPECT_EQ(drafted_last, 0u);
+}
+
+// ------------------------------------------------------------- model-free drafts
+
+// The lookup's proposal by definition: the latest earlier occurrence of the longest suffix of at
+// most max_ngram tokens, and what followed it, repeated with its period.
+NgramLookup::Match lookup_by_definition(const std::vector<int32_t>& t, int max_ngram, int count) {
+    NgramLookup::Match m;
+    const size_t L = t.size();
+    size_t found = 0;
+    for (int n = 1; n <= max_ngram && size_t(n) < L; ++n) {
+        size_t latest = 0;
+        for (size_t e = L - 1; e >= size_t(n) && latest == 0; --e)
+            if (std::equal(t.begin() + std::ptrdiff_t(e) - n, t.begin() + std::ptrdiff_t(e),
+                           t.end() - n))
+                latest = e;
+        if (latest == 0) break;
+        m.ngram = n;
+        found = latest;
+    }
+    for (int j = 0; m.ngram > 0 && j < count; ++j)
+        m.drafts.push_back(t[found + size_t(j) % (L - found)]);
+    return m;
+}
+
+TEST(NgramLookup, ProposesWhatFollowedTheLongestSuffixSeenBefore) {
+    NgramLookup lookup(3);
+    // "a b c a b": "a b" occurred at the start, followed by "c", and the period goes on.
+    NgramLookup::Match m = lookup.find(std::vector<int32_t>{1, 2, 3, 1, 2}, 5);
+    EXPECT_EQ(m.ngram, 2);
+    EXPECT_EQ(m.drafts, (std::vector<int32_t>{3, 1, 2, 3, 1}));
+    // The longest suffix wins over a later occurrence of a shorter one.
+    lookup.truncate(0);
+    m = lookup.find(std::vector<int32_t>{1, 2, 3, 7, 5, 3, 8, 1, 2, 3}, 2);
+    EXPECT_EQ(m.ngram, 3);
+    EXPECT_EQ(m.drafts, (std::vector<int32_t>{7, 5}));
+    lookup.truncate(0);
+    EXPECT_EQ(lookup.find(std::vector<int32_t>{1, 2, 3, 4}, 4).ngram, 0);
+}
+
+TEST(NgramLookup, IsItsDefinitionAsTheSequenceGrowsAndShrinks) {
+    // Random sequences over a few tokens, grown a token or a few at a time and now and then cut
+    // back (a rejected step's forget, a reset): the index must always answer as a scan would.
+    // Fails with an index that keeps n-grams past a cut, or that indexes the suffix itself.
+    std::mt19937 rng(5);
+    for (int max_ngram : {1, 3, 8}) {
+        NgramLookup lookup(max_ngram);
+        std::vector<int32_t> t;
+        for (int round = 0; round < 600; ++round) {
+            if (rng() % 10 == 0 && !t.empty()) {
+                t.resize(rng() % t.size());
+                lookup.truncate(t.size());
+            }
+            for (uint32_t k = rng() % 3 + 1; k > 0; --k)
+                t.push_back(int32_t(rng() % 4));
+            const NgramLookup::Match want = lookup_by_definition(t, max_ngram, 6);
+            const NgramLookup::Match got = lookup.find(t, 6);
+            ASSERT_EQ(got.ngram, want.ngram) << "round " << round;
+            ASSERT_EQ(got.drafts, want.drafts) << "round " << round;
+        }
+    }
+}
+
+// Prompt lookup alone and beside a draft model: greedy output is the target alone's, and so is
+// sampled output, whose lookup steps are judged by the coupled test even where Leviathan et al.'s
+// is asked for (a proposal is not a draw). The random model repeats itself, so the lookup has
+// drafts to offer and some are accepted.
+TEST_P(SpeculativeOn, PromptLookupGivesTheTargetAlonesOutput) {
+    const bool all = GetParam() == SPECULA_BACKEND_CPU;
+    const int n = all ? 48 : 24;
+    struct Case {
+        float temperature;
+        bool coupled;
+        const std::string* draft;
+        specula_gamma_policy policy;
+    };
+    const std::string none;
+    const std::string& draft = models().repetitive_draft;
+    const Case cases[] = {
+        {0.0f, true, &none, SPECULA_GAMMA_FIXED},      {0.0f, true, &none, SPECULA_GAMMA_AUTO},
+        {0.0f, true, &draft, SPECULA_GAMMA_AUTO},      {0.8f, true, &none, SPECULA_GAMMA_FIXED},
+        {0.8f, false, &none, SPECULA_GAMMA_HEURISTIC}, {0.8f, true, &draft, SPECULA_GAMMA_FIXED}};
+    for (size_t i = 0; i < (all ? std::size(cases) : 1); ++i) {
+        const Case& c = cases[i];
+        SCOPED_TRACE("case " + std::to_string(i));
+        specula_session_params sp = specula_session_default_params();
+        sp.temperature = c.temperature;
+        sp.coupled_acceptance = c.coupled;
+        const Generation alone = generate(GetParam(), models().repetitive, "", sp, n);
+        ASSERT_EQ(alone.status, SPECULA_OK) << specula_last_error();
+        sp.lookup_ngram = 3;
+        sp.gamma_policy = c.policy;
+        sp.gamma = 4;
+        const Generation spec = generate(GetParam(), models().repetitive, *c.draft, sp, n);
+        ASSERT_EQ(spec.status, SPECULA_OK) << specula_last_error();
+        EXPECT_EQ(spec.tokens, alone.tokens);
+        EXPECT_GT(spec.stats.n_lookup_drafted, 0u) << ::testing::PrintToString(alone.tokens);
+        EXPECT_LE(spec.stats.n_lookup_drafted, spec.stats.n_drafted);
+        EXPECT_LE(spec.stats.n_lookup_accepted, spec.stats.n_accepted);
+        if (c.policy == SPECULA_GAMMA_FIXED) {
+            EXPECT_GT(spec.stats.n_lookup_accepted, 0u);
+            EXPECT_LT(spec.stats.n_steps, alone.stats.n_steps);
+        }
+    }
+}
+
+TEST(Speculative, PromptLookupSettingsAreChecked) {
+    specula_backend* backend = nullptr;
+    specula_backend_params bp = specula_backend_default_params();
+    bp.kind = SPECULA_BACKEND_CPU;
+    ASSERT_EQ(specula_backend_create(&bp, &backend), SPECULA_OK);
+    specula_model* tm = nullptr;
+    ASSERT_EQ(specula_model_load(backend, models().target.c_str(), nullptr, &tm), SPECULA_OK);
+    specula_session_params sp = specula_session_default_params();
+    EXPECT_EQ(sp.lookup_ngram, 0);
+    specula_session* s = nullptr;
+    for (int32_t bad : {-1, SPECULA_MAX_LOOKUP_NGRAM + 1}) {
+        sp.lookup_ngram = bad;
+        EXPECT_EQ(specula_session_create(tm, &sp, &s), SPECULA_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(s, nullptr);
+    }
+    sp.lookup_ngram = 2;
+    sp.sigmoid_verify = true;
+    sp.coupled_acceptance = false;
+    EXPECT_EQ(specula_session_create(tm, &sp, &s), SPECULA_ERR_INVALID_ARGUMENT);
+    sp.sigmoid_verify = false;
+    ASSERT_EQ(specula_session_create(tm, &sp, &s), SPECULA_OK);
+    specula_session_free(s);
+    specula_model_free(tm);
+    specula_backend_free(backend);
 }
 
 // specula-make-model's dialled pairs: the draft is the target's first layers, the target's later

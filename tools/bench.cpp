@@ -40,6 +40,8 @@ struct Options {
     std::vector<int> verify_sizes = {1, 4, 8, 16};
     int draws = 0;  // rows of the model's own logits to time the draw over
     bool residual = false;
+    int lookup = 0;  // model-free drafts (session lookup_ngram)
+    bool speculative() const { return !draft.empty() || lookup > 0; }
 };
 
 struct Speculative {
@@ -99,16 +101,17 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
     if (s == SPECULA_OK && !o.draft.empty())
         s = specula_model_load(backend, o.draft.c_str(), nullptr, &draft);
     std::vector<double> pp, tg, spec_tg, alpha, per_step, gamma, cost;
-    std::vector<specula_model*> drafts = {nullptr};
-    if (draft != nullptr) drafts.push_back(draft);
+    const std::vector<bool> variants =
+        o.speculative() ? std::vector<bool>{false, true} : std::vector<bool>{false};
     // Repetition -1 is an untimed warm-up, as llama-bench does: the first prompt of a freshly
     // loaded model pages its mapped weights in (and a GPU backend builds its pipelines).
     for (int rep = -1; rep < o.reps && s == SPECULA_OK; ++rep) {
         // The target alone, then (with a draft) speculative decoding, alternating so that
         // both see the same machine conditions.
-        for (specula_model* d : drafts) {
+        for (const bool speculative : variants) {
             specula_session_params p = sp;
-            p.draft = d;
+            p.draft = speculative ? draft : nullptr;
+            p.lookup_ngram = speculative ? o.lookup : 0;
             specula_gamma_policy_from_name(o.policy.c_str(), &p.gamma_policy);  // checked
             p.coupled_acceptance = !o.residual;
             p.gamma = o.gamma;
@@ -117,7 +120,7 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
             // generates N tokens in another one that holds a single token (and --depth more).
             specula_session* session = nullptr;
             specula_session_stats prompt_stats{}, st{};
-            if (d == nullptr) {
+            if (!speculative) {
                 s = specula_session_create(model, &p, &session);
                 if (s == SPECULA_OK)
                     s = specula_session_eval(session, prompt.data(), size_t(o.n_prompt));
@@ -132,7 +135,7 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
             specula_session_free(session);
             if (s != SPECULA_OK) break;
             if (rep < 0) continue;
-            if (d == nullptr) {
+            if (!speculative) {
                 pp.push_back(double(prompt_stats.n_prompt_tokens) / prompt_stats.prompt_seconds);
                 tg.push_back(double(st.n_generated) / st.generate_seconds);
             } else {
@@ -141,8 +144,9 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
                 per_step.push_back(st.tokens_per_step);
                 gamma.push_back(double(st.n_drafted) / double(st.n_steps));
                 // c: one draft forward over one target forward, both measured in this run.
-                cost.push_back((st.draft_seconds / double(st.n_drafted)) /
-                               (st.target_seconds / double(st.n_steps)));
+                cost.push_back(st.n_drafted > 0 ? (st.draft_seconds / double(st.n_drafted)) /
+                                                      (st.target_seconds / double(st.n_steps))
+                                                : 0.0);
             }
         }
     }
@@ -303,6 +307,10 @@ int main(int argc, char** argv) {
     app.add_option("-m,--model", o.model)->required();
     app.add_option("--model-draft", o.draft,
                    "draft model: also measure speculative decoding against the target alone");
+    app.add_option("--lookup", o.lookup,
+                   "model-free drafts (prompt lookup) of suffixes up to this long: also measure "
+                   "speculative decoding with them against the target alone (with or without "
+                   "--model-draft)");
     app.add_option("--gamma", o.gamma, "drafts per step (fixed) or the adaptive policies' start")
         ->check(CLI::Range(1, SPECULA_MAX_GAMMA));
     app.add_flag("--residual", o.residual,
@@ -396,12 +404,16 @@ int main(int argc, char** argv) {
         std::printf("\n");
     }
 
-    if (!o.draft.empty()) {
+    if (o.speculative()) {
+        const std::string source = !o.draft.empty() && o.lookup > 0 ? "the draft and the lookup"
+                                   : o.lookup > 0
+                                       ? "the lookup (" + std::to_string(o.lookup) + "-grams)"
+                                       : "the draft";
         std::printf(
             "\nspeculative decoding (%s%s gamma %d, temperature %.2f, top-k %d, top-p %.2f), "
-            "target alone vs with the draft, alternating in this run:\n",
+            "target alone vs with %s, alternating in this run:\n",
             o.policy.c_str(), o.residual ? " residual" : " coupled", o.gamma, double(o.temperature),
-            o.top_k, double(o.top_p));
+            o.top_k, double(o.top_p), source.c_str());
         std::printf(
             "| backend | target tok/s | speculative tok/s | measured speedup | alpha | "
             "tokens/target call | mean gamma | c | Thm 3.8 speedup |\n");

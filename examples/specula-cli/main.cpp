@@ -81,6 +81,7 @@ int compare_with_target_alone(specula_model* model, const specula_session_params
                               const std::string& pair_text) {
     specula_session_params alone_params = sp;
     alone_params.draft = nullptr;
+    alone_params.lookup_ngram = 0;
     std::vector<double> alone, pair = {tokens_per_second(spec)};
     specula_session_stats st{};
     std::string alone_text, text;
@@ -255,6 +256,12 @@ int main(int argc, char** argv) {
     app.add_option("--sigmoid-range", sigmoid_range, "sigmoid scale: alpha = -R, beta = R");
     app.add_flag("--compare", compare,
                  "with a draft: also generate with the target alone and print the speedup");
+    int lookup = 0;
+    app.add_option("--lookup", lookup,
+                   "model-free drafts (prompt lookup): propose what followed earlier occurrences "
+                   "of the last tokens, looking up suffixes of up to this many tokens (0 = off; "
+                   "with or without -md)")
+        ->check(CLI::Range(0, SPECULA_MAX_LOOKUP_NGRAM));
     app.add_flag("--conversation", conversation,
                  "chat: one user turn per line of standard input, formatted by the model's chat "
                  "template, the context kept between turns (also -cnv)");
@@ -311,6 +318,8 @@ int main(int argc, char** argv) {
     sp.top_k = top_k;
     sp.top_p = top_p;
     sp.draft = draft;
+    sp.lookup_ngram = lookup;
+    const bool speculative = draft != nullptr || lookup > 0;
     sp.sigmoid_verify = sigmoid;
     sp.coupled_acceptance = !residual && !sigmoid;
     sp.sigmoid_alpha = -sigmoid_range;
@@ -338,15 +347,16 @@ int main(int argc, char** argv) {
     } else if ((s = specula_session_eval(session, tokens.data(), n_tokens)) != SPECULA_OK) {
         rc = fail("prompt", s);
     } else {
-        if (compare && draft != nullptr) {
+        if (compare && speculative) {
             warm_up(model, sp, tokens, n_tokens);
             specula_session_params alone = sp;
             alone.draft = nullptr;
+            alone.lookup_ngram = 0;
             warm_up(model, alone, tokens, n_tokens);
         }
         std::fputs(prompt.c_str(), stdout);
         std::string text;
-        if (compare && draft != nullptr) {
+        if (compare && speculative) {
             gp.on_token = keep_piece;
             gp.on_token_user_data = &text;
         }
@@ -360,7 +370,7 @@ int main(int argc, char** argv) {
             stderr, "prompt: %llu tokens, %.1f tokens/s; generated: %llu tokens, %.2f tokens/s\n",
             (unsigned long long)st.n_prompt_tokens, double(st.n_prompt_tokens) / st.prompt_seconds,
             (unsigned long long)st.n_generated, double(st.n_generated) / st.generate_seconds);
-        if (draft != nullptr) {
+        if (speculative) {
             std::fprintf(
                 stderr,
                 "speculative: %llu steps, acceptance rate %.3f (%llu of %llu judged drafts), "
@@ -376,6 +386,10 @@ int main(int argc, char** argv) {
                          "\n  time: draft %.3f s, target %.3f s, verify %.3f s; host waits %llu\n",
                          st.draft_seconds, st.target_seconds, st.verify_seconds,
                          (unsigned long long)st.n_host_waits);
+            if (lookup > 0)
+                std::fprintf(stderr, "  lookup: %llu of %llu drafts accepted\n",
+                             (unsigned long long)st.n_lookup_accepted,
+                             (unsigned long long)st.n_lookup_drafted);
             if (compare && rc == 0)
                 rc = compare_with_target_alone(model, sp, tokens, n_tokens, gp, st, text);
         }

@@ -439,6 +439,7 @@ specula_session_params specula_session_default_params(void) {
     p.sigmoid_alpha = -1000.0f;
     p.sigmoid_beta = 1000.0f;
     p.coupled_acceptance = true;
+    p.lookup_ngram = 0;
     return p;
 }
 
@@ -476,6 +477,13 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
                 "different tests: choose one");
         if (p.sigmoid_verify && !(p.sigmoid_alpha < 0.0f && p.sigmoid_beta > 0.0f))
             return InvalidArgument("the sigmoid scale needs alpha < 0 < beta");
+        if (p.lookup_ngram < 0 || p.lookup_ngram > SPECULA_MAX_LOOKUP_NGRAM)
+            return InvalidArgument("lookup_ngram must lie in 0.." +
+                                   std::to_string(SPECULA_MAX_LOOKUP_NGRAM));
+        if (p.lookup_ngram > 0 && p.sigmoid_verify)
+            return InvalidArgument(
+                "the lookup's drafts are judged exactly: not with the "
+                "sigmoid verification");
         std::lock_guard turn(model->backend->turn);
         auto s = std::make_unique<specula_session>();
         s->model = model;
@@ -493,6 +501,7 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         config.sigmoid_verify = p.sigmoid_verify;
         config.sigmoid_scale = {p.sigmoid_alpha, p.sigmoid_beta};
         config.coupled = p.coupled_acceptance;
+        config.lookup_ngram = p.lookup_ngram;
         s->generator = std::make_unique<Generator>(*s->target, s->draft.get(), config);
         *out = s.release();
         return Status::Ok();
@@ -649,6 +658,8 @@ specula_status specula_session_get_stats(const specula_session* session,
         stats->target_seconds = g.target_seconds;
         stats->verify_seconds = g.verify_seconds;
         stats->last_gamma = g.last_gamma;
+        stats->n_lookup_drafted = g.lookup_drafted;
+        stats->n_lookup_accepted = g.lookup_accepted;
         return Status::Ok();
     });
 }

@@ -60,13 +60,18 @@ double estimated_target_seconds(std::span<const double> measured, int n) {
     return std::max(ta + (tb - ta) * double(n - a) / double(b - a), 0.0);
 }
 
+double expected_rate(double alpha, const DraftCost& draft, std::span<const double> target_seconds,
+                     int gamma) {
+    return expected_tokens(alpha, gamma) /
+           (draft.of(gamma) + estimated_target_seconds(target_seconds, gamma + 1));
+}
+
 int best_gamma(double alpha, const DraftCost& draft, std::span<const double> target_seconds,
                int gamma_min, int gamma_max) {
     int best = -1;
     double best_rate = 0;
     for (int g = gamma_min; g <= gamma_max; ++g) {
-        const double rate = expected_tokens(alpha, g) /
-                            (draft.of(g) + estimated_target_seconds(target_seconds, g + 1));
+        const double rate = expected_rate(alpha, draft, target_seconds, g);
         if (best < 0 || rate > best_rate) {
             best = g;
             best_rate = rate;
@@ -111,6 +116,7 @@ Generator::Generator(Decoder& target, Decoder* draft, const Config& config,
     config_.gamma_max = std::clamp(config_.gamma_max, 1, kMaxGamma);
     config_.gamma = std::clamp(config_.gamma, 1, kMaxGamma);
     heuristic_gamma_ = config_.gamma;
+    if (config_.lookup_ngram > 0) lookup_.emplace(config_.lookup_ngram);
 }
 
 void Generator::reset() {
@@ -125,6 +131,7 @@ void Generator::reset() {
     stats_ = GeneratorStats{};
     rules_.reset();
     rules_from_ = 0;
+    if (lookup_) lookup_->truncate(0);
 }
 
 void Generator::begin_rules(const TokenRules& rules) {
@@ -205,6 +212,59 @@ int Generator::next_gamma() const {
     return config_.gamma;
 }
 
+int Generator::lookup_gamma(int ngram) const {
+    switch (config_.policy) {
+        case GammaPolicy::kFixed:
+            return config_.gamma;
+        case GammaPolicy::kHeuristic:
+            return heuristic_gamma_;
+        case GammaPolicy::kAnalytic:
+            break;
+    }
+    // As the draft model's analytic γ, with the lookup's α after a match this long and drafts
+    // that cost nothing: plain decoding measured first (two plain steps), then each width the
+    // policy picks measured twice.
+    const StepMeasurements& m = current_measurements();
+    if (m.target_seconds[1] <= 0) return 0;
+    // Plain steps in pairs only where a draft model shares the caches (next_gamma()).
+    if (m.drafting_since_plain + 1 >= kProbeEvery || (plain_steps_ == 1 && draft_ != nullptr))
+        return 0;
+    StepMeasurements lookup = m;
+    lookup.draft = DraftCost{};
+    lookup.judged = m.lookup_judged[size_t(ngram)];
+    lookup.accepted = m.lookup_accepted[size_t(ngram)];
+    const int gamma = analytic_gamma(lookup, 0, config_.gamma_max);
+    if (gamma > 0)
+        for (int g = 1; g <= config_.gamma_max; ++g)
+            if (m.target_samples[size_t(g + 1)] == 1) return g;
+    return gamma;
+}
+
+Generator::StepPlan Generator::plan_step() {
+    StepPlan plan;
+    plan.gamma = next_gamma();
+    if (!lookup_) return plan;
+    NgramLookup::Match match = lookup_->find(committed_, max_drafts());
+    if (match.ngram == 0) return plan;
+    const int gamma = lookup_gamma(match.ngram);
+    if (gamma <= 0) return plan;
+    if (plan.gamma > 0 && config_.policy == GammaPolicy::kAnalytic) {
+        // The draft model's steps against the lookup's, as the policy expects them to go.
+        const StepMeasurements& m = current_measurements();
+        const auto alpha = [](uint64_t accepted, uint64_t judged) {
+            return std::min((double(accepted) + 1.0) / (double(judged) + 2.0), 0.999);
+        };
+        const double model =
+            expected_rate(alpha(m.accepted, m.judged), m.draft, m.target_seconds, plan.gamma);
+        const double lookup = expected_rate(
+            alpha(m.lookup_accepted[size_t(match.ngram)], m.lookup_judged[size_t(match.ngram)]),
+            DraftCost{}, m.target_seconds, gamma);
+        if (model > lookup) return plan;
+    }
+    match.drafts.resize(size_t(gamma));
+    return {gamma, true, std::move(match)};
+}
+
 void Generator::adapt_gamma(int n_accepted, int gamma) {
     if (gamma == 0) return;
     heuristic_gamma_ = n_accepted == gamma ? std::min(heuristic_gamma_ + 2, config_.gamma_max)
@@ -226,15 +286,19 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
         return {SPECULA_ERR_CONTEXT_FULL, "sampling is defined for the first 2^24 positions"};
     // γ drafts need γ more target positions (and γ - 1 more draft positions) after the last
     // committed token.
-    int gamma = std::min({next_gamma(), max_tokens - 1, target_.n_ctx() - L});
-    if (draft_) gamma = std::min(gamma, draft_->n_ctx() - L + 1);
+    StepPlan plan = plan_step();
+    int gamma = std::min({plan.gamma, max_tokens - 1, target_.n_ctx() - L});
+    if (draft_ && !plan.lookup) gamma = std::min(gamma, draft_->n_ctx() - L + 1);
     gamma = std::max(gamma, 0);
+    plan.match.drafts.resize(size_t(plan.lookup ? gamma : 0));
 
     std::vector<int32_t> emitted;
     const size_t logprobs_before = logprobs != nullptr ? logprobs->size() : 0;
     const auto t0 = Clock::now();
-    SPECULA_TRY(config_.sigmoid_verify && gamma > 0 ? sigmoid_step_on_host(gamma, &emitted)
-                                                    : step_on_device(gamma, &emitted, logprobs));
+    SPECULA_TRY(config_.sigmoid_verify && gamma > 0 && !plan.lookup
+                    ? sigmoid_step_on_host(gamma, &emitted)
+                    : step_on_device(gamma, plan.lookup ? &plan.match.drafts : nullptr, &emitted,
+                                     logprobs));
     const double step_seconds = seconds_since(t0);
     int n_accepted = int(emitted.size()) - 1;
     // Drafts after the first rejection are never judged: α counts only judged ones.
@@ -258,8 +322,15 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     }
     stats_.evaluated += uint64_t(evaluated);
     StepMeasurements& measured = current_measurements();
-    measured.judged += uint64_t(evaluated);
-    measured.accepted += uint64_t(n_accepted);
+    if (plan.lookup) {
+        measured.lookup_judged[size_t(plan.match.ngram)] += uint64_t(evaluated);
+        measured.lookup_accepted[size_t(plan.match.ngram)] += uint64_t(n_accepted);
+        stats_.lookup_drafted += uint64_t(gamma);
+        stats_.lookup_accepted += uint64_t(n_accepted);
+    } else {
+        measured.judged += uint64_t(evaluated);
+        measured.accepted += uint64_t(n_accepted);
+    }
     measured.emitted += emitted.size();
     measured.ended += ended ? 1 : 0;
     stats_.drafted += uint64_t(gamma);
@@ -270,7 +341,7 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     ++step_;
     // Each probe that plain decoding still wins after waits twice as long for the next; after
     // two costly probes in a row (costly_probe()) there is none in this sequence.
-    if (config_.policy == GammaPolicy::kAnalytic && gamma > 0) {
+    if (config_.policy == GammaPolicy::kAnalytic && gamma > 0 && !plan.lookup) {
         const bool probe = plain_steps_ + 1 >= probe_every_;
         probe_every_ = probe ? std::min(2 * probe_every_, kMaxProbeEvery) : kProbeEvery;
         if (probe) {
@@ -333,13 +404,16 @@ Tensor Generator::draft_row(int c) {
 // tokens are read back (docs/DESIGN.md "Speculative decoding"): the draft samples each token on the
 // device and writes it straight into the target's input ids, from where the next draft forward also
 // reads it; the draft rows stay on the device for the verify passes.
-Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
-                                 std::vector<float>* logprobs) {
+Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed,
+                                 std::vector<int32_t>* emitted, std::vector<float>* logprobs) {
     Backend& be = target_.backend();
     const int L = int(committed_.size());
     SPECULA_TRY(device_buffers(target_.n_vocab()));
-    // Greedy compares argmaxes either way.
-    const bool coupled = config_.coupled && !config_.sampling.greedy() && gamma > 0;
+    // Greedy compares argmaxes either way; proposals from the host are judged by the coupled
+    // test when sampling (Config::lookup_ngram).
+    const bool coupled =
+        (config_.coupled || proposed != nullptr) && !config_.sampling.greedy() && gamma > 0;
+    const int model_drafts = proposed != nullptr ? 0 : gamma;
     // races_ word of draft c's (0, token), after the target's draws
     const auto drafted_word = [&](int c) { return size_t(max_drafts() + 1 + 2 * c); };
     // Rows c of the step (the draft's c-th, the target's c-th) see the drafts before c.
@@ -350,7 +424,7 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     }
     std::vector<float> unused;
     int draft_first = 0;  // the committed tokens the draft holds when the step's calls start
-    if (gamma > 0) {
+    if (model_drafts > 0) {
         SPECULA_TRY(draft_->prepare());
         // The draft is one or two committed tokens behind, which its first timed forward
         // below takes, or further after the prompt or plain steps: then all but the last are
@@ -368,7 +442,8 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     SPECULA_TRY(catch_up(target_, 1, &unused));
 
     be.mark_time(kStepStart);
-    for (int c = 0; c < gamma; ++c) {
+    if (proposed != nullptr) be.upload(target_.input_ids(1, gamma), proposed->data());
+    for (int c = 0; c < model_drafts; ++c) {
         // Draft c - 1, or the committed tokens the draft has not evaluated.
         const Tensor ids =
             c > 0 ? target_.input_ids(c, 1)
@@ -432,8 +507,11 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     if (coupled) {
         std::vector<int32_t> races(size_t(races_.cols));
         SPECULA_TRY(be.download(races_, races.data()));  // the step's one wait
+        const auto draft = [&](int c) {
+            return proposed != nullptr ? (*proposed)[size_t(c)] : races[drafted_word(c) + 1];
+        };
         int n = 0;
-        while (n < gamma && races[size_t(n)] == races[drafted_word(n) + 1])
+        while (n < gamma && races[size_t(n)] == draft(n))
             ++n;
         emitted->assign(races.begin(), races.begin() + n + 1);
     } else {
@@ -462,17 +540,18 @@ Status Generator::step_on_device(int gamma, std::vector<int32_t>* emitted,
     // after a step with drafts) and the later ones apart (DraftCost), and a target call with
     // its verify pass, which sampling makes several rows long.
     StepMeasurements& m = current_measurements();
-    if (gamma > 0)
+    if (model_drafts > 0)
         m.draft.first = updated_cost(m.draft.first, m.draft_first_samples++,
                                      be.seconds_between(kStepStart, kFirstDraftDone));
-    if (gamma > 1)
+    if (model_drafts > 1)
         m.draft.next = updated_cost(m.draft.next, m.draft_next_samples++,
                                     be.seconds_between(kFirstDraftDone, kDraftsDone) / (gamma - 1));
     // A plain step right after the prompt or after a step with drafts finds the draft's weights
     // in the caches, where the target's were (on the cpu, a model of 90 MB: 3 ms against 1.6
     // warm); plain decoding does not pay that, so only a plain step after a plain one measures it.
+    // The lookup's proposals take no cache: without a draft model every step measures.
     const auto width = size_t(gamma + 1);
-    if (gamma > 0 || plain_steps_ > 0) {
+    if (gamma > 0 || plain_steps_ > 0 || draft_ == nullptr) {
         m.target_seconds[width] = updated_cost(m.target_seconds[width], m.target_samples[width]++,
                                                be.seconds_between(kDraftsDone, kVerified));
         if (width == 1) m.drafting_since_plain = 0;
@@ -526,6 +605,7 @@ void Generator::commit(std::span<const int32_t> tokens) {
     const int keep = int(committed_.size()) - 1;
     target_.truncate(keep);
     if (draft_) draft_->truncate(keep);
+    if (lookup_) lookup_->truncate(committed_.size());
 }
 
 }  // namespace specula

@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "decode/ngram_lookup.h"
 #include "models/decoder.h"
 #include "sampling/sampling.h"
 #include "sampling/token_rules.h"
@@ -39,6 +40,7 @@ struct GeneratorStats {
     uint64_t emitted = 0;
     std::array<uint64_t, kMaxGamma> evaluated_at{};  // per draft position
     std::array<uint64_t, kMaxGamma> accepted_at{};
+    uint64_t lookup_drafted = 0, lookup_accepted = 0;  // of the model-free drafts (NgramLookup)
     double draft_seconds = 0, target_seconds = 0, verify_seconds = 0;
     int last_gamma = 0;
 };
@@ -76,6 +78,9 @@ struct StepMeasurements {
     // drafted one a step for 634 steps in a row against a plain cost measured cold at the start
     // (0.93x the target alone).
     int drafting_since_plain = 0;
+    // The model-free drafts judged and accepted, per length of the suffix the lookup matched
+    // (a draft that continues a long match is accepted more often than one after one token).
+    std::array<uint64_t, kMaxLookupNgram + 1> lookup_judged{}, lookup_accepted{};
 };
 
 // A pair's measurements, of greedy steps and of sampled ones apart: a sampled step draws every
@@ -117,6 +122,13 @@ class Generator {
         // verification still computed them (the drafts are drawn on the device), but α and the
         // tokens per step are what the caller gets.
         int32_t end_token = -1;
+        // > 0: model-free drafts too (NgramLookup, suffixes of up to this many tokens). A step
+        // takes the lookup's drafts where it found some and the policy expects them to pay
+        // (more than the draft model's, where there is one). Its drafts are judged by the
+        // coupled test when sampling, whatever `coupled` says: a proposal is one token, not a
+        // draw, which both tests accept with probability p(x); the coupled one emits the
+        // target's own draws.
+        int lookup_ngram = 0;
     };
 
     // `draft` may be null (plain decoding). Both decoders must be empty, and their token ids
@@ -157,9 +169,19 @@ class Generator {
     const GeneratorStats& stats() const { return stats_; }
     // The measurements of the steps the current sampling takes (greedy or sampled).
     const StepMeasurements& measurements() const { return current_measurements(); }
+    // The draft model's γ for the next step (0 without a draft model).
     int next_gamma() const;
 
   private:
+    // What a step drafts: γ drafts of the draft model, or of the lookup (`lookup`).
+    struct StepPlan {
+        int gamma = 0;
+        bool lookup = false;
+        NgramLookup::Match match;
+    };
+    StepPlan plan_step();
+    // The γ (0 included) of the lookup's drafts after a match of `ngram` tokens.
+    int lookup_gamma(int ngram) const;
     // Makes ctx hold exactly the committed tokens but the last `keep`: forgets positions
     // beyond them and evaluates the missing ones.
     Status catch_up(Decoder& ctx, size_t keep, std::vector<float>* logits);
@@ -167,7 +189,9 @@ class Generator {
     std::span<const int32_t> committed_for(const Decoder& ctx, size_t begin, size_t end);
     // The draft's row of draft c's logits over the target's vocabulary (device_buffers()).
     Tensor draft_row(int c);
-    Status step_on_device(int gamma, std::vector<int32_t>* emitted, std::vector<float>* logprobs);
+    // `proposed`: the step's drafts come from the host (the lookup), not the draft model.
+    Status step_on_device(int gamma, const std::vector<int32_t>* proposed,
+                          std::vector<int32_t>* emitted, std::vector<float>* logprobs);
     Status sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted);
     Status device_buffers(int n_vocab);
     // The most drafts a step can have: the rows of the step's buffers.
@@ -202,6 +226,7 @@ class Generator {
     std::vector<std::unique_ptr<Buffer>> buffers_;
     Tensor draft_rows_, result_, lse_, races_;  // on the target's backend
     std::vector<int32_t> draft_ids_;            // committed_for()'s
+    std::optional<NgramLookup> lookup_;
 };
 
 // Leviathan et al. Theorem 3.8: the expected speedup of γ drafts per step with
@@ -229,6 +254,11 @@ int best_gamma(double alpha, const DraftCost& draft, std::span<const double> tar
 // 3.09 with the end counted); where that is plain decoding, γ = 1 while the rate plus one
 // standard error still has drafting pay (an unlucky start is judged again, a poor draft is not).
 int analytic_gamma(const StepMeasurements& m, int gamma_min, int gamma_max);
+
+// The expected tokens per second of steps of γ drafts (tokens(γ) over their seconds), as
+// best_gamma() weighs them.
+double expected_rate(double alpha, const DraftCost& draft, std::span<const double> target_seconds,
+                     int gamma);
 
 // Whether a probe (a step with drafts after `plain_steps` plain ones, which plain decoding
 // still won) cost more beyond plain decoding (its time less its `emitted` tokens at

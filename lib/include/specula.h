@@ -312,6 +312,16 @@ typedef struct specula_session_params {
      * pair at T 0.8: 0.792 against 0.741, docs/DESIGN.md) but whose sampled output depends on
      * the draft and on γ. Greedy decoding is the same either way. false with sigmoid_verify. */
     bool coupled_acceptance;
+    /* Model-free drafts (prompt lookup): where the last tokens of the context occurred before,
+     * in the prompt or in what was generated, the tokens that followed them are proposed as
+     * drafts and judged by the target as any draft is, so the output stays the target's. Text
+     * that repeats its context (code being edited, a document quoted or summarised) gains; 0
+     * (the default) is off, 1..SPECULA_MAX_LOOKUP_NGRAM the longest suffix looked up. With a
+     * draft model too, a step takes the lookup's drafts where it has some that the γ policy
+     * expects to pay more than the model's. Sampled lookup drafts are judged by the coupled
+     * test whatever coupled_acceptance says (a proposal is one token: both tests accept it
+     * with the target's probability of it). Not with sigmoid_verify. */
+    int32_t lookup_ngram;
 } specula_session_params;
 
 /* Streams each generated token; `piece` holds its bytes (a UTF-8 character
@@ -332,6 +342,7 @@ typedef struct specula_generate_params {
 } specula_generate_params;
 
 #define SPECULA_MAX_GAMMA 16
+#define SPECULA_MAX_LOOKUP_NGRAM 8
 
 typedef struct specula_session_stats {
     uint32_t n_past;          /* tokens in the context */
@@ -356,6 +367,8 @@ typedef struct specula_session_stats {
     double target_seconds;
     double verify_seconds;
     int32_t last_gamma;
+    uint64_t n_lookup_drafted;  /* of n_drafted, proposed by the lookup (lookup_ngram) */
+    uint64_t n_lookup_accepted; /* of n_accepted, the lookup's */
 } specula_session_stats;
 
 typedef struct specula_session specula_session;
