@@ -100,6 +100,12 @@ int analytic_gamma(const StepMeasurements& m, int gamma_min, int gamma_max) {
     return std::min(best_gamma(optimistic * goes_on, m.draft, m.target_seconds, 0, gamma_max), 1);
 }
 
+bool drafting_loses(const RealizedRate& drafting, const RealizedRate& plain) {
+    // Three recent steps' weight of drafting (one or two decide nothing on a noisy machine); a
+    // plain step costs much the same every time, and the policy takes few while drafting wins.
+    return drafting.steps >= 3.0 && plain.steps >= 1.0 && drafting.rate() < plain.rate();
+}
+
 bool costly_probe(double step_seconds, size_t emitted, double plain_seconds, int plain_steps) {
     constexpr double kMostShare = 1.0 / 20;
     if (!(plain_seconds > 0)) return false;  // nothing to weigh it against
@@ -183,20 +189,24 @@ int Generator::next_gamma() const {
             return heuristic_gamma_;
         case GammaPolicy::kAnalytic: {
             // First two plain steps (the first, after the prompt, measures nothing) and a step
-            // of `gamma` drafts: two target widths measured, and a first α; then the best γ
-            // for what has been measured.
+            // of two drafts: two target widths measured, the first draft call and a later one
+            // (DraftCost), and a first α; then the best γ for what has been measured. Two, not
+            // `gamma`: with a poor draft (α 0.3, the 1B-shaped pair) a first step of five cost
+            // a short text more than its drafts gave back, and a good one is drafting more a
+            // few steps later.
             const StepMeasurements& m = current_measurements();
             if (m.target_seconds[1] <= 0) return 0;
-            // The later draft calls of a step are measured apart from the first (DraftCost):
-            // the first step of drafts has two at least.
             if (m.draft.first <= 0 || (m.draft_next_samples == 0 && config_.gamma_max > 1))
-                return std::min(std::max(config_.gamma, 2), config_.gamma_max);
+                return std::min(2, config_.gamma_max);
             // While plain decoding wins, a step with drafts now and then keeps α and the
             // costs measured (they change with the text and the context length); while
             // drafting wins, two plain steps now and then keep the cost it is weighed against
             // measured (a lone plain step measures nothing: step_on_device).
             if (m.drafting_since_plain + 1 >= kProbeEvery || plain_steps_ == 1) return 0;
             const int gamma_min = plain_steps_ + 1 >= probe_every_ ? 1 : 0;
+            // Drafting that has realized less than plain decoding stops but for the probes,
+            // whatever the estimate says.
+            if (gamma_min == 0 && drafting_loses(m.realized_model, m.realized_plain)) return 0;
             const int gamma = analytic_gamma(m, gamma_min, config_.gamma_max);
             // A width measured once is measured again while drafting (updated_cost() keeps the
             // faster of the first two): its one measurement may be of a first use (the first
@@ -228,6 +238,8 @@ int Generator::lookup_gamma(int ngram) const {
     if (m.target_seconds[1] <= 0) return 0;
     // Plain steps in pairs only where a draft model shares the caches (next_gamma()).
     if (m.drafting_since_plain + 1 >= kProbeEvery || (plain_steps_ == 1 && draft_ != nullptr))
+        return 0;
+    if (plain_steps_ + 1 < probe_every_ && drafting_loses(m.realized_lookup, m.realized_plain))
         return 0;
     StepMeasurements lookup = m;
     lookup.draft = DraftCost{};
@@ -351,6 +363,11 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
             if (costly_probes_ >= 2) probe_every_ = kNeverProbe;
         }
     }
+    if (gamma > 0)
+        (plan.lookup ? measured.realized_lookup : measured.realized_model)
+            .add(double(emitted.size()), step_seconds, RealizedRate::kSkipFirst);
+    else if (plain_steps_ > 0 || draft_ == nullptr)  // as step_on_device measures plain steps
+        measured.realized_plain.add(double(emitted.size()), step_seconds, 0);
     plain_steps_ = gamma == 0 ? plain_steps_ + 1 : 0;
     if (gamma > 0) ++measured.drafting_since_plain;
     adapt_gamma(n_accepted, gamma);

@@ -60,6 +60,33 @@ struct DraftCost {
     }
 };
 
+// Tokens and seconds of whole steps of one kind as the host clock measured them, decaying:
+// each step adds itself at full weight and takes kDecay off what the ones before weigh (about
+// the last five steps count). The first `skip` steps are not counted (steps with drafts: a
+// first use of the draft, cold caches, allocations), and a step slower than three times the
+// mean of those before it (a thread that lost its core) counts as three times the mean. What
+// the analytic policy's estimates are checked against.
+struct RealizedRate {
+    static constexpr double kDecay = 0.8;
+    static constexpr int kSkipFirst = 2;
+    double tokens = 0, seconds = 0, steps = 0;
+    int seen = 0;
+    void add(double step_tokens, double step_seconds, int skip) {
+        if (++seen <= skip) return;
+        if (steps >= 2) step_seconds = std::min(step_seconds, 3.0 * seconds / steps);
+        tokens = kDecay * tokens + step_tokens;
+        seconds = kDecay * seconds + step_seconds;
+        steps = kDecay * steps + 1;
+    }
+    double rate() const { return seconds > 0 ? tokens / seconds : 0; }
+};
+
+// Whether steps with drafts have been emitting fewer tokens per second than plain steps, over
+// enough of both to say so: the analytic policy's estimate of a draft's worth can be wrong
+// (caches a draft model shares with the target, an α that changed with the text, a cost that
+// moved), and the policy then decodes plainly but for its probes.
+bool drafting_loses(const RealizedRate& drafting, const RealizedRate& plain);
+
 // What the analytic policy has measured of one kind of step of a target/draft pair on its
 // backend: running means of the draft calls and of a target forward of n positions with its
 // verify pass (index n; 0 = not measured yet), the drafts judged and accepted, and the tokens
@@ -81,6 +108,9 @@ struct StepMeasurements {
     // The model-free drafts judged and accepted, per length of the suffix the lookup matched
     // (a draft that continues a long match is accepted more often than one after one token).
     std::array<uint64_t, kMaxLookupNgram + 1> lookup_judged{}, lookup_accepted{};
+    // The tokens per second steps realized: with the draft model's drafts, with the lookup's,
+    // and plain ones (those that measure plain decoding).
+    RealizedRate realized_model, realized_lookup, realized_plain;
 };
 
 // A pair's measurements, of greedy steps and of sampled ones apart: a sampled step draws every
