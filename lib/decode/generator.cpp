@@ -365,9 +365,9 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     }
     if (gamma > 0)
         (plan.lookup ? measured.realized_lookup : measured.realized_model)
-            .add(double(emitted.size()), step_seconds, RealizedRate::kSkipFirst);
+            .add(double(emitted.size()), step_seconds_, RealizedRate::kSkipFirst);
     else if (plain_steps_ > 0 || draft_ == nullptr)  // as step_on_device measures plain steps
-        measured.realized_plain.add(double(emitted.size()), step_seconds, 0);
+        measured.realized_plain.add(double(emitted.size()), step_seconds_, 0);
     plain_steps_ = gamma == 0 ? plain_steps_ + 1 : 0;
     if (gamma > 0) ++measured.drafting_since_plain;
     adapt_gamma(n_accepted, gamma);
@@ -550,6 +550,7 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
             logprobs->push_back(logit - lse[size_t(j)]);
         }
     }
+    step_seconds_ = be.seconds_between(kStepStart, kVerified);
     stats_.draft_seconds += be.seconds_between(kStepStart, kDraftsDone);
     stats_.target_seconds += be.seconds_between(kDraftsDone, kTargetDone);
     stats_.verify_seconds += be.seconds_between(kTargetDone, kVerified);
@@ -582,7 +583,8 @@ Status Generator::sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted)
     const auto V = size_t(target_.n_vocab());
     std::vector<int32_t> drafts;
     std::vector<float> draft_rows, logits;
-    auto t0 = Clock::now();
+    const auto step_start = Clock::now();
+    auto t0 = step_start;
     draft_->truncate(L - 1);
     SPECULA_TRY(catch_up(*draft_, 0, &logits));  // the 1 or 2 committed tokens it has not seen
     for (int c = 0; c < gamma; ++c) {
@@ -604,6 +606,7 @@ Status Generator::sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted)
     const VerifyResult r = verify_sigmoid(target_rows, draft_rows, drafts, int(V), config_.sampling,
                                           config_.sigmoid_scale, step_);
     stats_.verify_seconds += seconds_since(t0);
+    step_seconds_ = seconds_since(step_start);
     emitted->assign(drafts.begin(), drafts.begin() + r.n_accepted);
     emitted->push_back(r.token);
     return Status::Ok();

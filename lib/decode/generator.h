@@ -60,12 +60,13 @@ struct DraftCost {
     }
 };
 
-// Tokens and seconds of whole steps of one kind as the host clock measured them, decaying:
-// each step adds itself at full weight and takes kDecay off what the ones before weigh (about
-// the last five steps count). The first `skip` steps are not counted (steps with drafts: a
-// first use of the draft, cold caches, allocations), and a step slower than three times the
-// mean of those before it (a thread that lost its core) counts as three times the mean. What
-// the analytic policy's estimates are checked against.
+// Tokens and seconds of the steps of one kind, by the device's clock from a step's first call to
+// its verification (a probe's catch-up on the tokens the draft missed is a cost of switching, not
+// of drafting), decaying: each step adds itself at full weight and takes kDecay off what the ones
+// before weigh (about the last five steps count). The first `skip` steps are not counted (steps
+// with drafts: a first use of the draft), and a step slower than three times the mean of those
+// before it (a thread that lost its core) counts as three times the mean. What the analytic
+// policy's estimates are checked against.
 struct RealizedRate {
     static constexpr double kDecay = 0.8;
     static constexpr int kSkipFirst = 2;
@@ -256,6 +257,7 @@ class Generator {
     std::vector<std::unique_ptr<Buffer>> buffers_;
     Tensor draft_rows_, result_, lse_, races_;  // on the target's backend
     std::vector<int32_t> draft_ids_;            // committed_for()'s
+    double step_seconds_ = 0;  // the last step's, from its first call to its verification
     std::optional<NgramLookup> lookup_;
 };
 
