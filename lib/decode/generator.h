@@ -48,15 +48,17 @@ struct GeneratorStats {
 // The seconds of a step's draft calls (forward and draw). The first evaluates what the draft
 // has not seen of the committed tokens, one or two (the target's own token, and the last draft
 // where every draft was accepted), after the target's call has had the caches; each later one
-// evaluates the draft before it. With the bundled speech pair on the cpu the first took 0.133
-// ms and the others 0.071: priced alike, at the first's cost as measured with one draft a step,
-// three drafts looked dearer than one and the policy kept one (1.25x the target alone's
-// decoder against 1.35x with three).
+// evaluates the draft before it, so the first costs more (twice the others with the bundled
+// speech pair): priced alike, several drafts would look dearer than they are. A later call
+// does no more than the first, so it is priced at most as the first: `next` is measured only in
+// steps of two drafts or more, and one slow measurement of it (a thread that lost its core)
+// would otherwise hold the policy at one draft a step, where `next` is never measured again.
 struct DraftCost {
     double first = 0;
     double next = 0;  // 0: not measured yet, priced as the first
     double of(int gamma) const {
-        return gamma <= 0 ? 0.0 : first + double(gamma - 1) * (next > 0 ? next : first);
+        const double later = next > 0 ? std::min(next, first) : first;
+        return gamma <= 0 ? 0.0 : first + double(gamma - 1) * later;
     }
 };
 
@@ -102,9 +104,8 @@ struct StepMeasurements {
     uint64_t emitted = 0, ended = 0;
     // Steps with drafts since the plain width (one position) was last measured: while drafting
     // wins, two plain steps now and then measure it again. Counted with the measurements, not
-    // per sequence: a speech window ends in ~10 steps, and counted per window the bundled pair
-    // drafted one a step for 634 steps in a row against a plain cost measured cold at the start
-    // (0.93x the target alone).
+    // per sequence: a speech window ends in ~10 steps, and a count per window would never reach
+    // the next plain measurement.
     int drafting_since_plain = 0;
     // The model-free drafts judged and accepted, per length of the suffix the lookup matched
     // (a draft that continues a long match is accepted more often than one after one token).
