@@ -19,6 +19,7 @@ packages=(
   libkissfft-dev                      # KissFFT: the log-mel spectrogram of speech input
   python3 python3-numpy               # the NumPy reference
   python3-jinja2                      # Jinja2: the chat templates' oracle (tests/reference/chat_oracle.py)
+  python3-pytest python3-venv python3-pip python3-setuptools python3-wheel  # the Python bindings' tests and install
   glslc libvulkan-dev                 # Vulkan shaders and headers (the loader is opened at run time)
   mesa-vulkan-drivers vulkan-validationlayers  # llvmpipe: a Vulkan device on the CPU; the Khronos validation layer
 )

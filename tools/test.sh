@@ -2,7 +2,8 @@
 # The test command: installs the build dependencies, checks the C, C++ and CUDA sources against
 # .clang-format, then builds and runs
 #   1. the whole suite in a Release build,
-#   2. an install, and a C program built against it (find_package and pkg-config),
+#   2. an install: the shared library's exports, a C program built against the shared and the
+#      static library (find_package and pkg-config), the Python package pip-installed and run,
 #   3. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (Debug, clang),
 #   4. the test of sessions sharing a model from several threads under ThreadSanitizer,
 #   5. the GGUF fuzzer (libFuzzer, from the sanitizer build) for SPECULA_FUZZ_SECONDS (default
@@ -41,17 +42,39 @@ cmake --build build/release -j "$jobs"
 stage "release tests"
 ctest --test-dir build/release -j "$jobs" --output-on-failure
 
-stage "install; build a C program against it with find_package and with pkg-config"
+stage "install: the shared and static libraries, a C program built against each (find_package, pkg-config), the Python package"
 prefix=$PWD/build/install
 rm -rf "$prefix"
 cmake --install build/release --prefix "$prefix" >/dev/null
+# The shared library exports the C API and nothing else.
+shared=$(ls "$prefix"/lib/libspecula.so.*.*.*)
+exported=$(nm -D --defined-only "$shared" | awk '{ print $3 }')
+if grep -v '^specula_' <<<"$exported"; then
+  echo "$shared exports the symbols above besides the C API"
+  exit 1
+fi
+echo "$(basename "$shared"): $(wc -l <<<"$exported") symbols exported, all specula_*"
 cmake -S tests/install -B build/install-check -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build build/install-check
+pc=$prefix/lib/pkgconfig
 cc -std=c11 examples/embed/embed.c -o build/install-check/embed-pkgconfig \
-  $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs --static specula)
-for program in build/install-check/embed build/install-check/embed-pkgconfig; do
-  "$program" examples/models/specula-demo-target.gguf "The json module"
+  $(PKG_CONFIG_PATH=$pc pkg-config --cflags --libs specula) -Wl,-rpath,"$prefix/lib"
+cc -std=c11 examples/embed/embed.c -o build/install-check/embed-pkgconfig-static \
+  $(PKG_CONFIG_PATH=$pc pkg-config --cflags --libs specula-static)
+for program in embed embed-pkgconfig embed-static embed-pkgconfig-static; do
+  linked=shared
+  ldd "build/install-check/$program" | grep -q libspecula.so || linked=static
+  [ "${program%-static}" != "$program" ] || [ $linked = shared ] || { echo "$program: not linked to libspecula.so"; exit 1; }
+  [ "${program%-static}" = "$program" ] || [ $linked = static ] || { echo "$program: linked to libspecula.so"; exit 1; }
+  echo "$program ($linked):"
+  "build/install-check/$program" examples/models/specula-demo-target.gguf "The json module"
 done
+# Installed as README.md says (pip, Debian's setuptools, no network), run on the installed library.
+rm -rf build/venv
+python3 -m venv --system-site-packages build/venv
+build/venv/bin/pip install --quiet --no-index --no-build-isolation ./bindings/python
+(cd build && SPECULA_LIBRARY="$shared" venv/bin/python ../bindings/python/examples/generate.py \
+  ../examples/models/specula-demo-target.gguf ../examples/models/specula-demo-draft.gguf)
 
 stage "sanitizer build and tests (ASan + UBSan), with the fuzz targets"
 # CUDA is compiled (and its tests skip without a device) in the release build above.
