@@ -71,7 +71,8 @@ for program in embed embed-pkgconfig embed-static embed-pkgconfig-static; do
 done
 # Installed as README.md says (pip, Debian's setuptools, no network), run on the installed library.
 rm -rf build/venv
-python3 -m venv --system-site-packages build/venv
+# Debian's python3 (its setuptools and wheel build the package without a network).
+/usr/bin/python3 -m venv --system-site-packages build/venv
 build/venv/bin/pip install --quiet --no-index --no-build-isolation ./bindings/python
 (cd build && SPECULA_LIBRARY="$shared" venv/bin/python ../bindings/python/examples/generate.py \
   ../examples/models/specula-demo-target.gguf ../examples/models/specula-demo-draft.gguf)
