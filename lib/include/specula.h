@@ -117,6 +117,9 @@ typedef struct specula_backend specula_backend;
 
 SPECULA_API specula_backend_params specula_backend_default_params(void);
 SPECULA_API void specula_backend_default_params_by_ref(specula_backend_params* params);
+/* Opens a device; the caller owns *out (specula_backend_free, after every model on it is freed).
+ * SPECULA_ERR_NO_DEVICE: the kind is not compiled in, or no device of it (or of that index or
+ * name) is present; SPECULA_ERR_INVALID_ARGUMENT: parameters out of range. */
 SPECULA_API specula_status specula_backend_create(const specula_backend_params* params,
                                                   specula_backend** out);
 SPECULA_API void specula_backend_free(specula_backend* backend);
@@ -180,7 +183,11 @@ typedef struct specula_model specula_model;
 SPECULA_API specula_model_params specula_model_default_params(void);
 SPECULA_API void specula_model_default_params_by_ref(specula_model_params* params);
 /* Memory-maps (or reads, see read_into_memory) a GGUF file and places its weights on the
- * backend. Only regular files are opened. The backend must outlive the model. */
+ * backend. Only regular files are opened. The caller owns *out (specula_model_free); the backend
+ * must outlive the model. SPECULA_ERR_IO: the file cannot be opened or mapped;
+ * SPECULA_ERR_FORMAT: malformed or truncated; SPECULA_ERR_UNSUPPORTED: an architecture,
+ * tokenizer or tensor type specula lacks (named in the message); SPECULA_ERR_OUT_OF_MEMORY;
+ * SPECULA_ERR_ABORTED: the progress callback returned false. */
 SPECULA_API specula_status specula_model_load(specula_backend* backend, const char* path,
                                               const specula_model_params* params,
                                               specula_model** out);
@@ -254,17 +261,10 @@ typedef enum specula_gamma_policy {
         1, /* start at `gamma`; +2 after a fully accepted step, -1 otherwise */
     /* The γ with the most expected tokens per second (Leviathan et al. Thm 3.8 with the
      * measured α, draft cost and target cost per number of positions), 0 included: plain
-     * decoding where no γ pays, with a step of drafts after 16 plain steps (32, 64, ... 256 while
-     * those keep losing) to keep measuring, none after two such probes in a row that each cost
-     * more than a twentieth of the plain steps before them (the draft first reads every token
-     * it missed), and one draft a step while α plus one standard error of its estimate would
-     * still pay (a few unlucky first drafts are judged again). It starts with two plain steps
-     * (the second measures plain decoding) and a step of `gamma` drafts, the draft reading the
-     * prompt only then; greedy and sampled steps are measured apart; what it measured is kept by
-     * the session across resets, and by a speech context from one transcription to the next. γ
-     * follows measured times: greedy output, and sampled output with coupled_acceptance, is the
-     * target alone's whatever γ is; sampled with Leviathan et al.'s test it is not reproducible
-     * from the seed. */
+     * decoding where no γ pays or where steps with drafts realized less than plain steps, with
+     * a probe of drafts now and then to keep measuring (docs/DESIGN.md "Speculative decoding").
+     * What it measured is kept across specula_session_reset. The output does not depend on γ
+     * (greedy, or sampled with coupled_acceptance); with Leviathan et al.'s test it does. */
     SPECULA_GAMMA_ANALYTIC = 2,
     /* The default: analytic where the output does not depend on γ (greedy, or sampled with
      * coupled_acceptance: it is the target alone's), heuristic where it does (sampling with
@@ -308,9 +308,9 @@ typedef struct specula_session_params {
      * draws with at its position and accepted while the target's own draw there agrees, so the
      * output is exactly what the target alone generates with the same seed, whatever the draft
      * and γ (and SPECULA_GAMMA_AUTO follows measured costs when sampling too). false: Leviathan
-     * et al.'s test and residual resampling, which accepts more often (α = Σ min(p, q); the demo
-     * pair at T 0.8: 0.792 against 0.741, docs/DESIGN.md) but whose sampled output depends on
-     * the draft and on γ. Greedy decoding is the same either way. false with sigmoid_verify. */
+     * et al.'s test and residual resampling, which accepts more often (α = Σ min(p, q)) but whose
+     * sampled output depends on the draft and on γ. Greedy decoding is the same either way. false
+     * with sigmoid_verify. */
     bool coupled_acceptance;
     /* Model-free drafts (prompt lookup): where the last tokens of the context occurred before,
      * in the prompt or in what was generated, the tokens that followed them are proposed as
@@ -378,7 +378,11 @@ SPECULA_API void specula_session_default_params_by_ref(specula_session_params* p
 SPECULA_API specula_generate_params specula_generate_default_params(void);
 SPECULA_API void specula_generate_default_params_by_ref(specula_generate_params* params);
 
-/* The model must outlive the session. */
+/* A context on the model; the caller owns *out (specula_session_free), and the model (and the
+ * draft) must outlive it. SPECULA_ERR_VOCAB_MISMATCH: the draft's vocabulary is not the target's
+ * (the message names the first difference); SPECULA_ERR_OUT_OF_MEMORY: the context does not
+ * fit the backend (nothing is allocated); SPECULA_ERR_INVALID_ARGUMENT: parameters out of range,
+ * or a draft on another backend. */
 SPECULA_API specula_status specula_session_create(specula_model* model,
                                                   const specula_session_params* params,
                                                   specula_session** out);
@@ -387,7 +391,10 @@ SPECULA_API void specula_session_free(specula_session* session);
  * policy has measured of the pair (its costs and acceptance rate). */
 SPECULA_API specula_status specula_session_reset(specula_session* session);
 
-/* Appends tokens to the context and evaluates them in one batched forward per chunk. */
+/* Appends tokens to the context and evaluates them in one batched forward per chunk.
+ * SPECULA_ERR_CONTEXT_FULL: they do not fit (nothing is evaluated); SPECULA_ERR_INVALID_ARGUMENT:
+ * an id outside the vocabulary; SPECULA_ERR_DEVICE_LOST: the GPU was lost (recreate the backend).
+ */
 SPECULA_API specula_status specula_session_eval(specula_session* session, const int32_t* tokens,
                                                 size_t n_tokens);
 /* The logits of the last evaluated position (n_vocab floats). */
@@ -400,10 +407,12 @@ SPECULA_API specula_status specula_session_get_logits(specula_session* session, 
  * tokens past the point where generation ends (max_tokens, EOS, on_token
  * returning false): they are kept and reported first by the next call, so the
  * tokens seen across calls are those of one uninterrupted run; evaluating
- * tokens or reading logits in between discards them. */
+ * tokens or reading logits in between discards them. SPECULA_ERR_CONTEXT_FULL: the context
+ * filled up; SPECULA_ERR_ABORTED: should_abort returned true; SPECULA_ERR_DEVICE_LOST. */
 SPECULA_API specula_status specula_generate(specula_session* session,
                                             const specula_generate_params* params, int32_t* tokens,
                                             size_t capacity, size_t* n_generated);
+/* Counters and times since the session was created or last reset. */
 SPECULA_API specula_status specula_session_get_stats(const specula_session* session,
                                                      specula_session_stats* stats);
 /* Backend memory the session's contexts hold (KV caches and activations): the target's, and
@@ -508,13 +517,19 @@ SPECULA_API void specula_asr_default_params_by_ref(specula_asr_params* params);
 SPECULA_API specula_status specula_asr_context_create(specula_asr_model* model,
                                                       specula_asr_context** out);
 SPECULA_API void specula_asr_context_free(specula_asr_context* ctx);
-/* Transcribes 16 kHz mono float samples in [-1, 1]; the segments replace the last ones. */
+/* Transcribes 16 kHz mono float samples in [-1, 1]; the segments replace the last ones.
+ * SPECULA_ERR_VOCAB_MISMATCH: a draft whose vocabulary, mel bins or window differ;
+ * SPECULA_ERR_INVALID_ARGUMENT: bad parameters, a draft on another backend;
+ * SPECULA_ERR_ABORTED: the progress callback returned false. */
 SPECULA_API specula_status specula_asr_transcribe(specula_asr_context* ctx, const float* samples,
                                                   size_t n_samples,
                                                   const specula_asr_params* params);
-/* The same for a WAV file (PCM 8/16/24/32-bit or float, any rate and channel count). */
+/* The same for a WAV file (PCM 8/16/24/32-bit or float, any rate and channel count).
+ * SPECULA_ERR_IO: it cannot be read; SPECULA_ERR_FORMAT: not a WAV file specula decodes. */
 SPECULA_API specula_status specula_asr_transcribe_file(specula_asr_context* ctx, const char* path,
                                                        const specula_asr_params* params);
+/* The last transcription's segments (0 for NULL); a segment's text stays valid until the next
+ * transcription. */
 SPECULA_API size_t specula_asr_segment_count(const specula_asr_context* ctx);
 SPECULA_API specula_status specula_asr_get_segment(const specula_asr_context* ctx, size_t i,
                                                    specula_asr_segment* segment);

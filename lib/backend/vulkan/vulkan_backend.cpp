@@ -885,7 +885,7 @@ class VulkanBackend final : public Backend {
             // Gated, a group loads its rows of both matrices: half as many rows, as many loads.
             // Four at 8 columns: on an H200 a verification forward of 8 (1.1B, Q8_0) took 3.3
             // ms with 4 rows per group against 4.0 ms with 8 and 3.3 ms with 2; at 16 columns
-            // 4 rows were no faster than 8 (README, "GPU").
+            // 4 rows were no faster than 8 (docs/benchmarks.md, the H200 runs).
             uint32_t rows_per_group = bucket <= 2 ? 2 : bucket <= 8 ? 4 : 8;
             if (gated_by != nullptr) rows_per_group /= 2;
             const uint32_t rows_per_workgroup = rows_per_group * (kMatmulThreads / per_row);

@@ -21,10 +21,10 @@ Status vulkan_verify_multi_dispatch(Backend& vulkan, const VerifyArgs& args,
                                     std::vector<int32_t>* tokens);
 
 // Whether this Vulkan backend reads weights through 8/16-bit storage (see
-// SPECULA_VULKAN_SMALL_STORAGE in the README); false for any other backend.
+// SPECULA_VULKAN_SMALL_STORAGE in docs/PROGRAMS.md); false for any other backend.
 bool vulkan_reads_small_storage(const Backend& vulkan);
 // The subgroup size this Vulkan backend's matmul sums over (0: shared memory instead), and
-// whether its pipelines require that size (SPECULA_VULKAN_PIN_SUBGROUP in the README); 0 for
+// whether its pipelines require that size (SPECULA_VULKAN_PIN_SUBGROUP in docs/PROGRAMS.md); 0 for
 // any other backend.
 uint32_t vulkan_matmul_subgroup(const Backend& vulkan, bool* pinned = nullptr);
 
