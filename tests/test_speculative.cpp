@@ -1055,18 +1055,20 @@ TEST(Speculative, ASlowMeasurementOfTheDraftAtTheStartIsCorrected) {
     // measured the draft again (their first call evaluated every token it had missed), so the
     // pair decoded plainly for the rest of its life: 7 of 300 sequences of the bundled demo pair
     // with a busy loop beside them drafted in 5-8 of ~508 steps. Here the close pair with its
-    // target slowed by 10 ms a call (drafting pays, by far even on a busy machine) drafts again
-    // after its first probe with the first, the second or both measured steps of drafts slowed
-    // by 100 ms a call (4 of 114 steps drafted when stuck). Fails if the probes do not measure
-    // the draft (the first or both slowed), or if a probe's measurement under half the mean
-    // does not replace it (both).
+    // target slowed by 30 ms a call drafts again after its first probe with the first, the
+    // second or both measured steps of drafts slowed by 250 ms a call (4 of 114 steps drafted
+    // when stuck). Drafting pays by far even on a busy machine: there a draft call can take a few
+    // ms (with the target slowed by 10 ms, as this test first had it, a machine running another
+    // test beside it made drafting realize less than plain decoding, and the policy rightly
+    // stopped). Fails if the probes do not measure the draft (the first or both slowed), or if a
+    // probe's measurement under half the mean does not replace it (both).
     // Bit 0: the first measured step of drafts slowed, bit 1: the second.
     for (int slowed : {0, 1, 2, 3}) {
         SCOPED_TRACE("measured steps slowed (bits): " + std::to_string(slowed));
         AnalyticPairOnCpu p;
         ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p, 512));
-        SlowDecoder target(*p.pair.target, {}, std::chrono::milliseconds(10));
-        HiccupDecoder draft(*p.pair.draft, std::chrono::milliseconds(100));
+        SlowDecoder target(*p.pair.target, {}, std::chrono::milliseconds(30));
+        HiccupDecoder draft(*p.pair.draft, std::chrono::milliseconds(250));
         Generator g(target, &draft, p.config);
         ASSERT_TRUE(g.append(std::vector<int32_t>{1, 450, 4996, 17354, 1701}).ok());
         std::vector<int32_t> out;
