@@ -955,9 +955,9 @@ bool aligned16(const void* p) {
 }
 
 // Rows per block for N columns: more rows make each x value loaded serve more of them, fewer
-// make more blocks. On an H100 (a 1.1B model, README) a verification forward of 8 took 1.8x one
-// of 1 with 8 rows per block and 1.6x with 4; one of 16 took 3.9x with 8 and 4.1x with 4. A
-// gated block holds twice its rows' accumulators: half the rows.
+// make more blocks. On an H100 (a 1.1B model, docs/benchmarks.md) a verification forward of 8
+// took 1.8x one of 1 with 8 rows per block and 1.6x with 4; one of 16 took 3.9x with 8 and 4.1x
+// with 4. A gated block holds twice its rows' accumulators: half the rows.
 template <int N, bool Gated>
 constexpr int kRowsPerBlock = std::max(2, (N <= 2   ? 2
                                            : N <= 8 ? 4
