@@ -644,6 +644,69 @@ TEST(WhisperTranscribe, ADraftChangesNoTranscriptOnAnyBackend) {
     }
 }
 
+// specula-make-whisper's dialled draft (a benchmark device): the target's encoder byte for byte
+// and its first and last decoder blocks, the target's middle blocks' outputs scaled. At scale 0
+// the draft is the target's function (every greedy draft accepted), at 1 it is not; the
+// transcript is the target alone's either way. Fails if the draft's blocks are not the target's
+// (first and last), or if the scale misses an update of the middle blocks.
+TEST(WhisperTranscribe, ADialledDraftAtScaleZeroIsTheTarget) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_TRUE(backend) << why;
+    for (const float scale : {0.0f, 1.0f}) {
+        SCOPED_TRACE(scale);
+        RandomWhisperSpec spec;
+        ASSERT_TRUE(whisper_shape("tiny", true, &spec.hparams).ok());
+        spec.hparams.n_audio_ctx = 64;
+        spec.hparams.n_text_ctx = 64;
+        spec.hparams.n_audio_state = spec.hparams.n_text_state = 64;
+        spec.hparams.n_audio_head = spec.hparams.n_text_head = 2;
+        spec.hparams.n_audio_layer = 1;
+        spec.hparams.n_text_layer = 4;
+        spec.seed = 5;
+        spec.late_scale = scale;
+        const std::string name = "dialled-whisper-" + std::to_string(int(scale));
+        const std::string target_path = (test::temp_dir() / (name + ".bin")).string();
+        spec.draft_path = (test::temp_dir() / (name + "-draft.bin")).string();
+        ASSERT_TRUE(write_random_whisper(spec, target_path).ok());
+        std::unique_ptr<WhisperModel> target_model, draft_model;
+        ASSERT_TRUE(load_whisper(*backend, target_path, &target_model).ok());
+        ASSERT_TRUE(load_whisper(*backend, spec.draft_path, &draft_model).ok());
+        EXPECT_TRUE(draft_model->same_encoder(*target_model));
+        std::unique_ptr<WhisperContext> target, draft;
+        ASSERT_TRUE(WhisperContext::create(*target_model, kMaxGamma + 1, &target).ok());
+        ASSERT_TRUE(WhisperContext::create(*draft_model, 1, &draft).ok());
+        const std::vector<float> audio = chirp(3.0);
+        Transcript alone, paired;
+        asr::TranscribeParams p;
+        p.temperature_increment = 0.0f;
+        p.gamma_policy = GammaPolicy::kFixed;
+        p.gamma = 3;
+        ASSERT_TRUE(asr::transcribe(*target, audio, p, &alone.segments, &alone.stats).ok());
+        p.draft = draft.get();
+        ASSERT_TRUE(asr::transcribe(*target, audio, p, &paired.segments, &paired.stats).ok());
+        const GeneratorStats& g = paired.stats.decoding;
+        EXPECT_GT(g.drafted, 10u);
+        if (scale == 0.0f) {
+            EXPECT_EQ(g.accepted, g.drafted);
+        } else {
+            EXPECT_LT(g.accepted, g.drafted);
+        }
+        ASSERT_EQ(paired.segments.size(), alone.segments.size());
+        for (size_t i = 0; i < alone.segments.size(); ++i)
+            EXPECT_EQ(paired.segments[i].tokens, alone.segments[i].tokens);
+        if (scale != 0.0f) continue;
+        // Sampled at 1.0 (the coupled acceptance): only where the two give the same rows is
+        // every draft accepted; greedy agreement alone would miss small differences.
+        Transcript sampled;
+        p.temperature = 1.0f;
+        p.seed = 3;
+        ASSERT_TRUE(asr::transcribe(*target, audio, p, &sampled.segments, &sampled.stats).ok());
+        EXPECT_GT(sampled.stats.decoding.drafted, 10u);
+        EXPECT_EQ(sampled.stats.decoding.accepted, sampled.stats.decoding.drafted);
+    }
+}
+
 // ------------------------------------------------------------------ C API
 
 namespace {

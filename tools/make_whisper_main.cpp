@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
                    "whisper.cpp model file whose mel filters and vocabulary are copied "
                    "(e.g. for-tests-ggml-tiny.bin)");
     app.add_option("-o,--output", out, "output path")->required();
-    app.add_option("--shape", shape, "tiny, base, small or medium");
+    app.add_option("--shape", shape, "tiny, base, small, medium, large (large-v2's) or large-v3");
     app.add_flag("--en", english, "the English-only vocabulary (51864 tokens)");
     app.add_option("--type", type, "matrix type: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1");
     app.add_option("--n-audio-ctx", n_audio_ctx, "encoder positions (default 1500)");
@@ -32,6 +32,15 @@ int main(int argc, char** argv) {
     app.add_option("--decoder-layers", decoder_layers, "decoder blocks (after --layers)");
     app.add_option("--n-mels", n_mels, "mel bands");
     app.add_option("--seed", spec.seed);
+    // A benchmark device for speculative transcription, not a model (tools/model_maker.h).
+    app.add_option("--draft-output", spec.draft_path,
+                   "also write a Distil-Whisper-shaped draft: the target's encoder, its first "
+                   "decoder blocks and its last");
+    app.add_option("--draft-decoder-layers", spec.draft_decoder_layers,
+                   "the draft's decoder blocks (default 2)");
+    app.add_option("--late-scale", spec.late_scale,
+                   "the target's other decoder blocks add their outputs scaled by this (0: the "
+                   "draft is the target's function; larger: they agree less)");
     CLI11_PARSE(app, argc, argv);
     specula::Status s = specula::whisper_shape(shape, english, &spec.hparams);
     specula::WhisperHparams& h = spec.hparams;

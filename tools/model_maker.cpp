@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <numbers>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -281,10 +284,16 @@ Status whisper_shape(const std::string& name, bool english, WhisperHparams* out)
         const char* name;
         int32_t width, heads, layers;
     };
+    if (english && name.starts_with("large"))
+        return InvalidArgument("the large shapes have no English-only vocabulary");
     for (const Shape& sh : {Shape{"tiny", 384, 6, 4}, Shape{"base", 512, 8, 6},
-                            Shape{"small", 768, 12, 12}, Shape{"medium", 1024, 16, 24}}) {
+                            Shape{"small", 768, 12, 12}, Shape{"medium", 1024, 16, 24},
+                            Shape{"large", 1280, 20, 32}, Shape{"large-v3", 1280, 20, 32}}) {
         if (name != sh.name) continue;
-        *out = WhisperHparams{english ? 51864 : 51865,
+        const bool v3 = name == "large-v3";
+        *out = WhisperHparams{english ? 51864
+                              : v3    ? 51866
+                                      : 51865,
                               1500,
                               sh.width,
                               sh.heads,
@@ -293,11 +302,12 @@ Status whisper_shape(const std::string& name, bool english, WhisperHparams* out)
                               sh.width,
                               sh.heads,
                               sh.layers,
-                              80,
+                              v3 ? 128 : 80,
                               0};
         return Status::Ok();
     }
-    return InvalidArgument("unknown Whisper shape '" + name + "' (tiny, base, small, medium)");
+    return InvalidArgument("unknown Whisper shape '" + name +
+                           "' (tiny, base, small, medium, large, large-v3)");
 }
 
 Status write_whisper(const WhisperFileSpec& s, const WhisperTensorSource& source,
@@ -384,8 +394,28 @@ Status write_whisper(const WhisperFileSpec& s, const WhisperTensorSource& source
 }
 
 Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path) {
+    const bool with_draft = !s.draft_path.empty();
+    const int layers = s.hparams.n_text_layer, kept = s.draft_decoder_layers;
+    if (with_draft && !(kept >= 1 && kept < layers && s.late_scale >= 0))
+        return InvalidArgument(
+            "a draft takes 1 .. n_text_layer - 1 of the target's decoder blocks, and "
+            "late_scale >= 0");
+    // The target's decoder block a draft's block d is: the first kept - 1, then the last.
+    const auto target_block = [&](int d) { return d < kept - 1 ? d : layers - 1; };
+    const auto decoder_block = [](const std::string& name) {
+        constexpr std::string_view prefix = "decoder.blocks.";
+        if (!name.starts_with(prefix)) return -1;
+        return std::atoi(name.c_str() + prefix.size());
+    };
+    const auto in_draft = [&](const std::string& name) {
+        const int b = decoder_block(name);
+        return b < 0 || b < kept - 1 || b == layers - 1;
+    };
+    // What the draft shares with the target, as written (its encoder included, for a draft
+    // whose encoder is the target's byte for byte).
+    std::map<std::string, std::vector<uint8_t>> shared;
     Gaussian g(s.seed, s.threads);
-    return write_whisper(
+    SPECULA_TRY(write_whisper(
         s,
         [&](const WhisperTensorSpec& spec, GgmlType type, std::vector<uint8_t>* data) {
             using K = WhisperTensorSpec::Kind;
@@ -395,6 +425,11 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
                 rows *= spec.shape[d];
             const bool norm_weight =
                 spec.name.ends_with("ln.weight") || spec.name.ends_with("ln_post.weight");
+            // The residual updates of the decoder blocks a draft does not have, scaled.
+            const bool update =
+                spec.name.ends_with(".out.weight") || spec.name.ends_with(".out.bias") ||
+                spec.name.ends_with("mlp.2.weight") || spec.name.ends_with("mlp.2.bias");
+            const float scale = with_draft && !in_draft(spec.name) && update ? s.late_scale : 1.0f;
             if (spec.name == "encoder.positional_embedding") {
                 // Whisper's sinusoids: position p, channel c < width/2: sin(p * 10000^(-c /
                 // (width/2 - 1))), then the cosines.
@@ -410,16 +445,36 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
                 data->resize(pe.size() * sizeof(float));
                 std::memcpy(data->data(), pe.data(), data->size());
             } else if (spec.kind == K::kF32Only) {
-                *data = random_matrix(g, type, cols, rows, norm_weight ? 0.1f : 0.02f,
+                *data = random_matrix(g, type, cols, rows, scale * (norm_weight ? 0.1f : 0.02f),
                                       norm_weight ? 1.0f : 0.0f);
             } else {
                 // Fan-in: the columns (times the kernel width for convolutions).
                 const int64_t fan_in = spec.kind == K::kConvolution ? cols * spec.shape[1] : cols;
-                *data = random_matrix(g, type, cols, rows, 1.0f / std::sqrt(float(fan_in)));
+                *data = random_matrix(g, type, cols, rows, scale / std::sqrt(float(fan_in)));
             }
+            if (with_draft && in_draft(spec.name)) shared[spec.name] = *data;
             return Status::Ok();
         },
-        path);
+        path));
+    if (!with_draft) return Status::Ok();
+    RandomWhisperSpec d = s;
+    d.hparams.n_text_layer = kept;
+    return write_whisper(
+        d,
+        [&](const WhisperTensorSpec& spec, GgmlType, std::vector<uint8_t>* data) {
+            std::string name = spec.name;
+            if (const int b = decoder_block(name); b >= 0) {
+                const std::string from = "decoder.blocks." + std::to_string(b) + ".";
+                name = "decoder.blocks." + std::to_string(target_block(b)) + "." +
+                       name.substr(from.size());
+            }
+            const auto found = shared.find(name);
+            if (found == shared.end())
+                return Status(SPECULA_ERR_INTERNAL, "no target tensor " + name);
+            *data = found->second;
+            return Status::Ok();
+        },
+        s.draft_path);
 }
 
 }  // namespace specula

@@ -68,6 +68,15 @@ struct WhisperFileSpec {
 struct RandomWhisperSpec : WhisperFileSpec {
     uint64_t seed = 1;
     int threads = 1;  // as RandomLlamaSpec's
+    // A Distil-Whisper-shaped draft written beside the target (draft_path not empty), a
+    // benchmark device whose agreement is dialled, not a model: the target's encoder byte for
+    // byte, its embeddings and final norm, and draft_decoder_layers decoder blocks, the
+    // target's first ones and its last. The target's other decoder blocks add their attention,
+    // cross-attention and MLP outputs scaled by late_scale, so 0 makes the two the same
+    // function and larger values make them agree less.
+    std::string draft_path;
+    int draft_decoder_layers = 2;
+    float late_scale = 1.0f;
 };
 // The data of one tensor in the type the file gives it (whisper_tensor_specs' order).
 using WhisperTensorSource =
@@ -77,7 +86,8 @@ using WhisperTensorSource =
 Status write_whisper(const WhisperFileSpec& spec, const WhisperTensorSource& source,
                      const std::string& path);
 // Whisper's released shapes: tiny, base, small, medium (multilingual: 51865 tokens; english:
-// the .en models' 51864).
+// the .en models' 51864), large (large-v2's: 1280 wide, 32 + 32 blocks) and large-v3 (128 mel
+// bands, 51866 tokens).
 Status whisper_shape(const std::string& name, bool english, WhisperHparams* out);
 // Random weights (the encoder's positions the sinusoids Whisper computes).
 Status write_random_whisper(const RandomWhisperSpec& spec, const std::string& path);
