@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
                    "decoder blocks and its last");
     app.add_option("--draft-decoder-layers", spec.draft_decoder_layers,
                    "the draft's decoder blocks (default 2)");
+    app.add_option("--head-scale", spec.head_scale,
+                   "the logits about this wide (the token embedding drawn wider), as a trained "
+                   "model's are peaked");
     app.add_option("--late-scale", spec.late_scale,
                    "the target's other decoder blocks add their outputs scaled by this (0: the "
                    "draft is the target's function; larger: they agree less)");

@@ -450,7 +450,10 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
             } else {
                 // Fan-in: the columns (times the kernel width for convolutions).
                 const int64_t fan_in = spec.kind == K::kConvolution ? cols * spec.shape[1] : cols;
-                *data = random_matrix(g, type, cols, rows, scale / std::sqrt(float(fan_in)));
+                const float head = spec.name == "decoder.token_embedding.weight" && s.head_scale > 0
+                                       ? s.head_scale
+                                       : 1.0f;
+                *data = random_matrix(g, type, cols, rows, head * scale / std::sqrt(float(fan_in)));
             }
             if (with_draft && in_draft(spec.name)) shared[spec.name] = *data;
             return Status::Ok();

@@ -77,6 +77,10 @@ struct RandomWhisperSpec : WhisperFileSpec {
     std::string draft_path;
     int draft_decoder_layers = 2;
     float late_scale = 1.0f;
+    // > 0: the token embedding (also the output projection) drawn S times wider, so that the
+    // logits are about S wide, as a trained model's are peaked; 0: 1 wide (over 51,864 tokens,
+    // any change of the decoder moves the argmax).
+    float head_scale = 0.0f;
 };
 // The data of one tensor in the type the file gives it (whisper_tensor_specs' order).
 using WhisperTensorSource =
