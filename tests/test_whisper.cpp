@@ -186,12 +186,8 @@ Status load_whisper(Backend& backend, const std::string& path, std::unique_ptr<W
 
 // A random English-only model with 1.28 s windows (n_audio_ctx 64). Each test writes its own:
 // ctest runs tests as parallel processes, and rewriting a file another has mapped kills it.
-std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type = GgmlType::kF16) {
-    const std::string path =
-        (test::temp_dir() / (english ? "asr-small-en-" : "asr-small-")).string() +
-        testing::UnitTest::GetInstance()->current_test_info()->name() + "-" + std::to_string(seed) +
-        "-" + ggml_type_name(type) + ".bin";
-    if (std::filesystem::exists(path)) return path;
+// The shape of small_whisper's files: tiny's vocabulary, 64 wide, one block each side.
+RandomWhisperSpec small_whisper_spec(uint64_t seed, bool english, GgmlType type) {
     RandomWhisperSpec spec;
     EXPECT_TRUE(whisper_shape("tiny", english, &spec.hparams).ok());
     spec.hparams.n_audio_ctx = 64;
@@ -201,6 +197,16 @@ std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type 
     spec.hparams.n_audio_layer = spec.hparams.n_text_layer = 1;
     spec.weight_type = type;
     spec.seed = seed;
+    return spec;
+}
+
+std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type = GgmlType::kF16) {
+    const std::string path =
+        (test::temp_dir() / (english ? "asr-small-en-" : "asr-small-")).string() +
+        testing::UnitTest::GetInstance()->current_test_info()->name() + "-" + std::to_string(seed) +
+        "-" + ggml_type_name(type) + ".bin";
+    if (std::filesystem::exists(path)) return path;
+    const RandomWhisperSpec spec = small_whisper_spec(seed, english, type);
     // Written under another name and renamed: a run stopped while writing leaves no file that
     // the next run would take for a whole one.
     const std::string partial = path + ".partial";
@@ -655,15 +661,8 @@ TEST(WhisperTranscribe, ADialledDraftAtScaleZeroIsTheTarget) {
     ASSERT_TRUE(backend) << why;
     for (const float scale : {0.0f, 1.0f}) {
         SCOPED_TRACE(scale);
-        RandomWhisperSpec spec;
-        ASSERT_TRUE(whisper_shape("tiny", true, &spec.hparams).ok());
-        spec.hparams.n_audio_ctx = 64;
-        spec.hparams.n_text_ctx = 64;
-        spec.hparams.n_audio_state = spec.hparams.n_text_state = 64;
-        spec.hparams.n_audio_head = spec.hparams.n_text_head = 2;
-        spec.hparams.n_audio_layer = 1;
+        RandomWhisperSpec spec = small_whisper_spec(5, true, GgmlType::kF16);
         spec.hparams.n_text_layer = 4;
-        spec.seed = 5;
         spec.late_scale = scale;
         const std::string name = "dialled-whisper-" + std::to_string(int(scale));
         const std::string target_path = (test::temp_dir() / (name + ".bin")).string();

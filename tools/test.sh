@@ -62,10 +62,9 @@ cc -std=c11 examples/embed/embed.c -o build/install-check/embed-pkgconfig \
 cc -std=c11 examples/embed/embed.c -o build/install-check/embed-pkgconfig-static \
   $(PKG_CONFIG_PATH=$pc pkg-config --cflags --libs specula-static)
 for program in embed embed-pkgconfig embed-static embed-pkgconfig-static; do
-  linked=shared
-  ldd "build/install-check/$program" | grep -q libspecula.so || linked=static
-  [ "${program%-static}" != "$program" ] || [ $linked = shared ] || { echo "$program: not linked to libspecula.so"; exit 1; }
-  [ "${program%-static}" = "$program" ] || [ $linked = static ] || { echo "$program: linked to libspecula.so"; exit 1; }
+  case $program in *-static) want=static ;; *) want=shared ;; esac
+  if ldd "build/install-check/$program" | grep -q libspecula.so; then linked=shared; else linked=static; fi
+  [ $linked = $want ] || { echo "$program: linked $linked, not $want"; exit 1; }
   echo "$program ($linked):"
   "build/install-check/$program" examples/models/specula-demo-target.gguf "The json module"
 done

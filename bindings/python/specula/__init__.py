@@ -198,9 +198,30 @@ class Backend(_Handle):
         return n.value
 
 
-def _owned_backend(backend: Union[Backend, str, None]) -> Optional[Backend]:
-    """A backend of its own for a model given a kind's name (or None: "auto") instead of one."""
-    return None if isinstance(backend, Backend) else Backend(backend or "auto")
+class _Loaded(_Handle):
+    """A model on a backend: a `Backend`, or a kind's name (None: "auto") for a backend of its
+    own, which it closes with itself."""
+
+    def __init__(self, backend: Union[Backend, str, None]):
+        self._owned_backend = None if isinstance(backend, Backend) else Backend(backend or "auto")
+        self.backend = self._owned_backend or backend
+        super().__init__([self.backend])
+
+    def _load(self, load) -> None:
+        """Runs load(backend handle, out pointer); a failed load closes an owned backend."""
+        ptr = ctypes.c_void_p()
+        try:
+            _check(load(self.backend._handle, ctypes.byref(ptr)))
+        except BaseException:
+            self.close()
+            raise
+        self._ptr = ptr.value
+
+    def close(self) -> None:
+        super().close()
+        owned, self._owned_backend = getattr(self, "_owned_backend", None), None
+        if owned is not None:
+            owned.close()
 
 
 def _model_params(read_into_memory: bool, progress):
@@ -247,7 +268,7 @@ class ModelInfo:
     weight_type: int
 
 
-class Model(_Handle):
+class Model(_Loaded):
     """A GGUF language model on a backend (a `Backend`, or a kind's name for a backend of its own,
     which the model closes with itself). A draft goes on its target's backend:
     `Model(path, backend=target.backend)`. `data` (instead of a path) loads a GGUF file's bytes."""
@@ -259,30 +280,15 @@ class Model(_Handle):
                  read_into_memory: bool = False, progress=None):
         if (path is None) == (data is None):
             raise _invalid("a model needs a path or data, not both")
-        self._owned_backend = _owned_backend(backend)
-        self.backend = self._owned_backend or backend
-        super().__init__([self.backend])
+        super().__init__(backend)
         params, _keep = _model_params(read_into_memory, progress)
-        ptr = ctypes.c_void_p()
-        try:
-            if data is not None:
-                data = bytes(data)
-                _check(_lib.specula_model_load_from_memory(self.backend._handle, data, len(data),
-                                                           ctypes.byref(params), ctypes.byref(ptr)))
-            else:
-                _check(_lib.specula_model_load(self.backend._handle, os.fsencode(path),
-                                               ctypes.byref(params), ctypes.byref(ptr)))
-        except BaseException:
-            if self._owned_backend is not None:
-                self._owned_backend.close()
-            raise
-        self._ptr = ptr.value
-
-    def close(self) -> None:
-        super().close()
-        owned, self._owned_backend = getattr(self, "_owned_backend", None), None
-        if owned is not None:
-            owned.close()
+        if data is not None:
+            data = bytes(data)
+            self._load(lambda b, out: _lib.specula_model_load_from_memory(
+                b, data, len(data), ctypes.byref(params), out))
+        else:
+            self._load(lambda b, out: _lib.specula_model_load(b, os.fsencode(path),
+                                                              ctypes.byref(params), out))
 
     @property
     def info(self) -> ModelInfo:
@@ -542,7 +548,7 @@ class TranscriptionTimings:
     n_accepted: int
 
 
-class AsrModel(_Handle):
+class AsrModel(_Loaded):
     """A Whisper model in whisper.cpp's format (ggml-*.bin) on a backend (as for `Model`). With
     `tokens`, a draft that proposes only those ids (and the special and timestamp tokens)."""
 
@@ -551,31 +557,15 @@ class AsrModel(_Handle):
     def __init__(self, path: Union[str, os.PathLike], backend: Union[Backend, str, None] = None, *,
                  tokens: Optional[Sequence[int]] = None, read_into_memory: bool = False,
                  progress=None):
-        self._owned_backend = _owned_backend(backend)
-        self.backend = self._owned_backend or backend
-        super().__init__([self.backend])
+        super().__init__(backend)
         params, _keep = _model_params(read_into_memory, progress)
-        ptr = ctypes.c_void_p()
-        try:
-            if tokens is None:
-                _check(_lib.specula_asr_model_load(self.backend._handle, os.fsencode(path),
-                                                   ctypes.byref(params), ctypes.byref(ptr)))
-            else:
-                ids = (ctypes.c_int32 * max(len(tokens), 1))(*tokens)
-                _check(_lib.specula_asr_draft_load(self.backend._handle, os.fsencode(path),
-                                                   ctypes.byref(params), ids, len(tokens),
-                                                   ctypes.byref(ptr)))
-        except BaseException:
-            if self._owned_backend is not None:
-                self._owned_backend.close()
-            raise
-        self._ptr = ptr.value
-
-    def close(self) -> None:
-        super().close()
-        owned, self._owned_backend = getattr(self, "_owned_backend", None), None
-        if owned is not None:
-            owned.close()
+        if tokens is None:
+            self._load(lambda b, out: _lib.specula_asr_model_load(b, os.fsencode(path),
+                                                                  ctypes.byref(params), out))
+        else:
+            ids = (ctypes.c_int32 * max(len(tokens), 1))(*tokens)
+            self._load(lambda b, out: _lib.specula_asr_draft_load(
+                b, os.fsencode(path), ctypes.byref(params), ids, len(tokens), out))
 
     @property
     def info(self) -> dict:
