@@ -56,6 +56,44 @@ Status byte_level_pre(const json& pre, std::string* name) {
                        ": specula has no split for it");
 }
 
+constexpr const char* kSpaceMarker = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
+
+// Whether a SentencePiece-style tokenizer.json (BPE with byte fallback) puts "▁" before the text:
+// its normalizer must escape spaces as "▁" (Replace), optionally after prepending one (Prepend:
+// Llama 2's; Gemma's does not), and its pre-tokenizer must leave the text whole (none, or a
+// split at " ", which the escaped text no longer holds). Anything else is refused by name, not
+// tokenized some other way.
+Status sentencepiece_prefix(const json& normalizer, const json& pre, bool* prefix) {
+    json steps = json::array();
+    if (normalizer.is_object())
+        steps = normalizer.value("type", "") == "Sequence"
+                    ? normalizer.value("normalizers", json::array())
+                    : json::array({normalizer});
+    bool escapes = false;
+    *prefix = false;
+    for (const json& n : steps) {
+        const std::string type = n.value("type", "");
+        if (type == "Prepend" && n.value("prepend", "") == kSpaceMarker && !escapes) {
+            *prefix = true;
+        } else if (type == "Replace" && n.value("content", "") == kSpaceMarker &&
+                   n.value("pattern", json::object()).value("String", "") == " ") {
+            escapes = true;
+        } else {
+            return Unsupported("normalizer " + normalizer.dump().substr(0, 200) +
+                               ": specula has no such normalization");
+        }
+    }
+    if (!escapes)
+        return Unsupported("normalizer " + normalizer.dump().substr(0, 200) +
+                           ": spaces are not written as U+2581");
+    const bool splits_at_spaces = pre.is_object() && pre.value("type", "") == "Split" &&
+                                  pre.value("pattern", json::object()).value("String", "") == " ";
+    if (!pre.is_null() && !splits_at_spaces)
+        return Unsupported("pre-tokenizer " + pre.dump().substr(0, 200) +
+                           ": specula has no split for it");
+    return Status::Ok();
+}
+
 }  // namespace
 
 Status import_tokenizer(const std::string& tokenizer_path, const std::string& config_path,
@@ -136,7 +174,10 @@ Status import_tokenizer(const std::string& tokenizer_path, const std::string& co
         }
         w.set_string("tokenizer.ggml.model", "llama");
         w.set("tokenizer.ggml.scores", {GgufType::kArray, GgufType::kFloat32, GgufArray(scores)});
-        w.set_bool("tokenizer.ggml.add_space_prefix", true);
+        bool prefix = false;
+        SPECULA_TRY(sentencepiece_prefix(tj.value("normalizer", json()),
+                                         tj.value("pre_tokenizer", json()), &prefix));
+        w.set_bool("tokenizer.ggml.add_space_prefix", prefix);
         if (model.contains("unk_token")) {
             const int64_t unk = id_of(token_text(model.at("unk_token")));
             if (unk >= 0) w.set_u32("tokenizer.ggml.unknown_token_id", uint32_t(unk));

