@@ -159,6 +159,49 @@ TEST(Llama, ContextAndBatchLimitsAreErrors) {
     EXPECT_EQ(LlamaContext::create(*l.model, 0, 4, &ctx).code(), SPECULA_ERR_INVALID_ARGUMENT);
 }
 
+Status load_file(Backend& backend, const std::string& path, std::unique_ptr<LlamaModel>* out) {
+    std::unique_ptr<MappedFile> file;
+    SPECULA_TRY(MappedFile::open(path, &file));
+    return LlamaModel::load(backend, std::move(file), nullptr, out);
+}
+
+// Phi-3 attends over a sliding window, which specula does not apply: contexts up to the window
+// are exact and longer ones are refused, and a session that asks for none gets the window.
+// LongRoPE's factors come in pairs: a file with one of the two is refused. Its numbers are
+// parity.py's (tests/CMakeLists.txt, parity_numpy_*_phi3_*).
+TEST(Llama, Phi3ContextsStayWithinTheSlidingWindow) {
+    RandomLlamaSpec spec = test::small_spec(GgmlType::kQ8_0, 1);
+    spec.arch = "phi3";
+    spec.n_ctx = 256;
+    spec.sliding_window = 64;
+    spec.longrope = true;
+    const std::string path = test::make_model("phi3-window-64", spec);
+    std::unique_ptr<Backend> backend = create_cpu_backend(2);
+    std::unique_ptr<LlamaModel> model;
+    Status s = load_file(*backend, path, &model);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(model->config().sliding_window, 64);
+    EXPECT_EQ(model->config().default_context(), 64);
+    std::unique_ptr<LlamaContext> ctx;
+    EXPECT_TRUE(LlamaContext::create(*model, 64, 8, &ctx).ok());
+    s = LlamaContext::create(*model, 65, 8, &ctx);
+    EXPECT_EQ(s.code(), SPECULA_ERR_UNSUPPORTED);
+    EXPECT_NE(s.message().find("sliding window of 64"), std::string::npos) << s.message();
+
+    const std::string one_factor = (test::temp_dir() / "phi3-one-factor.gguf").string();
+    test::GgufEdit edit;
+    edit.tensor = [](const GgufTensorInfo& t, std::vector<int64_t>* shape,
+                     std::vector<uint8_t>* data) {
+        if (t.name != "rope_factors_long.weight") return false;
+        shape->clear();  // left out
+        data->clear();
+        return true;
+    };
+    ASSERT_TRUE(test::write_edited_gguf(path, edit, one_factor).ok());
+    s = load_file(*backend, one_factor, &model);
+    EXPECT_EQ(s.code(), SPECULA_ERR_FORMAT) << s.message();
+}
+
 }  // namespace
 
 namespace {

@@ -60,8 +60,8 @@ inline std::string make_model(const std::string& name, RandomLlamaSpec spec) {
 }
 
 // A GGUF file written again with changes: `metadata` edits the key/value pairs in place, and
-// `tensor`, where it returns true, gives a tensor a new shape and bytes (files that differ from
-// another in one respect).
+// `tensor`, where it returns true, gives a tensor a new shape and bytes, or leaves it out with an
+// empty shape (files that differ from another in one respect).
 struct GgufEdit {
     std::function<void(std::vector<std::pair<std::string, GgufValue>>*)> metadata;
     std::function<bool(const GgufTensorInfo&, std::vector<int64_t>*, std::vector<uint8_t>*)> tensor;
@@ -82,6 +82,8 @@ inline Status write_edited_gguf(const std::string& src, const GgufEdit& edit,
         std::vector<uint8_t> data;
         if (!edit.tensor || !edit.tensor(t, &shape, &data))
             data.assign(t.data.begin(), t.data.end());
+        else if (shape.empty())
+            continue;  // left out
         SPECULA_TRY(w.add_tensor(t.name, t.type, std::move(shape), std::move(data)));
     }
     return w.write(dst);

@@ -114,14 +114,20 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         return InvalidArgument(std::string(ggml_type_name(s.weight_type)) + " rows are blocks of " +
                                std::to_string(block) + ": n_embd and n_ff must be multiples");
 
-    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3")
-        return InvalidArgument("architecture '" + s.arch + "': llama, qwen2 or qwen3");
+    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "phi3")
+        return InvalidArgument("architecture '" + s.arch + "': llama, qwen2, qwen3 or phi3");
+    const bool phi3 = s.arch == "phi3";
+    if (s.longrope && (!phi3 || s.n_ctx < 8))
+        return InvalidArgument("LongRoPE factors are Phi-3's, for contexts of 8 or more");
     const bool with_draft = !s.draft_path.empty();
     if (with_draft && !(s.draft_layers >= 1 && s.draft_layers < s.n_layer && s.late_scale >= 0))
         return InvalidArgument(
             "a draft takes 1 .. n_layer - 1 of the target's layers, and "
             "late_scale >= 0");
     const int head_dim = s.head_dim > 0 ? s.head_dim : s.n_embd / s.n_head;
+    const int n_rot = s.n_rot > 0 ? s.n_rot : head_dim;
+    if (n_rot > head_dim || n_rot % 2 != 0)
+        return InvalidArgument("the rotated dimensions must be even and at most a head's");
     GgufWriter w;
     const std::string a = s.arch + ".";
     w.set_string("general.architecture", s.arch);
@@ -132,7 +138,7 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     w.set_u32(a + "feed_forward_length", uint32_t(s.n_ff));
     w.set_u32(a + "attention.head_count", uint32_t(s.n_head));
     w.set_u32(a + "attention.head_count_kv", uint32_t(s.n_head_kv));
-    w.set_u32(a + "rope.dimension_count", uint32_t(head_dim));
+    w.set_u32(a + "rope.dimension_count", uint32_t(n_rot));
     if (s.head_dim > 0) {
         w.set_u32(a + "attention.key_length", uint32_t(head_dim));
         w.set_u32(a + "attention.value_length", uint32_t(head_dim));
@@ -142,6 +148,15 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     if (s.rope_scale > 0.0f) {
         w.set_string(a + "rope.scaling.type", "linear");
         w.set_f32(a + "rope.scaling.factor", s.rope_scale);
+    }
+    if (phi3)
+        w.set_u32(a + "attention.sliding_window",
+                  uint32_t(s.sliding_window > 0 ? s.sliding_window : s.n_ctx));
+    if (s.longrope) {
+        const int original = s.n_ctx / 4;
+        w.set_u32(a + "rope.scaling.original_context_length", uint32_t(original));
+        w.set_f32(a + "rope.scaling.attn_factor",
+                  float(std::sqrt(1.0 + std::log(4.0) / std::log(double(original)))));
     }
 
     size_t n_vocab = tokens->size();
@@ -189,11 +204,23 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     const float head_std = (s.head_scale > 0 ? s.head_scale : 4.0f) * se;
     const float embd_std = s.tied_output && s.head_scale > 0 ? head_std : 1.0f;
     SPECULA_TRY(add("token_embd.weight", t, {e, V}, random_matrix(g, t, e, V, embd_std), true));
+    if (s.longrope) {
+        // Phi-3.5-mini's shape of factors: 1 for the fastest pairs rising to tens for the
+        // slowest (the long ones), closer to 1 (the short ones).
+        for (auto [name, top] :
+             {std::pair{"rope_factors_long.weight", 40.0}, {"rope_factors_short.weight", 3.0}}) {
+            std::vector<float> factors(size_t(n_rot / 2));
+            for (int j = 0; j < n_rot / 2; ++j)
+                factors[size_t(j)] = float(std::pow(top, double(j) / double(n_rot / 2)));
+            std::vector<uint8_t> bytes(factors.size() * sizeof(float));
+            std::memcpy(bytes.data(), factors.data(), bytes.size());
+            SPECULA_TRY(add(name, GgmlType::kF32, {n_rot / 2}, std::move(bytes), true));
+        }
+    }
     if (s.llama3_rope) {
         // Llama 3.2's rope_scaling (factor 32, low/high frequency factors 1 and 4, original
         // context 8192), turned into per-pair factors as the GGUF conversion does: wavelengths
         // under 8192 / 4 keep theirs, over 8192 / 1 are stretched 32 times, between blended.
-        const int n_rot = head_dim;
         const double factor = 32, low = 1, high = 4, original = 8192;
         std::vector<float> factors(size_t(n_rot / 2));
         for (int j = 0; j < n_rot / 2; ++j) {
@@ -217,9 +244,17 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
             return random_matrix(g, GgmlType::kF32, n, 1, 0.1f, 1.0f);
         };
         SPECULA_TRY(add(p + "attn_norm.weight", GgmlType::kF32, {e}, norm(e), in_draft));
-        SPECULA_TRY(add(p + "attn_q.weight", t, {e, qd}, random_matrix(g, t, e, qd, se), in_draft));
-        SPECULA_TRY(add(p + "attn_k.weight", t, {e, kv}, random_matrix(g, t, e, kv, se), in_draft));
-        SPECULA_TRY(add(p + "attn_v.weight", t, {e, kv}, random_matrix(g, t, e, kv, se), in_draft));
+        if (phi3) {  // q, k and v rows in one tensor: the same draws as three
+            SPECULA_TRY(add(p + "attn_qkv.weight", t, {e, qd + 2 * kv},
+                            random_matrix(g, t, e, qd + 2 * kv, se), in_draft));
+        } else {
+            SPECULA_TRY(
+                add(p + "attn_q.weight", t, {e, qd}, random_matrix(g, t, e, qd, se), in_draft));
+            SPECULA_TRY(
+                add(p + "attn_k.weight", t, {e, kv}, random_matrix(g, t, e, kv, se), in_draft));
+            SPECULA_TRY(
+                add(p + "attn_v.weight", t, {e, kv}, random_matrix(g, t, e, kv, se), in_draft));
+        }
         if (s.arch == "qwen2")
             for (auto [name, n] :
                  {std::pair{"attn_q.bias", qd}, {"attn_k.bias", kv}, {"attn_v.bias", kv}})
@@ -231,9 +266,15 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         SPECULA_TRY(add(p + "attn_output.weight", t, {qd, e},
                         random_matrix(g, t, qd, e, update / std::sqrt(float(qd))), in_draft));
         SPECULA_TRY(add(p + "ffn_norm.weight", GgmlType::kF32, {e}, norm(e), in_draft));
-        SPECULA_TRY(
-            add(p + "ffn_gate.weight", t, {e, ff}, random_matrix(g, t, e, ff, se), in_draft));
-        SPECULA_TRY(add(p + "ffn_up.weight", t, {e, ff}, random_matrix(g, t, e, ff, se), in_draft));
+        if (phi3) {  // the gate's rows, then up's
+            SPECULA_TRY(add(p + "ffn_up.weight", t, {e, 2 * ff}, random_matrix(g, t, e, 2 * ff, se),
+                            in_draft));
+        } else {
+            SPECULA_TRY(
+                add(p + "ffn_gate.weight", t, {e, ff}, random_matrix(g, t, e, ff, se), in_draft));
+            SPECULA_TRY(
+                add(p + "ffn_up.weight", t, {e, ff}, random_matrix(g, t, e, ff, se), in_draft));
+        }
         SPECULA_TRY(add(p + "ffn_down.weight", t, {ff, e}, random_matrix(g, t, ff, e, update * sf),
                         in_draft));
     }
@@ -260,6 +301,7 @@ Status apply_released_shape(const std::string& name, RandomLlamaSpec* spec) {
         {"qwen2.5-1.5b", "qwen2", 1536, 28, 12, 2, 8960, 128, true, false},
         {"qwen2.5-3b", "qwen2", 2048, 36, 16, 2, 11008, 128, true, false},
         {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 128, false, false},
+        {"phi3.5-mini", "phi3", 3072, 32, 32, 32, 8192, 96, false, false},
     };
     std::string names;
     for (const Shape& sh : kShapes) {
@@ -274,6 +316,7 @@ Status apply_released_shape(const std::string& name, RandomLlamaSpec* spec) {
         spec->head_dim = sh.head_dim == sh.n_embd / sh.n_head ? 0 : sh.head_dim;
         spec->tied_output = sh.tied;
         spec->llama3_rope = sh.llama3_rope;
+        spec->longrope = name == "phi3.5-mini";
         return Status::Ok();
     }
     return InvalidArgument("unknown shape '" + name + "' (" + names + ")");

@@ -19,6 +19,8 @@ struct RandomLlamaSpec {
     // "llama", or "qwen2": biases on the q, k and v projections, and q and k rotated as
     // GPT-NeoX does (each head's first half paired with its second), as Qwen2's GGUF files are.
     // "qwen3": per-head RMS norms of q and k before the rotation (NeoX's, as Qwen2), no biases.
+    // "phi3": q, k and v in one tensor (attn_qkv), the gate and up products in one (ffn_up,
+    // the gate's rows first), NeoX's rotation, and the sliding window key.
     std::string arch = "llama";
     int head_dim = 0;  // 0: n_embd / n_head; else written as attention.key_length/value_length
     int n_embd = 256;
@@ -32,6 +34,12 @@ struct RandomLlamaSpec {
     bool tied_output = false;
     float rope_scale = 0.0f;   // > 0: rope.scaling.type linear with this factor
     bool llama3_rope = false;  // a rope_freqs tensor as Llama 3.2's conversion writes it
+    // phi3 only: LongRoPE as Phi-3.5's conversion writes it: rope_factors_short/long tensors,
+    // the original context n_ctx / 4 (contexts beyond it take the long factors) and the
+    // attention factor sqrt(1 + ln 4 / ln(n_ctx / 4)).
+    bool longrope = false;
+    int n_rot = 0;           // rotated dimensions of a head (0: all; Phi-4-mini rotates 3/4)
+    int sliding_window = 0;  // phi3: the sliding_window key (0: n_ctx)
     // > 0: the output head's weights are drawn with head_scale / sqrt(n_embd), logits with a
     // standard deviation of about head_scale (how peaked the model's distributions are), a tied
     // head's (the embedding's) too. 0: 4 for a separate head; a tied one keeps the embedding's
@@ -51,8 +59,9 @@ struct RandomLlamaSpec {
 };
 
 // Released models' shapes (no weights): "llama3.2-1b", "llama3.2-3b", "qwen2.5-0.5b",
-// "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama3.1-8b" set the architecture, widths,
-// layers, heads and head width, the tied head and Llama 3's rope factors of `spec`.
+// "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama3.1-8b", "phi3.5-mini" set the
+// architecture, widths, layers, heads and head width, the tied head and Llama 3's rope factors
+// or Phi-3.5's LongRoPE of `spec`.
 Status apply_released_shape(const std::string& name, RandomLlamaSpec* spec);
 
 Status write_random_llama(const RandomLlamaSpec& spec, const std::string& path);

@@ -93,15 +93,17 @@ void Backend::matmul_rope(const Tensor& w, const MatmulInput& x, const Tensor& o
 }
 
 std::vector<float> rope_table(int n_ctx, int n_rot, float base, float freq_scale,
-                              std::span<const float> freq_factors) {
+                              std::span<const float> freq_factors, float magnitude) {
     std::vector<float> table(size_t(n_ctx) * size_t(n_rot));
     for (int pos = 0; pos < n_ctx; ++pos) {
         for (int j = 0; j < n_rot / 2; ++j) {
             const double factor = freq_factors.empty() ? 1.0 : double(freq_factors[size_t(j)]);
             const double theta = double(pos) * double(freq_scale) *
                                  std::pow(double(base), -2.0 * j / n_rot) / factor;
-            table[size_t(pos) * size_t(n_rot) + size_t(2 * j)] = float(std::cos(theta));
-            table[size_t(pos) * size_t(n_rot) + size_t(2 * j) + 1] = float(std::sin(theta));
+            table[size_t(pos) * size_t(n_rot) + size_t(2 * j)] =
+                float(double(magnitude) * std::cos(theta));
+            table[size_t(pos) * size_t(n_rot) + size_t(2 * j) + 1] =
+                float(double(magnitude) * std::sin(theta));
         }
     }
     return table;

@@ -232,11 +232,12 @@ class Backend {
 };
 
 // n_ctx rows of n_rot floats: cos and sin of pos * freq_scale * base^(-2j / n_rot) /
-// freq_factors[j] for every position and pair j (freq_factors empty: all 1): linear scaling is
-// freq_scale = 1 / factor, Llama 3's frequency-dependent scaling the factors a GGUF file's
-// rope_freqs tensor holds, as llama.cpp reads them.
+// freq_factors[j] for every position and pair j (freq_factors empty: all 1), times magnitude:
+// linear scaling is freq_scale = 1 / factor, Llama 3's frequency-dependent scaling the factors a
+// GGUF file's rope_freqs tensor holds, LongRoPE (Phi-3) its short or long factors and its
+// attention factor as the magnitude, as llama.cpp reads them.
 std::vector<float> rope_table(int n_ctx, int n_rot, float base, float freq_scale = 1.0f,
-                              std::span<const float> freq_factors = {});
+                              std::span<const float> freq_factors = {}, float magnitude = 1.0f);
 
 // The device that params asks for (device_index, else a device_name substring, else the
 // first) among a backend's devices, best first.

@@ -281,9 +281,11 @@ SPECULA_API specula_status specula_gamma_policy_from_name(const char* name,
 #define SPECULA_MIN_TEMPERATURE 1e-6f
 
 typedef struct specula_session_params {
-    uint32_t n_ctx;    /* context length; 0 = the model's training context. More than the
-                        * backend can hold: SPECULA_ERR_OUT_OF_MEMORY before anything is
-                        * allocated; beyond the training context: a warning in the log */
+    uint32_t n_ctx;    /* context length; 0 = the model's training context (within its sliding
+                        * window, where it has one: a longer context is SPECULA_ERR_UNSUPPORTED).
+                        * More than the backend can hold: SPECULA_ERR_OUT_OF_MEMORY before
+                        * anything is allocated; beyond the training context: a warning in the
+                        * log */
     uint64_t seed;     /* the Philox key: same seed + same logits = same tokens on every backend */
     float temperature; /* 0 = greedy; so is anything below SPECULA_MIN_TEMPERATURE */
     int32_t top_k;     /* 0 = off */

@@ -60,7 +60,7 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     SPECULA_TRY(gguf.get_string("general.architecture", &arch));
     if (std::find(kArchitectures.begin(), kArchitectures.end(), arch) == kArchitectures.end())
         return Unsupported("model architecture '" + arch.substr(0, 64) +
-                           "' (supported: llama, qwen2, qwen3)");
+                           "' (supported: llama, qwen2, qwen3, phi3)");
 
     std::unique_ptr<LlamaModel> m(new LlamaModel(backend));
     SPECULA_TRY(gguf.get_string("general.name", &m->name_));
@@ -68,7 +68,8 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     c.architecture = arch;
     c.qkv_bias = arch == "qwen2";
     c.qk_norm = arch == "qwen3";
-    const bool neox = arch == "qwen2" || arch == "qwen3";
+    const bool phi3 = arch == "phi3";
+    const bool neox = arch == "qwen2" || arch == "qwen3" || phi3;
     const std::string a = arch + ".";
     SPECULA_TRY(read_dim(gguf, a + "embedding_length", true, 0, &c.n_embd));
     SPECULA_TRY(read_dim(gguf, a + "block_count", true, 0, &c.n_layer));
@@ -110,16 +111,45 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     if (!found) SPECULA_TRY(gguf.get_float(a + "rope.scale_linear", &factor));
     if (!(factor >= 0.0 && factor < 1e6)) return FormatError("rope scaling factor out of range");
     c.rope_freq_scale = factor == 0.0 ? 1.0f : float(1.0 / factor);
-    if (const GgufTensorInfo* f = gguf.find_tensor("rope_freqs.weight")) {
+    // A tensor of per-pair frequency factors, where the file has it.
+    auto read_factors = [&](const std::string& name, std::vector<float>* out) -> Status {
+        const GgufTensorInfo* f = gguf.find_tensor(name);
+        if (f == nullptr) return Status::Ok();
         if (f->type != GgmlType::kF32 || f->n_elements != uint64_t(c.n_rot / 2) ||
             f->data.size() != size_t(c.n_rot / 2) * sizeof(float))
-            return FormatError("tensor 'rope_freqs.weight' must hold " +
-                               std::to_string(c.n_rot / 2) + " F32 factors");
-        c.rope_freq_factors.resize(size_t(c.n_rot / 2));
-        std::memcpy(c.rope_freq_factors.data(), f->data.data(), f->data.size());
-        for (float x : c.rope_freq_factors)
+            return FormatError("tensor '" + name + "' must hold " + std::to_string(c.n_rot / 2) +
+                               " F32 factors");
+        out->resize(size_t(c.n_rot / 2));
+        std::memcpy(out->data(), f->data.data(), f->data.size());
+        for (float x : *out)
             if (!(x > 0.0f && x < 1e6f))
-                return FormatError("tensor 'rope_freqs.weight' holds a factor out of range");
+                return FormatError("tensor '" + name + "' holds a factor out of range");
+        return Status::Ok();
+    };
+    SPECULA_TRY(read_factors("rope_freqs.weight", &c.rope_freq_factors));
+    SPECULA_TRY(read_factors("rope_factors_short.weight", &c.rope_short_factors));
+    SPECULA_TRY(read_factors("rope_factors_long.weight", &c.rope_long_factors));
+    if (c.rope_short_factors.empty() != c.rope_long_factors.empty() ||
+        (!c.rope_short_factors.empty() && !c.rope_freq_factors.empty()))
+        return FormatError(
+            "LongRoPE needs both rope_factors_short and rope_factors_long, and no rope_freqs");
+    SPECULA_TRY(read_dim(gguf, a + "rope.scaling.original_context_length", false, c.n_ctx_train,
+                         &c.n_ctx_orig));
+    double magnitude = 1.0;
+    SPECULA_TRY(gguf.get_float(a + "rope.scaling.attn_factor", &magnitude));
+    if (!(magnitude > 0.0 && magnitude < 16.0))
+        return FormatError("rope attention factor out of range");
+    c.rope_magnitude = float(magnitude);
+    if (phi3) {
+        // As llama.cpp reads Phi-3's files: the key, else Phi-3-mini-4k's and -medium-4k's
+        // window for files written before it (0 in the key: no window, Phi-4's).
+        int64_t window = 0;
+        bool has_window = false;
+        SPECULA_TRY(gguf.get_int(a + "attention.sliding_window", &window, &has_window));
+        if (!has_window && (c.n_layer == 32 || c.n_layer == 40) && c.n_ctx_train == 4096)
+            window = 2047;
+        if (window < 0 || window > kMaxContext) return FormatError("sliding window out of range");
+        c.sliding_window = int(window);
     }
 
     SPECULA_TRY(Tokenizer::from_gguf(gguf, &m->tokenizer_));
@@ -137,9 +167,14 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     const size_t n_expected =
         3 + size_t(c.n_layer) * (9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0));
     size_t n_loaded = 0;
+    // Rows [first, first + count) of a tensor of `rows` rows, as a matrix of their own (count
+    // -1: all): Phi-3's q, k and v in one tensor, its gate and up in another.
+    struct Rows {
+        int64_t first = 0, count = -1;
+    };
     // norm: an F32 vector; neox_pairs: rows reordered for the rotation (neox_rows_as_pairs).
     auto load = [&](const std::string& name, int64_t cols, int64_t rows, bool norm, Tensor* t,
-                    bool optional = false, bool neox_pairs = false) -> Status {
+                    bool optional = false, bool neox_pairs = false, Rows part = {}) -> Status {
         const GgufTensorInfo* info = gguf.find_tensor(name);
         if (info == nullptr) {
             if (optional) return Status::Ok();
@@ -158,20 +193,24 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
             return Unsupported("tensor '" + name + "' has type " + ggml_type_name(info->type) +
                                " (norm weights must be F32)");
         SPECULA_TRY(check_weight_type(backend, name, info->type));
+        // A matrix's rows are whole rows of bytes in the file (a vector's elements are its rows).
+        const int64_t n_rows = rows == 1 ? cols : rows;
+        const size_t row_bytes = info->data.size() / size_t(n_rows);
+        if (part.count < 0) part.count = n_rows;
+        const std::span<const uint8_t> data =
+            info->data.subspan(size_t(part.first) * row_bytes, size_t(part.count) * row_bytes);
+        const int64_t out_rows = rows == 1 ? 1 : part.count;
         std::unique_ptr<Buffer> buffer;
         if (neox_pairs && neox) {
-            // A vector's elements are its rows here.
-            const int64_t n_rows = rows == 1 ? cols : rows;
             // Host memory that outlives the buffer, as load_weights() asks (the cpu reads it).
-            m->reordered_.push_back(neox_rows_as_pairs(info->data.data(),
-                                                       info->data.size() / size_t(n_rows), n_rows,
-                                                       c.head_dim, c.n_rot));
+            m->reordered_.push_back(
+                neox_rows_as_pairs(data.data(), row_bytes, part.count, c.head_dim, c.n_rot));
             SPECULA_TRY(
-                backend.load_weights(m->reordered_.back(), info->type, cols, rows, &buffer));
+                backend.load_weights(m->reordered_.back(), info->type, cols, out_rows, &buffer));
         } else {
-            SPECULA_TRY(backend.load_weights(info->data, info->type, cols, rows, &buffer));
+            SPECULA_TRY(backend.load_weights(data, info->type, cols, out_rows, &buffer));
         }
-        *t = Tensor{buffer.get(), 0, info->type, cols, rows};
+        *t = Tensor{buffer.get(), 0, info->type, cols, out_rows};
         m->buffers_.push_back(std::move(buffer));
         if (progress && !progress(float(++n_loaded) / float(n_expected)))
             return {SPECULA_ERR_ABORTED, "model loading was cancelled by the progress callback"};
@@ -184,9 +223,19 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         const std::string p = "blk." + std::to_string(l) + ".";
         Layer& L = m->layers_[size_t(l)];
         SPECULA_TRY(load(p + "attn_norm.weight", c.n_embd, 1, true, &L.attn_norm));
-        SPECULA_TRY(load(p + "attn_q.weight", c.n_embd, c.q_dim(), false, &L.wq, false, true));
-        SPECULA_TRY(load(p + "attn_k.weight", c.n_embd, c.kv_dim(), false, &L.wk, false, true));
-        SPECULA_TRY(load(p + "attn_v.weight", c.n_embd, c.kv_dim(), false, &L.wv));
+        if (phi3 && gguf.find_tensor(p + "attn_qkv.weight") != nullptr) {
+            const std::string qkv = p + "attn_qkv.weight";
+            const int64_t rows = c.q_dim() + 2 * int64_t(c.kv_dim());
+            SPECULA_TRY(load(qkv, c.n_embd, rows, false, &L.wq, false, true, {0, c.q_dim()}));
+            SPECULA_TRY(
+                load(qkv, c.n_embd, rows, false, &L.wk, false, true, {c.q_dim(), c.kv_dim()}));
+            SPECULA_TRY(load(qkv, c.n_embd, rows, false, &L.wv, false, false,
+                             {c.q_dim() + c.kv_dim(), c.kv_dim()}));
+        } else {
+            SPECULA_TRY(load(p + "attn_q.weight", c.n_embd, c.q_dim(), false, &L.wq, false, true));
+            SPECULA_TRY(load(p + "attn_k.weight", c.n_embd, c.kv_dim(), false, &L.wk, false, true));
+            SPECULA_TRY(load(p + "attn_v.weight", c.n_embd, c.kv_dim(), false, &L.wv));
+        }
         if (c.qkv_bias) {
             SPECULA_TRY(load(p + "attn_q.bias", c.q_dim(), 1, true, &L.bq, false, true));
             SPECULA_TRY(load(p + "attn_k.bias", c.kv_dim(), 1, true, &L.bk, false, true));
@@ -200,8 +249,16 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         }
         SPECULA_TRY(load(p + "attn_output.weight", c.q_dim(), c.n_embd, false, &L.wo));
         SPECULA_TRY(load(p + "ffn_norm.weight", c.n_embd, 1, true, &L.ffn_norm));
-        SPECULA_TRY(load(p + "ffn_gate.weight", c.n_embd, c.n_ff, false, &L.w_gate));
-        SPECULA_TRY(load(p + "ffn_up.weight", c.n_embd, c.n_ff, false, &L.w_up));
+        if (phi3) {  // gate and up in one tensor: the gate's rows, then up's
+            const std::string up = p + "ffn_up.weight";
+            SPECULA_TRY(
+                load(up, c.n_embd, 2 * c.n_ff, false, &L.w_gate, false, false, {0, c.n_ff}));
+            SPECULA_TRY(
+                load(up, c.n_embd, 2 * c.n_ff, false, &L.w_up, false, false, {c.n_ff, c.n_ff}));
+        } else {
+            SPECULA_TRY(load(p + "ffn_gate.weight", c.n_embd, c.n_ff, false, &L.w_gate));
+            SPECULA_TRY(load(p + "ffn_up.weight", c.n_embd, c.n_ff, false, &L.w_up));
+        }
         SPECULA_TRY(load(p + "ffn_down.weight", c.n_ff, c.n_embd, false, &L.w_down));
     }
     SPECULA_TRY(load("output_norm.weight", c.n_embd, 1, true, &m->output_norm_));
@@ -244,6 +301,11 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     if (n_ctx > kMaxContext)
         return InvalidArgument("context length " + std::to_string(n_ctx) + " is above the " +
                                std::to_string(kMaxContext) + " positions supported");
+    if (c.sliding_window > 0 && n_ctx > c.sliding_window)
+        return Unsupported("a context of " + std::to_string(n_ctx) + " tokens: the model " +
+                           "attends over a sliding window of " + std::to_string(c.sliding_window) +
+                           " positions, which specula does not apply (contexts up to " +
+                           std::to_string(c.sliding_window) + " are exact)");
     if (n_ctx > c.n_ctx_train)
         log(SPECULA_LOG_WARN, "a context of " + std::to_string(n_ctx) +
                                   " tokens exceeds the model's training context of " +
@@ -253,8 +315,13 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     ctx->max_batch_ = max_batch;
     ctx->memory_bytes_ = plan.bytes();
     SPECULA_TRY(plan.allocate(model.backend_, &ctx->buffers_));
+    // LongRoPE's long factors for a context longer than the original one, as llama.cpp takes them.
+    const std::vector<float>& factors =
+        !c.rope_short_factors.empty()
+            ? (n_ctx > c.n_ctx_orig ? c.rope_long_factors : c.rope_short_factors)
+            : c.rope_freq_factors;
     const std::vector<float> table =
-        rope_table(int(n_ctx), c.n_rot, c.rope_base, c.rope_freq_scale, c.rope_freq_factors);
+        rope_table(int(n_ctx), c.n_rot, c.rope_base, c.rope_freq_scale, factors, c.rope_magnitude);
     model.backend_.upload(ctx->rope_table_, table.data());
     *out = std::move(ctx);
     return Status::Ok();

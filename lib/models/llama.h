@@ -32,19 +32,33 @@ struct LlamaConfig {
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f;          // 1 / rope.scaling.factor (linear scaling)
     std::vector<float> rope_freq_factors;  // rope_freqs.weight (Llama 3.1+), else empty
-    std::string architecture;              // general.architecture: "llama" or "qwen2"
-    bool qkv_bias = false;                 // qwen2: biases on the q, k and v projections
-    bool qk_norm = false;                  // qwen3: an RMS norm of each head of q and k
+    // LongRoPE (Phi-3.5, Phi-3 128k): factors for contexts up to n_ctx_orig and beyond it, and
+    // the magnitude of the rotations (rope.scaling.attn_factor); empty and 1 otherwise.
+    std::vector<float> rope_short_factors, rope_long_factors;
+    int n_ctx_orig = 0;
+    float rope_magnitude = 1.0f;
+    // Keys a position attends to (itself and the sliding_window - 1 before it; 0: all). specula
+    // has no such mask: contexts longer than the window are refused (LlamaContext::create).
+    int sliding_window = 0;
+    std::string architecture;  // general.architecture (LlamaModel::kArchitectures)
+    bool qkv_bias = false;     // qwen2: biases on the q, k and v projections
+    bool qk_norm = false;      // qwen3: an RMS norm of each head of q and k
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
+    // The context a session gets when it asks for none: the training context, within the window.
+    int default_context() const {
+        return sliding_window > 0 ? std::min(n_ctx_train, sliding_window) : n_ctx_train;
+    }
 };
 
 class LlamaModel {
   public:
-    // general.architecture of the GGUF files this model reads: Llama's, and Qwen2's (biases on
-    // q, k, v; q and k rotated as GPT-NeoX does, which the loader turns into Llama's pairs by
-    // reordering their rows).
-    static constexpr std::array<const char*, 3> kArchitectures = {"llama", "qwen2", "qwen3"};
+    // general.architecture of the GGUF files this model reads: Llama's, Qwen2's (biases on q, k,
+    // v; q and k rotated as GPT-NeoX does, which the loader turns into Llama's pairs by
+    // reordering their rows), Qwen3's (q and k head norms) and Phi-3's (q, k and v in one
+    // tensor, gate and up in one, read as separate matrices; NeoX's rotation; LongRoPE).
+    static constexpr std::array<const char*, 4> kArchitectures = {"llama", "qwen2", "qwen3",
+                                                                  "phi3"};
 
     using Progress = std::function<bool(float)>;  // false cancels
     static Status load(Backend& backend, std::unique_ptr<MappedFile> file, const Progress& progress,
@@ -69,7 +83,7 @@ class LlamaModel {
 
     Backend& backend_;
     std::unique_ptr<MappedFile> file_;
-    std::vector<std::vector<uint8_t>> reordered_;  // qwen2's q and k rows (neox_rows_as_pairs)
+    std::vector<std::vector<uint8_t>> reordered_;  // NeoX's q and k rows (neox_rows_as_pairs)
     std::vector<std::unique_ptr<Buffer>> buffers_;
     LlamaConfig config_;
     std::unique_ptr<Tokenizer> tokenizer_;

@@ -5,6 +5,7 @@
 
 #include "format/gguf.h"
 #include "format/whisper_ggml.h"
+#include "models/llama.h"
 
 namespace specula {
 namespace {
@@ -14,13 +15,14 @@ struct Architecture {
     ModelKind kind;
 };
 
-// Every architecture a model class reads (LlamaModel::kArchitectures: Llama, Qwen2, Qwen3).
-constexpr std::array kArchitectures = {
-    Architecture{"GGUF", "llama", ModelKind::kText},
-    Architecture{"GGUF", "qwen2", ModelKind::kText},
-    Architecture{"GGUF", "qwen3", ModelKind::kText},
-    Architecture{"ggml", "whisper", ModelKind::kSpeech},
-};
+// Every architecture a model class reads: LlamaModel's in GGUF, and Whisper in ggml.
+constexpr auto kArchitectures = [] {
+    std::array<Architecture, LlamaModel::kArchitectures.size() + 1> all{};
+    for (size_t i = 0; i < LlamaModel::kArchitectures.size(); ++i)
+        all[i] = {"GGUF", LlamaModel::kArchitectures[i], ModelKind::kText};
+    all.back() = {"ggml", "whisper", ModelKind::kSpeech};
+    return all;
+}();
 
 std::string known_architectures() {
     std::string s;

@@ -167,17 +167,19 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, positions, n_head, head_dim, n_rot, base, neox=False, freq_scale=1.0, factors=None):
+def rope(x, positions, n_head, head_dim, n_rot, base, neox=False, freq_scale=1.0, factors=None, magnitude=1.0):
     """Llama's rotation pairs elements 2j and 2j + 1 of a head; GPT-NeoX's (Qwen2) pairs
     element j with element j + n_rot / 2. Pair j turns by pos * freq_scale * base^(-2j/n_rot)
-    divided by factors[j] (Llama 3's rope_freqs), as llama.cpp's rope with frequency factors."""
+    divided by factors[j] (Llama 3's rope_freqs, LongRoPE's short or long factors), as
+    llama.cpp's rope with frequency factors, and is scaled by magnitude (LongRoPE's attention
+    factor, llama.cpp's attn_factor); dimensions from n_rot on are left as they are."""
     x = x.reshape(len(positions), n_head, head_dim).copy()
     j = np.arange(n_rot // 2)
     inv = freq_scale * base ** (-2.0 * j / n_rot)
     if factors is not None:
         inv = inv / factors
     theta = positions[:, None] * inv  # (n, n_rot/2)
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    c, s = magnitude * np.cos(theta)[:, None, :], magnitude * np.sin(theta)[:, None, :]
     first, second = (slice(0, n_rot // 2), slice(n_rot // 2, n_rot)) if neox else (slice(0, n_rot, 2), slice(1, n_rot, 2))
     a, b = x[:, :, first].copy(), x[:, :, second].copy()
     x[:, :, first] = a * c - b * s
@@ -185,9 +187,10 @@ def rope(x, positions, n_head, head_dim, n_rot, base, neox=False, freq_scale=1.0
     return x.reshape(len(positions), n_head * head_dim)
 
 
-def forward(path, tokens, quantized_inputs=False, flips=()):
-    """Logits (len(tokens), n_vocab) for the tokens at positions 0..n-1, and how many inputs
-    of quantized matmuls were ambiguous (AMBIGUOUS); flips: those rounded the other way."""
+def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
+    """Logits (len(tokens), n_vocab) for the tokens at positions 0..n-1 in a context of n_ctx
+    (which picks LongRoPE's factors), and how many inputs of quantized matmuls were ambiguous
+    (AMBIGUOUS); flips: those rounded the other way."""
     ambiguous = {"count": 0, "flips": flips}
     g = Gguf(path)
 
@@ -197,11 +200,14 @@ def forward(path, tokens, quantized_inputs=False, flips=()):
         return x @ g.tensor(name).T
 
     m = g.meta
-    arch = m["general.architecture"]  # llama; qwen2: q/k/v biases, NeoX's rotation; qwen3: q/k head norms, NeoX
+    # llama; qwen2: q/k/v biases, NeoX's rotation; qwen3: q/k head norms, NeoX; phi3: q/k/v in
+    # one tensor and gate/up in one (the gate's rows first), NeoX, LongRoPE
+    arch = m["general.architecture"]
     a = arch + "."
     qwen2 = arch == "qwen2"
     qwen3 = arch == "qwen3"
-    neox = qwen2 or qwen3
+    phi3 = arch == "phi3"
+    neox = qwen2 or qwen3 or phi3
     n_embd, n_layer = m[a + "embedding_length"], m[a + "block_count"]
     n_head = m[a + "attention.head_count"]
     n_head_kv = m.get(a + "attention.head_count_kv", n_head)
@@ -212,6 +218,11 @@ def forward(path, tokens, quantized_inputs=False, flips=()):
     factor = m.get(a + "rope.scaling.factor", 0.0)
     freq_scale = 1.0 / factor if factor else 1.0
     factors = g.tensor("rope_freqs.weight")[0].astype(np.float64) if "rope_freqs.weight" in g.tensors else None
+    if "rope_factors_short.weight" in g.tensors:  # LongRoPE: the long factors past the original context
+        original = m.get(a + "rope.scaling.original_context_length", m[a + "context_length"])
+        name = "rope_factors_long.weight" if n_ctx > original else "rope_factors_short.weight"
+        factors = g.tensor(name)[0].astype(np.float64)
+    magnitude = m.get(a + "rope.scaling.attn_factor", 1.0)
 
     def proj(h, name):  # a q/k/v projection, with its bias where the model has one
         y = mm(h, name + ".weight")
@@ -224,13 +235,17 @@ def forward(path, tokens, quantized_inputs=False, flips=()):
     for l in range(n_layer):
         p = f"blk.{l}."
         h = rms_norm(x, g.tensor(p + "attn_norm.weight")[0], eps)
-        q, k = proj(h, p + "attn_q"), proj(h, p + "attn_k")
+        if phi3:
+            qkv = mm(h, p + "attn_qkv.weight")
+            q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+            q, k, v = qkv[:, :q_dim], qkv[:, q_dim:q_dim + kv_dim], qkv[:, q_dim + kv_dim:]
+        else:
+            q, k, v = proj(h, p + "attn_q"), proj(h, p + "attn_k"), proj(h, p + "attn_v")
         if qwen3:  # each head RMS-normed before the rotation
             q = rms_norm(q.reshape(n, n_head, head_dim), g.tensor(p + "attn_q_norm.weight")[0], eps).reshape(n, -1)
             k = rms_norm(k.reshape(n, n_head_kv, head_dim), g.tensor(p + "attn_k_norm.weight")[0], eps).reshape(n, -1)
-        q = rope(q, pos, n_head, head_dim, n_rot, base, neox, freq_scale, factors)
-        k = rope(k, pos, n_head_kv, head_dim, n_rot, base, neox, freq_scale, factors)
-        v = proj(h, p + "attn_v")
+        q = rope(q, pos, n_head, head_dim, n_rot, base, neox, freq_scale, factors, magnitude)
+        k = rope(k, pos, n_head_kv, head_dim, n_rot, base, neox, freq_scale, factors, magnitude)
         out = np.zeros((n, n_head * head_dim))
         for hd in range(n_head):
             kv = hd // (n_head // n_head_kv)
@@ -242,8 +257,12 @@ def forward(path, tokens, quantized_inputs=False, flips=()):
             out[:, hd * head_dim:(hd + 1) * head_dim] = (s / s.sum(axis=1, keepdims=True)) @ vh
         x = x + mm(out, p + "attn_output.weight")
         h = rms_norm(x, g.tensor(p + "ffn_norm.weight")[0], eps)
-        gate = mm(h, p + "ffn_gate.weight")
-        up = mm(h, p + "ffn_up.weight")
+        if phi3:
+            gate_up = mm(h, p + "ffn_up.weight")
+            gate, up = np.split(gate_up, 2, axis=1)
+        else:
+            gate = mm(h, p + "ffn_gate.weight")
+            up = mm(h, p + "ffn_up.weight")
         x = x + mm(gate / (1.0 + np.exp(-gate)) * up, p + "ffn_down.weight")
     h = rms_norm(x, g.tensor("output_norm.weight")[0], eps)
     head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
