@@ -11,7 +11,7 @@
 # quick rehearsal on a machine without a GPU), SPECULA_REPORT_SHAPE_8B the 8B file's;
 # SPECULA_REPORT_MODELS is where they are written (default OUT_DIR/models, 1.8 GB, and 4.1 GB
 # while the 8B step runs); SPECULA_REPORT_TEST_SECONDS bounds the test run;
-# SPECULA_REPORT_STEPS picks steps (default: tests bench 8b verify speculative profile).
+# SPECULA_REPORT_STEPS picks steps (default: tests bench 8b verify speculative pairs profile).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
@@ -19,7 +19,7 @@ out=${2:-gpu-report}
 mkdir -p "$out"
 shape=${SPECULA_REPORT_SHAPE:-"--n-embd 2048 --n-layer 16 --n-head 32 --n-head-kv 8 --n-ff 8192 --n-ctx 2048"}
 
-steps=" ${SPECULA_REPORT_STEPS:-tests bench 8b verify speculative profile} "
+steps=" ${SPECULA_REPORT_STEPS:-tests bench 8b verify speculative pairs profile} "
 step() { echo "== $1 ($(date +%T))"; }
 want() { [[ "$steps" == *" $1 "* ]]; }
 
@@ -113,6 +113,28 @@ want speculative && for backend in cuda vulkan; do
     -p "The json module can be used to" -n 128 --temp 0 --backend $backend --compare 2>&1 |
     grep -E "target alone|acceptance rate" | tee -a "$out/spec-1b-pair.txt"
 done
+if want pairs; then
+  # Dialled pairs of released shapes (docs/benchmarks.md "Choosing a draft"): Llama 3.2 1B's
+  # (Q8_0, late scale 0.2) and Llama 3.1 8B's (Q4_0, late scale SPECULA_REPORT_LATE_8B, 0.3),
+  # each with a draft of its first 2 layers; the default policy against the target alone,
+  # alternating in one run, greedy and sampled (4.5 GB of files while this step runs).
+  step "speculative decoding with dialled pairs of Llama 3.2 1B's and Llama 3.1 8B's shapes"
+  # shellcheck disable=SC2086  # pair_maker is a command and its options
+  pair_maker="$build/tools/specula-make-model --vocab tests/data/ggml-vocab-llama-spm.gguf --n-ctx 2048 --head-scale 4 --draft-layers 2"
+  $pair_maker --shape llama3.2-1b --type q8_0 --late-scale 0.2 -o "$models/pair-1b-t.gguf" \
+    --draft-output "$models/pair-1b-d.gguf" >"$out/make-pairs.log" 2>&1
+  $pair_maker --shape llama3.1-8b --type q4_0 --late-scale "${SPECULA_REPORT_LATE_8B:-0.3}" \
+    -o "$models/pair-8b-t.gguf" --draft-output "$models/pair-8b-d.gguf" >>"$out/make-pairs.log" 2>&1
+  for pair in 1b 8b; do
+    for sampling in "--temp 0" "--temp 0.8 --top-k 40 --top-p 0.95 --seed 1"; do
+      # shellcheck disable=SC2086  # the sampling options are a list
+      "$build/tools/specula-bench" -m "$models/pair-$pair-t.gguf" --model-draft "$models/pair-$pair-d.gguf" \
+        --backend cuda,vulkan -p 0 -n 128 -r 3 --verify 0 $sampling --gamma-policy auto --gamma 8 \
+        --prompt-text "The json module can be used to" 2>&1 | tail -n 4 | tee -a "$out/pairs.txt"
+    done
+  done
+  rm -f "$models"/pair-*.gguf
+fi
 if want profile; then
   step "where a decode step's device time goes (Q8_0)"
   SPECULA_VULKAN_PROFILE=1 "$build/tools/specula-bench" -m "$models/random-1b-q8_0.gguf" \
