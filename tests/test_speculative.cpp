@@ -1080,8 +1080,9 @@ TEST(Speculative, ASlowMeasurementOfTheDraftAtTheStartIsCorrected) {
             ++steps;
             drafting += g.stats().last_gamma > 0;
         }
-        // Stuck: the step that measured and a probe after 16, 32 and 64 plain steps.
-        EXPECT_GE(drafting, 15) << drafting << " of " << steps << " steps drafted";
+        // Stuck: the step that measured and a probe after 16, 32 and 64 plain steps (4). A CI
+        // run with a parity test on llvmpipe's threads beside this one drafted in 14 of 108.
+        EXPECT_GE(drafting, 10) << drafting << " of " << steps << " steps drafted";
     }
 }
 
