@@ -557,6 +557,31 @@ TEST(WhisperContext, ASharedWindowTakenLaterIsTheSameAndNotAReplacedOne) {
     EXPECT_NE(got, expected);  // the second window's
 }
 
+namespace {
+
+// More than 10 drafts in a transcription, every one accepted (a draft that is the target's
+// function) or some rejected.
+void expect_drafts(const GeneratorStats& g, bool all_accepted) {
+    EXPECT_GT(g.drafted, 10u);
+    if (all_accepted) {
+        EXPECT_EQ(g.accepted, g.drafted);
+    } else {
+        EXPECT_LT(g.accepted, g.drafted);
+    }
+}
+
+// The same segments (tokens and times) as `expected`; d names the draft.
+void same_segments(const Transcript& t, const Transcript& expected, size_t d) {
+    ASSERT_EQ(t.segments.size(), expected.segments.size()) << "draft " << d;
+    for (size_t i = 0; i < t.segments.size(); ++i) {
+        EXPECT_EQ(t.segments[i].tokens, expected.segments[i].tokens) << "draft " << d;
+        EXPECT_EQ(t.segments[i].t0_ms, expected.segments[i].t0_ms);
+        EXPECT_EQ(t.segments[i].t1_ms, expected.segments[i].t1_ms);
+    }
+}
+
+}  // namespace
+
 // Speculative transcription: the rules mask every drafted and verified row on the device, each
 // from the tokens before it, so a draft changes nothing of a transcript (segments, times,
 // tokens), greedy or through the temperature fallback's sampled attempts, whether it agrees
@@ -607,14 +632,6 @@ TEST(WhisperTranscribe, ADraftChangesNoTranscriptOnAnyBackend) {
         // takes.
         ASSERT_TRUE(transcribe(nullptr, 0.6f, &alone_sampled, 0.4f).ok());
         EXPECT_GT(alone_sampled.stats.fallbacks, 0);
-        const auto same_segments = [](const Transcript& t, const Transcript& expected, size_t d) {
-            ASSERT_EQ(t.segments.size(), expected.segments.size()) << "draft " << d;
-            for (size_t i = 0; i < t.segments.size(); ++i) {
-                EXPECT_EQ(t.segments[i].tokens, expected.segments[i].tokens) << "draft " << d;
-                EXPECT_EQ(t.segments[i].t0_ms, expected.segments[i].t0_ms);
-                EXPECT_EQ(t.segments[i].t1_ms, expected.segments[i].t1_ms);
-            }
-        };
         for (size_t d = 0; d < models.size(); ++d) {
             std::unique_ptr<WhisperContext> other;
             if (d > 0) {
@@ -623,12 +640,7 @@ TEST(WhisperTranscribe, ADraftChangesNoTranscriptOnAnyBackend) {
             Transcript t;
             ASSERT_TRUE(transcribe(d == 0 ? self.get() : other.get(), 0.0f, &t).ok());
             const GeneratorStats& g = t.stats.decoding;
-            EXPECT_GT(g.drafted, 10u);
-            if (d == 0) {
-                EXPECT_EQ(g.accepted, g.drafted);
-            } else {
-                EXPECT_LT(g.accepted, g.drafted);
-            }
+            expect_drafts(g, d == 0);
             std::cout << "backend " << kind << " draft " << d << ": accepted " << g.accepted
                       << " of " << g.drafted << " drafts, " << g.emitted << " tokens in " << g.steps
                       << " steps\n";
@@ -645,8 +657,7 @@ TEST(WhisperTranscribe, ADraftChangesNoTranscriptOnAnyBackend) {
         }
         Transcript sampled;
         ASSERT_TRUE(transcribe(self.get(), 1.0f, &sampled).ok());
-        EXPECT_GT(sampled.stats.decoding.drafted, 10u);
-        EXPECT_EQ(sampled.stats.decoding.accepted, sampled.stats.decoding.drafted);
+        expect_drafts(sampled.stats.decoding, true);
     }
 }
 
@@ -684,16 +695,8 @@ TEST(WhisperTranscribe, ADialledDraftAtScaleZeroIsTheTarget) {
         ASSERT_TRUE(asr::transcribe(*target, audio, p, &alone.segments, &alone.stats).ok());
         p.draft = draft.get();
         ASSERT_TRUE(asr::transcribe(*target, audio, p, &paired.segments, &paired.stats).ok());
-        const GeneratorStats& g = paired.stats.decoding;
-        EXPECT_GT(g.drafted, 10u);
-        if (scale == 0.0f) {
-            EXPECT_EQ(g.accepted, g.drafted);
-        } else {
-            EXPECT_LT(g.accepted, g.drafted);
-        }
-        ASSERT_EQ(paired.segments.size(), alone.segments.size());
-        for (size_t i = 0; i < alone.segments.size(); ++i)
-            EXPECT_EQ(paired.segments[i].tokens, alone.segments[i].tokens);
+        expect_drafts(paired.stats.decoding, scale == 0.0f);
+        same_segments(paired, alone, 1);
         if (scale != 0.0f) continue;
         // Sampled at 1.0 (the coupled acceptance): only where the two give the same rows is
         // every draft accepted; greedy agreement alone would miss small differences.
@@ -701,8 +704,7 @@ TEST(WhisperTranscribe, ADialledDraftAtScaleZeroIsTheTarget) {
         p.temperature = 1.0f;
         p.seed = 3;
         ASSERT_TRUE(asr::transcribe(*target, audio, p, &sampled.segments, &sampled.stats).ok());
-        EXPECT_GT(sampled.stats.decoding.drafted, 10u);
-        EXPECT_EQ(sampled.stats.decoding.accepted, sampled.stats.decoding.drafted);
+        expect_drafts(sampled.stats.decoding, true);
     }
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "format/quant.h"
+#include "models/llama.h"
 #include "platform/mapped_file.h"
 
 namespace specula {
@@ -47,6 +48,13 @@ class Gaussian {
     uint64_t state_;
     int threads_;  // for the rows of a large matrix
 };
+
+// An F32 tensor's bytes.
+std::vector<uint8_t> float_bytes(const std::vector<float>& values) {
+    std::vector<uint8_t> bytes(values.size() * sizeof(float));
+    std::memcpy(bytes.data(), values.data(), bytes.size());
+    return bytes;
+}
 
 std::vector<uint8_t> random_matrix(Gaussian& g, GgmlType type, int64_t cols, int64_t rows,
                                    float stddev, float mean = 0.0f) {
@@ -114,8 +122,9 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         return InvalidArgument(std::string(ggml_type_name(s.weight_type)) + " rows are blocks of " +
                                std::to_string(block) + ": n_embd and n_ff must be multiples");
 
-    if (s.arch != "llama" && s.arch != "qwen2" && s.arch != "qwen3" && s.arch != "phi3")
-        return InvalidArgument("architecture '" + s.arch + "': llama, qwen2, qwen3 or phi3");
+    if (!LlamaModel::is_architecture(s.arch))
+        return InvalidArgument("architecture '" + s.arch + "' (" +
+                               LlamaModel::architecture_names() + ")");
     const bool phi3 = s.arch == "phi3";
     if (s.longrope && (!phi3 || s.n_ctx < 8))
         return InvalidArgument("LongRoPE factors are Phi-3's, for contexts of 8 or more");
@@ -212,9 +221,7 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
             std::vector<float> factors(size_t(n_rot / 2));
             for (int j = 0; j < n_rot / 2; ++j)
                 factors[size_t(j)] = float(std::pow(top, double(j) / double(n_rot / 2)));
-            std::vector<uint8_t> bytes(factors.size() * sizeof(float));
-            std::memcpy(bytes.data(), factors.data(), bytes.size());
-            SPECULA_TRY(add(name, GgmlType::kF32, {n_rot / 2}, std::move(bytes), true));
+            SPECULA_TRY(add(name, GgmlType::kF32, {n_rot / 2}, float_bytes(factors), true));
         }
     }
     if (s.llama3_rope) {
@@ -231,9 +238,8 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
                       : wavelen > original / low ? factor
                                                  : 1 / ((1 - smooth) / factor + smooth));
         }
-        std::vector<uint8_t> bytes(factors.size() * sizeof(float));
-        std::memcpy(bytes.data(), factors.data(), bytes.size());
-        SPECULA_TRY(add("rope_freqs.weight", GgmlType::kF32, {n_rot / 2}, std::move(bytes), true));
+        SPECULA_TRY(
+            add("rope_freqs.weight", GgmlType::kF32, {n_rot / 2}, float_bytes(factors), true));
     }
     for (int l = 0; l < s.n_layer; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
@@ -485,8 +491,7 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
                         pe[size_t(p * cols + c)] = float(std::sin(double(p) * inv));
                         pe[size_t(p * cols + half + c)] = float(std::cos(double(p) * inv));
                     }
-                data->resize(pe.size() * sizeof(float));
-                std::memcpy(data->data(), pe.data(), data->size());
+                *data = float_bytes(pe);
             } else if (spec.kind == K::kF32Only) {
                 *data = random_matrix(g, type, cols, rows, scale * (norm_weight ? 0.1f : 0.02f),
                                       norm_weight ? 1.0f : 0.0f);

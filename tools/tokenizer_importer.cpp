@@ -56,8 +56,6 @@ Status byte_level_pre(const json& pre, std::string* name) {
                        ": specula has no split for it");
 }
 
-constexpr const char* kSpaceMarker = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
-
 // Whether a SentencePiece-style tokenizer.json (BPE with byte fallback) puts "▁" before the text:
 // its normalizer must escape spaces as "▁" (Replace), optionally after prepending one (Prepend:
 // Llama 2's; Gemma's does not), and its pre-tokenizer must leave the text whole (none, or a
@@ -73,9 +71,9 @@ Status sentencepiece_prefix(const json& normalizer, const json& pre, bool* prefi
     *prefix = false;
     for (const json& n : steps) {
         const std::string type = n.value("type", "");
-        if (type == "Prepend" && n.value("prepend", "") == kSpaceMarker && !escapes) {
+        if (type == "Prepend" && n.value("prepend", "") == Tokenizer::kSpaceMarker && !escapes) {
             *prefix = true;
-        } else if (type == "Replace" && n.value("content", "") == kSpaceMarker &&
+        } else if (type == "Replace" && n.value("content", "") == Tokenizer::kSpaceMarker &&
                    n.value("pattern", json::object()).value("String", "") == " ") {
             escapes = true;
         } else {

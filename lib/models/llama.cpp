@@ -52,15 +52,22 @@ std::vector<uint8_t> neox_rows_as_pairs(const uint8_t* rows, size_t row_bytes, i
 
 }  // namespace
 
+std::string LlamaModel::architecture_names() {
+    std::string names;
+    for (const char* a : kArchitectures)
+        names += (names.empty() ? "" : ", ") + std::string(a);
+    return names;
+}
+
 Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
                         const Progress& progress, std::unique_ptr<LlamaModel>* out) {
     GgufFile gguf;
     SPECULA_TRY(GgufFile::parse(file->bytes(), &gguf));
     std::string arch;
     SPECULA_TRY(gguf.get_string("general.architecture", &arch));
-    if (std::find(kArchitectures.begin(), kArchitectures.end(), arch) == kArchitectures.end())
+    if (!is_architecture(arch))
         return Unsupported("model architecture '" + arch.substr(0, 64) +
-                           "' (supported: llama, qwen2, qwen3, phi3)");
+                           "' (supported: " + architecture_names() + ")");
 
     std::unique_ptr<LlamaModel> m(new LlamaModel(backend));
     SPECULA_TRY(gguf.get_string("general.name", &m->name_));

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -59,6 +60,12 @@ class LlamaModel {
     // tensor, gate and up in one, read as separate matrices; NeoX's rotation; LongRoPE).
     static constexpr std::array<const char*, 4> kArchitectures = {"llama", "qwen2", "qwen3",
                                                                   "phi3"};
+
+    static bool is_architecture(std::string_view arch) {
+        return std::find(kArchitectures.begin(), kArchitectures.end(), arch) !=
+               kArchitectures.end();
+    }
+    static std::string architecture_names();  // "llama, qwen2, ..."
 
     using Progress = std::function<bool(float)>;  // false cancels
     static Status load(Backend& backend, std::unique_ptr<MappedFile> file, const Progress& progress,

@@ -15,8 +15,6 @@ namespace specula {
 
 namespace {
 
-constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
-
 // GPT-2 maps every byte to a printable code point so that BPE works on text:
 // printable Latin-1 bytes map to themselves, the rest to U+0100 onwards.
 struct ByteMapping {

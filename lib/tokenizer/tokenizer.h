@@ -36,6 +36,8 @@ class Tokenizer {
     // The tokenizer.ggml.pre name of the pre-tokenizer that splits by `regex` (a
     // tokenizer.json's Split pattern, or GPT-2's), "" for one specula has no split for.
     static std::string_view pre_tokenizer_for_regex(std::string_view regex);
+    static constexpr std::string_view kSpaceMarker =
+        "\xE2\x96\x81";  // U+2581: SentencePiece's space
     static constexpr std::string_view kGpt2Regex =
         R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
