@@ -1055,13 +1055,14 @@ TEST(Speculative, ASlowMeasurementOfTheDraftAtTheStartIsCorrected) {
     // measured the draft again (their first call evaluated every token it had missed), so the
     // pair decoded plainly for the rest of its life: 7 of 300 sequences of the bundled demo pair
     // with a busy loop beside them drafted in 5-8 of ~508 steps. Here the close pair with its
-    // target slowed by 30 ms a call drafts again after its first probe with the first, the
-    // second or both measured steps of drafts slowed by 250 ms a call (4 of 114 steps drafted
-    // when stuck). Drafting pays by far even on a busy machine: there a draft call can take a few
-    // ms (with the target slowed by 10 ms, as this test first had it, a machine running another
-    // test beside it made drafting realize less than plain decoding, and the policy rightly
-    // stopped). Fails if the probes do not measure the draft (the first or both slowed), or if a
-    // probe's measurement under half the mean does not replace it (both).
+    // target slowed by 30 ms a call has the first, the second or both measured steps of drafts
+    // slowed by 250 ms a call; after 120 tokens the draft's cost it prices is its own again
+    // (a few ms even in a sanitized build on a busy machine), measured by the probes. The test
+    // checks the measurement, not how often the pair then drafted: whether drafting pays on a
+    // machine running other tests beside this one is the policy's call (a count of steps with
+    // drafts, 10-14 of ~110 healthy against 4 stuck, failed CI runs twice). Fails if a probe's
+    // measurement under half the mean does not replace it (both slowed); that a probe measures a
+    // call of the draft, not its catch-up, TheAnalyticPolicyPricesTheFirstDraftCallApart checks.
     // Bit 0: the first measured step of drafts slowed, bit 1: the second.
     for (int slowed : {0, 1, 2, 3}) {
         SCOPED_TRACE("measured steps slowed (bits): " + std::to_string(slowed));
@@ -1072,17 +1073,15 @@ TEST(Speculative, ASlowMeasurementOfTheDraftAtTheStartIsCorrected) {
         Generator g(target, &draft, p.config);
         ASSERT_TRUE(g.append(std::vector<int32_t>{1, 450, 4996, 17354, 1701}).ok());
         std::vector<int32_t> out;
-        int steps = 0, drafting = 0;
         while (out.size() < 120) {
             const int measured = g.measurements().draft_first_samples;
             draft.armed = measured < 2 && (slowed >> measured & 1) && g.next_gamma() > 0;
             ASSERT_TRUE(g.step(1 + kMaxGamma, &out).ok());
-            ++steps;
-            drafting += g.stats().last_gamma > 0;
         }
-        // Stuck: the step that measured and a probe after 16, 32 and 64 plain steps (4). A CI
-        // run with a parity test on llvmpipe's threads beside this one drafted in 14 of 108.
-        EXPECT_GE(drafting, 10) << drafting << " of " << steps << " steps drafted";
+        const StepMeasurements& m = g.measurements();
+        EXPECT_GT(m.draft_first_samples, 2) << "the probes did not measure the draft";
+        EXPECT_LT(m.draft.first, 0.05) << "the draft's first call is priced at " << m.draft.first
+                                       << " s after " << m.draft_first_samples << " measurements";
     }
 }
 
