@@ -297,8 +297,15 @@ class CudaBackend final : public Backend {
             }
             partial = reinterpret_cast<float*>(attention_partial_->data());
         }
-        cuda::attention(stream_, dev(a.q), dev(a.k), dev(a.v), dev(a.out), rows, a.n_head,
-                        a.n_head_kv, a.head_dim, a.scale, a.pos0, a.n_keys, partial);
+        const cuda::AttentionShape shape{.n_head = a.n_head,
+                                         .n_head_kv = a.n_head_kv,
+                                         .head_dim = a.head_dim,
+                                         .pos0 = a.pos0,
+                                         .fixed_keys = a.n_keys,
+                                         .window = a.window,
+                                         .scale = a.scale,
+                                         .soft_cap = a.soft_cap};
+        cuda::attention(stream_, dev(a.q), dev(a.k), dev(a.v), dev(a.out), rows, shape, partial);
         check(cudaGetLastError(), "attention");
     }
     void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {

@@ -59,14 +59,20 @@ bool matmul_tiled(cudaStream_t s, GgmlType type, const void* w, int64_t in, int6
 void rope(cudaStream_t s, float* x, int64_t cols, int64_t rows, const int32_t* positions,
           const float* table, int head_dim, int n_rot);
 void copy_f32(cudaStream_t s, const float* src, int64_t n, float* dst);
-// fixed_keys > 0: every row sees keys 0 .. fixed_keys - 1; 0: causal from pos0. With `partial`
-// (attention_partial_floats() floats), the keys' chunks are spread over blocks (split-K): the
-// same results, more blocks for few rows.
+// Backend::Attention's shape: fixed_keys > 0: every row sees keys 0 .. fixed_keys - 1; 0:
+// causal from pos0, within the last `window` keys where window > 0; scores capped at
+// ±soft_cap where soft_cap > 0.
+struct AttentionShape {
+    int n_head = 0, n_head_kv = 0, head_dim = 0;
+    int pos0 = 0, fixed_keys = 0, window = 0;
+    float scale = 0.0f, soft_cap = 0.0f;
+};
+// With `partial` (attention_partial_floats() floats), the keys' chunks are spread over blocks
+// (split-K): the same results, more blocks for few rows.
 constexpr int kAttentionChunkKeys = 128;  // keys per chunk, one per thread of a block
 int64_t attention_partial_floats(int rows, int n_head, int head_dim, int max_keys);
 void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
-               int n_head, int n_head_kv, int head_dim, float scale, int pos0, int fixed_keys,
-               float* partial);
+               const AttentionShape& shape, float* partial);
 void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out);
 void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, float eps,
                 int64_t cols, int64_t rows, float* out);

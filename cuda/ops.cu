@@ -774,16 +774,18 @@ struct AttnShared {
     float q[2 * kAttnThreads], p[kAttnThreads], reduce[32];
 };
 
-// Which row and head a block serves, and how many keys the row sees.
+// Which row and head a block serves, and the keys first .. n_keys - 1 the row sees.
 struct AttnRow {
-    int row, head, kv_head, n_keys;
+    int row, head, kv_head, first, n_keys;
 };
-__device__ AttnRow attn_row(int index, int n_head, int n_head_kv, int pos0, int fixed_keys) {
-    const int row = index / n_head, head = index % n_head;
-    return {row, head, head / (n_head / n_head_kv), fixed_keys > 0 ? fixed_keys : pos0 + row + 1};
+__device__ AttnRow attn_row(int index, const AttentionShape& a) {
+    const int row = index / a.n_head, head = index % a.n_head;
+    const int n_keys = a.fixed_keys > 0 ? a.fixed_keys : a.pos0 + row + 1;
+    const int first = a.fixed_keys == 0 && a.window > 0 ? max(0, n_keys - a.window) : 0;
+    return {row, head, head / (a.n_head / a.n_head_kv), first, n_keys};
 }
-__device__ int attn_chunks(int n_keys) {
-    return (n_keys + kAttnThreads - 1) / kAttnThreads;
+__device__ int attn_chunks(const AttnRow& r) {
+    return (r.n_keys - r.first + kAttnThreads - 1) / kAttnThreads;
 }
 
 __device__ void load_query(const float* q, const AttnRow& r, int n_head, int hd, AttnShared& sh) {
@@ -793,10 +795,11 @@ __device__ void load_query(const float* q, const AttnRow& r, int n_head, int hd,
     __syncthreads();
 }
 
-// The state of keys t0 .. t0 + kAttnThreads - 1 (those below n_keys): each thread scores one key.
-__device__ SoftmaxState attn_chunk(const float* k, const float* v, const AttnRow& r, int n_head_kv,
-                                   int hd, float scale, int t0, AttnShared& sh) {
-    const int tid = threadIdx.x, t = t0 + tid, kv_cols = n_head_kv * hd;
+// The state of chunk c of the row's keys (those below n_keys): each thread scores one key.
+__device__ SoftmaxState attn_chunk(const float* k, const float* v, const AttnRow& r,
+                                   const AttentionShape& a, int c, AttnShared& sh) {
+    const int hd = a.head_dim, t0 = r.first + c * kAttnThreads;
+    const int tid = threadIdx.x, t = t0 + tid, kv_cols = a.n_head_kv * hd;
     const bool k_vectors = hd % 4 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0;
     float s = -INFINITY;
     if (t < r.n_keys) {
@@ -815,7 +818,8 @@ __device__ SoftmaxState attn_chunk(const float* k, const float* v, const AttnRow
             for (int d = 0; d < hd; ++d)
                 dot = fmaf(sh.q[d], kt[d], dot);
         }
-        s = dot * scale;
+        s = dot * a.scale;
+        if (a.soft_cap > 0.0f) s = __fmul_rn(tanhf(__fmul_rn(s, 1.0f / a.soft_cap)), a.soft_cap);
     }
     SoftmaxState st{block_max(s, sh.reduce), 0.0f, 0.0f, 0.0f};
     const float p = t < r.n_keys ? expf(s - st.m) : 0.0f;
@@ -840,28 +844,26 @@ __device__ void attn_write(float* out, const AttnRow& r, int n_head, int hd,
 }
 
 __global__ void attention_kernel(const float* q, const float* k, const float* v, float* out,
-                                 int n_head, int n_head_kv, int hd, float scale, int pos0,
-                                 int fixed_keys) {
+                                 AttentionShape a) {
     __shared__ AttnShared sh;
-    const AttnRow r = attn_row(int(blockIdx.x), n_head, n_head_kv, pos0, fixed_keys);
-    load_query(q, r, n_head, hd, sh);
-    SoftmaxState st = attn_chunk(k, v, r, n_head_kv, hd, scale, 0, sh);
-    for (int c = 1; c < attn_chunks(r.n_keys); ++c)
-        st = merge(st, attn_chunk(k, v, r, n_head_kv, hd, scale, c * kAttnThreads, sh));
-    attn_write(out, r, n_head, hd, st);
+    const AttnRow r = attn_row(int(blockIdx.x), a);
+    load_query(q, r, a.n_head, a.head_dim, sh);
+    SoftmaxState st = attn_chunk(k, v, r, a, 0, sh);
+    for (int c = 1; c < attn_chunks(r); ++c)
+        st = merge(st, attn_chunk(k, v, r, a, c, sh));
+    attn_write(out, r, a.n_head, a.head_dim, st);
 }
 
 // Split-K: block (i, c) writes chunk c's state of row-head i to partial[(i * max_chunks + c)],
 // each a record of m, l and hd sums.
 __global__ void attention_chunk_kernel(const float* q, const float* k, const float* v,
-                                       float* partial, int max_chunks, int n_head, int n_head_kv,
-                                       int hd, float scale, int pos0, int fixed_keys) {
+                                       float* partial, int max_chunks, AttentionShape a) {
     __shared__ AttnShared sh;
-    const AttnRow r = attn_row(int(blockIdx.x), n_head, n_head_kv, pos0, fixed_keys);
-    const int c = int(blockIdx.y);
-    if (c >= attn_chunks(r.n_keys)) return;
-    load_query(q, r, n_head, hd, sh);
-    const SoftmaxState st = attn_chunk(k, v, r, n_head_kv, hd, scale, c * kAttnThreads, sh);
+    const AttnRow r = attn_row(int(blockIdx.x), a);
+    const int c = int(blockIdx.y), hd = a.head_dim;
+    if (c >= attn_chunks(r)) return;
+    load_query(q, r, a.n_head, hd, sh);
+    const SoftmaxState st = attn_chunk(k, v, r, a, c, sh);
     float* rec = partial + (int64_t(blockIdx.x) * max_chunks + c) * (hd + 2);
     const int tid = threadIdx.x;
     if (tid == 0) {
@@ -872,19 +874,19 @@ __global__ void attention_chunk_kernel(const float* q, const float* k, const flo
     if (tid + kAttnThreads < hd) rec[2 + tid + kAttnThreads] = st.acc1;
 }
 
-__global__ void attention_merge_kernel(const float* partial, float* out, int max_chunks, int n_head,
-                                       int n_head_kv, int hd, int pos0, int fixed_keys) {
-    const AttnRow r = attn_row(int(blockIdx.x), n_head, n_head_kv, pos0, fixed_keys);
-    const int tid = threadIdx.x;
+__global__ void attention_merge_kernel(const float* partial, float* out, int max_chunks,
+                                       AttentionShape a) {
+    const AttnRow r = attn_row(int(blockIdx.x), a);
+    const int tid = threadIdx.x, hd = a.head_dim;
     auto state = [&](int c) {
         const float* rec = partial + (int64_t(blockIdx.x) * max_chunks + c) * (hd + 2);
         return SoftmaxState{rec[0], rec[1], tid < hd ? rec[2 + tid] : 0.0f,
                             tid + kAttnThreads < hd ? rec[2 + tid + kAttnThreads] : 0.0f};
     };
     SoftmaxState st = state(0);
-    for (int c = 1; c < attn_chunks(r.n_keys); ++c)
+    for (int c = 1; c < attn_chunks(r); ++c)
         st = merge(st, state(c));
-    attn_write(out, r, n_head, hd, st);
+    attn_write(out, r, a.n_head, hd, st);
 }
 
 __global__ void silu_mul_kernel(const float* g, const float* u, int64_t n, float* out) {
@@ -1163,20 +1165,17 @@ int64_t attention_partial_floats(int rows, int n_head, int head_dim, int max_key
 }
 
 void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
-               int n_head, int n_head_kv, int head_dim, float scale, int pos0, int fixed_keys,
-               float* partial) {
-    const unsigned blocks_needed = unsigned(rows * n_head);
+               const AttentionShape& shape, float* partial) {
+    const unsigned blocks_needed = unsigned(rows * shape.n_head);
     if (partial == nullptr) {
-        attention_kernel<<<blocks_needed, kAttnThreads, 0, s>>>(q, k, v, out, n_head, n_head_kv,
-                                                                head_dim, scale, pos0, fixed_keys);
+        attention_kernel<<<blocks_needed, kAttnThreads, 0, s>>>(q, k, v, out, shape);
         return;
     }
-    const int max_keys = fixed_keys > 0 ? fixed_keys : pos0 + rows;
+    const int max_keys = shape.fixed_keys > 0 ? shape.fixed_keys : shape.pos0 + rows;
     const int max_chunks = (max_keys + kAttnThreads - 1) / kAttnThreads;
     attention_chunk_kernel<<<dim3(blocks_needed, unsigned(max_chunks)), kAttnThreads, 0, s>>>(
-        q, k, v, partial, max_chunks, n_head, n_head_kv, head_dim, scale, pos0, fixed_keys);
-    attention_merge_kernel<<<blocks_needed, kAttnThreads, 0, s>>>(
-        partial, out, max_chunks, n_head, n_head_kv, head_dim, pos0, fixed_keys);
+        q, k, v, partial, max_chunks, shape);
+    attention_merge_kernel<<<blocks_needed, kAttnThreads, 0, s>>>(partial, out, max_chunks, shape);
 }
 
 void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out) {

@@ -1,13 +1,15 @@
 #version 450
 // Grouped-query attention for one (query row, head) per workgroup: causal (row i sees keys
-// 0 .. pos0 + i) or over a fixed number of keys (u5 > 0).
+// 0 .. pos0 + i, or with a sliding window of u6 > 0 the last u6 of them) or over a fixed
+// number of keys (u5 > 0). Scores are scale * q.k, capped smoothly at ±f1 where f1 > 0.
 // Keys are processed in tiles of WG with an online softmax (running max and
 // sum, rescaled per tile) in a fixed order, so the result does not depend on
 // how many rows were submitted together.
 //   binding 0: q (n x n_head*head_dim), 1: k cache, 2: v cache (rows of n_head_kv*head_dim),
 //   3: out (like q)
 //   u0 = n_head, u1 = n_head_kv, u2 = head_dim (<= 2 * WG), u3 = pos0, u4 = rows,
-//   u5 = keys every row sees (0: causal); f0 = scale
+//   u5 = keys every row sees (0: causal), u6 = sliding window (0: none); f0 = scale,
+//   f1 = soft cap (0: none)
 #include "common.glsl"
 
 layout(constant_id = 0) const uint WG = 128u;
@@ -39,6 +41,7 @@ void main() {
     const uint kv_head = head / (n_head / pc.u1);
     const uint kv_cols = pc.u1 * hd;
     const uint n_keys = pc.u5 > 0u ? pc.u5 : pc.u3 + row + 1u;
+    const uint first = pc.u5 == 0u && pc.u6 > 0u && n_keys > pc.u6 ? n_keys - pc.u6 : 0u;
     const uint tid = gl_LocalInvocationID.x;
     const bool k_vectors = (pc.off1 & 15u) == 0u && (hd & 3u) == 0u;
     const uint q_at = pc.off0 / 4u + row * n_head * hd + head * hd;
@@ -47,7 +50,7 @@ void main() {
 
     float m = -1.0 / 0.0, l = 0.0;
     float acc0 = 0.0, acc1 = 0.0;  // dims tid and tid + WG
-    for (uint t0 = 0u; t0 < n_keys; t0 += WG) {
+    for (uint t0 = first; t0 < n_keys; t0 += WG) {
         const uint t = t0 + tid;
         float s = -1.0 / 0.0;
         if (t < n_keys) {
@@ -65,6 +68,8 @@ void main() {
                 for (uint d = 0u; d < hd; ++d) dot_qk = fma(q_s[d], uintBitsToFloat(b1[k_at + d]), dot_qk);
             }
             s = dot_qk * pc.f0;
+            // tanh as e^x ratios overflows for large x; tanh(±10) is already ±1 in floats.
+            if (pc.f1 > 0.0) s = tanh(clamp(s * (1.0 / pc.f1), -10.0, 10.0)) * pc.f1;
         }
         const float m_new = max(m, reduce(s, true));
         const float p = t < n_keys ? exp(s - m_new) : 0.0;

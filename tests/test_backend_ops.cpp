@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend_util.h"
@@ -626,9 +627,44 @@ TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {
     }
 }
 
+// Gemma's and Phi-3's attention: a sliding window over a cache of several key chunks (rows
+// whose window starts inside a chunk, and the first rows, whose window holds every key) and
+// scores large enough for the soft cap to bend them.
+TEST_P(BackendOps, AttentionWithASlidingWindowAndASoftCap) {
+    const int n_head = 8, n_head_kv = 2, head_dim = 64, ctx = 700, n = 9;
+    const int width = n_head * head_dim, kv_width = n_head_kv * head_dim;
+    auto q = p.tensor(GgmlType::kF32, width, n, random_bytes(GgmlType::kF32, width, n, 17));
+    auto k =
+        p.tensor(GgmlType::kF32, kv_width, ctx, random_bytes(GgmlType::kF32, kv_width, ctx, 18));
+    auto v =
+        p.tensor(GgmlType::kF32, kv_width, ctx, random_bytes(GgmlType::kF32, kv_width, ctx, 19));
+    auto out = p.tensor(GgmlType::kF32, width, n, {});
+    for (auto [pos0, window, soft_cap] :
+         {std::tuple{600, 300, 0.0f}, {600, 77, 3.0f}, {0, 4, 0.0f}, {500, 0, 2.0f}}) {
+        SCOPED_TRACE("pos0 " + std::to_string(pos0) + ", window " + std::to_string(window) +
+                     ", soft cap " + std::to_string(soft_cap));
+        const int p0 = pos0, w = window;  // (clang 14 cannot capture a structured binding)
+        const float cap = soft_cap;
+        p.on_each([&](Backend& be, auto side) {
+            be.attention({.q = side(q),
+                          .k = side(k),
+                          .v = side(v),
+                          .out = side(out),
+                          .n_head = n_head,
+                          .n_head_kv = n_head_kv,
+                          .head_dim = head_dim,
+                          .scale = 1.0f,
+                          .pos0 = p0,
+                          .window = w,
+                          .soft_cap = cap});
+        });
+        expect_close(p, out);
+    }
+}
+
 // A row's attention is the same alone as in a batch, bit for bit, over contexts of several
 // key chunks: a decode step and a verification batch may take another path (CUDA spreads few
-// rows' chunks over blocks) than a prompt of many rows.
+// rows' chunks over blocks) than a prompt of many rows; with a sliding window too.
 TEST_P(BackendOps, AttentionOfARowIsTheSameAloneAndInABatch) {
     const int n_head = 8, n_head_kv = 2, head_dim = 64, ctx = 700, pos0 = 600, n = 64;
     const int width = n_head * head_dim, kv_width = n_head_kv * head_dim;
@@ -641,13 +677,29 @@ TEST_P(BackendOps, AttentionOfARowIsTheSameAloneAndInABatch) {
          alone = p.tensor(GgmlType::kF32, width, n, {});
     Backend& gpu = *p.gpu;
     const float scale = 1.0f / std::sqrt(float(head_dim));
-    gpu.attention(
-        {q.second, k.second, v.second, batch.second, n_head, n_head_kv, head_dim, scale, pos0});
-    for (int i = 0; i < n; ++i)
-        gpu.attention({q.second.row_range(i, 1), k.second, v.second, alone.second.row_range(i, 1),
-                       n_head, n_head_kv, head_dim, scale, pos0 + i});
-    const auto a = read_floats(gpu, batch.second), b = read_floats(gpu, alone.second);
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+    for (int window : {0, 250}) {
+        SCOPED_TRACE("window " + std::to_string(window));
+        Backend::Attention a{.q = q.second,
+                             .k = k.second,
+                             .v = v.second,
+                             .out = batch.second,
+                             .n_head = n_head,
+                             .n_head_kv = n_head_kv,
+                             .head_dim = head_dim,
+                             .scale = scale,
+                             .pos0 = pos0,
+                             .window = window,
+                             .soft_cap = window > 0 ? 1.5f : 0.0f};
+        gpu.attention(a);
+        for (int i = 0; i < n; ++i) {
+            a.q = q.second.row_range(i, 1);
+            a.out = alone.second.row_range(i, 1);
+            a.pos0 = pos0 + i;
+            gpu.attention(a);
+        }
+        const auto got = read_floats(gpu, batch.second), b = read_floats(gpu, alone.second);
+        EXPECT_EQ(std::memcmp(got.data(), b.data(), got.size() * sizeof(float)), 0);
+    }
 }
 
 TEST_P(BackendOps, AttentionOverAFixedSetOfKeys) {
@@ -710,6 +762,78 @@ TEST(CpuOps, AttentionOverFixedKeysByItsDefinition) {
             for (int t = 0; t < 3; ++t)
                 want += w[t] / sum * vs[size_t(t * 4 + d)];
             EXPECT_NEAR(got[size_t(r * 4 + d)], want, 1e-5) << "row " << r << " dim " << d;
+        }
+    }
+}
+
+// Causal rows with a sliding window and a soft cap (Backend::Attention) against the definition in
+// doubles, heads of whole vectors and of a vector and a tail, shared by two query heads each; a
+// row alone is bit for bit the row in the batch, and a window that holds every key is none.
+TEST(CpuOps, WindowedAndSoftCappedAttentionByTheirDefinitions) {
+    auto cpu = create_cpu_backend(2);
+    CpuTensors make(*cpu);
+    const int n_head = 4, n_head_kv = 2, group = n_head / n_head_kv, ctx = 60, pos0 = 37, n = 6;
+    for (int head_dim : {64, 40}) {
+        const int width = n_head * head_dim, kv_width = n_head_kv * head_dim;
+        const std::vector<float> qs = random_floats(size_t(width) * n, 51);
+        const std::vector<float> ks = random_floats(size_t(kv_width) * ctx, 52);
+        const std::vector<float> vs = random_floats(size_t(kv_width) * ctx, 53);
+        const Tensor q = make(width, n, &qs), k = make(kv_width, ctx, &ks),
+                     v = make(kv_width, ctx, &vs), out = make(width, n, nullptr);
+        for (auto [window, soft_cap] : {std::pair{5, 0.0f}, {0, 0.5f}, {19, 0.25f}, {17, 0.0f}}) {
+            SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", window " +
+                         std::to_string(window) + ", soft cap " + std::to_string(soft_cap));
+            Backend::Attention a{.q = q,
+                                 .k = k,
+                                 .v = v,
+                                 .out = out,
+                                 .n_head = n_head,
+                                 .n_head_kv = n_head_kv,
+                                 .head_dim = head_dim,
+                                 .scale = 0.3f,
+                                 .pos0 = pos0,
+                                 .window = window,
+                                 .soft_cap = soft_cap};
+            cpu->attention(a);
+            const std::vector<float> got = read_floats(*cpu, out);
+            for (int i = 0; i < n; ++i) {
+                const int last = pos0 + i, first = window > 0 ? std::max(0, last - window + 1) : 0;
+                for (int h = 0; h < n_head; ++h) {
+                    const size_t kv = size_t(h / group) * size_t(head_dim);
+                    std::vector<double> w;
+                    double sum = 0;
+                    for (int t = first; t <= last; ++t) {
+                        double dot = 0;
+                        for (int d = 0; d < head_dim; ++d)
+                            dot += double(qs[size_t(i * width + h * head_dim + d)]) *
+                                   ks[size_t(t) * size_t(kv_width) + kv + size_t(d)];
+                        double s = 0.3 * dot;
+                        if (soft_cap > 0) s = soft_cap * std::tanh(s / soft_cap);
+                        w.push_back(std::exp(s));
+                        sum += w.back();
+                    }
+                    for (int d = 0; d < head_dim; ++d) {
+                        double want = 0;
+                        for (int t = first; t <= last; ++t)
+                            want += w[size_t(t - first)] / sum *
+                                    vs[size_t(t) * size_t(kv_width) + kv + size_t(d)];
+                        ASSERT_NEAR(got[size_t(i * width + h * head_dim + d)], want, 1e-5)
+                            << "row " << i << " head " << h << " dim " << d;
+                    }
+                }
+            }
+            for (int i = 0; i < n; ++i) {
+                Backend::Attention row = a;
+                row.q = q.row_range(i, 1);
+                row.out = out.row_range(i, 1);
+                row.pos0 = pos0 + i;
+                cpu->attention(row);
+            }
+            EXPECT_EQ(read_floats(*cpu, out), got) << "rows alone";
+            if (window > 0) continue;
+            a.window = pos0 + n;  // every key of every row
+            cpu->attention(a);
+            EXPECT_EQ(read_floats(*cpu, out), got) << "a window of every key";
         }
     }
 }

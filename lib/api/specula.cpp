@@ -487,8 +487,7 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         std::lock_guard turn(model->backend->turn);
         auto s = std::make_unique<specula_session>();
         s->model = model;
-        const int64_t n_ctx =
-            p.n_ctx > 0 ? int64_t(p.n_ctx) : model->impl->config().default_context();
+        const int64_t n_ctx = p.n_ctx > 0 ? int64_t(p.n_ctx) : model->impl->config().n_ctx_train;
         constexpr int kMaxBatch = 64;
         SPECULA_TRY(LlamaContext::create(*model->impl, n_ctx, kMaxBatch, &s->target));
         if (p.draft != nullptr) {

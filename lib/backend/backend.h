@@ -8,6 +8,7 @@
 // documents its own.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -180,8 +181,9 @@ class Backend {
                              const Rope& rope);
     // dst = src (F32), same shape.
     virtual void copy(const Tensor& src, const Tensor& dst) = 0;
-    // Grouped-query attention: out[i] = softmax(scale * q[i] . k[t]) . v over the keys t row i
-    // sees, per head (query head h uses key/value head h / (n_head / n_head_kv)).
+    // Grouped-query attention: out[i] = softmax(s(q[i], k[t])) . v over the keys t row i sees,
+    // per head (query head h uses key/value head h / (n_head / n_head_kv)), where the score
+    // s = scale * q . k, or with a soft cap c > 0, c * tanh(scale * q . k / c).
     struct Attention {
         Tensor q;     // n rows of n_head * head_dim
         Tensor k, v;  // rows of n_head_kv * head_dim (F32): a cache, or keys computed apart
@@ -193,7 +195,16 @@ class Backend {
         // 0 .. n_keys - 1 (an encoder's attention, a decoder's cross-attention).
         int pos0 = 0;
         int n_keys = 0;
+        // Causal rows only, > 0: row i sees its last `window` keys, from pos0 + i - window + 1
+        // (sliding-window attention, as llama.cpp masks it: Phi-3, Gemma's local layers).
+        int window = 0;
+        // > 0: scores are capped smoothly at ±soft_cap (Gemma 2's attention logit soft-capping).
+        float soft_cap = 0.0f;
         int keys_seen(int64_t row) const { return n_keys > 0 ? n_keys : pos0 + int(row) + 1; }
+        // The first key row i sees; it sees keys first_key(i) .. keys_seen(i) - 1.
+        int first_key(int64_t row) const {
+            return n_keys == 0 && window > 0 ? std::max(0, keys_seen(row) - window) : 0;
+        }
     };
     virtual void attention(const Attention& a) = 0;
     // out = silu(gate) * up, element-wise.

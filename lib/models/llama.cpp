@@ -308,11 +308,6 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     if (n_ctx > kMaxContext)
         return InvalidArgument("context length " + std::to_string(n_ctx) + " is above the " +
                                std::to_string(kMaxContext) + " positions supported");
-    if (c.sliding_window > 0 && n_ctx > c.sliding_window)
-        return Unsupported("a context of " + std::to_string(n_ctx) + " tokens: the model " +
-                           "attends over a sliding window of " + std::to_string(c.sliding_window) +
-                           " positions, which specula does not apply (contexts up to " +
-                           std::to_string(c.sliding_window) + " are exact)");
     if (n_ctx > c.n_ctx_train)
         log(SPECULA_LOG_WARN, "a context of " + std::to_string(n_ctx) +
                                   " tokens exceeds the model's training context of " +
@@ -403,7 +398,8 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
                       .n_head_kv = c.n_head_kv,
                       .head_dim = c.head_dim,
                       .scale = scale,
-                      .pos0 = n_past_});
+                      .pos0 = n_past_,
+                      .window = c.sliding_window});
         be.matmul(L.wo, attn, x, Backend::Accumulate::kYes);  // the residual add
         be.matmul_gated(L.w_gate, L.w_up, be.normed(x, L.ffn_norm, c.rms_eps, h), gate, up);
         be.matmul(L.w_down, gate, x, Backend::Accumulate::kYes);

@@ -38,18 +38,13 @@ struct LlamaConfig {
     std::vector<float> rope_short_factors, rope_long_factors;
     int n_ctx_orig = 0;
     float rope_magnitude = 1.0f;
-    // Keys a position attends to (itself and the sliding_window - 1 before it; 0: all). specula
-    // has no such mask: contexts longer than the window are refused (LlamaContext::create).
+    // Keys a position attends to (itself and the sliding_window - 1 before it; 0: all).
     int sliding_window = 0;
     std::string architecture;  // general.architecture (LlamaModel::kArchitectures)
     bool qkv_bias = false;     // qwen2: biases on the q, k and v projections
     bool qk_norm = false;      // qwen3: an RMS norm of each head of q and k
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
-    // The context a session gets when it asks for none: the training context, within the window.
-    int default_context() const {
-        return sliding_window > 0 ? std::min(n_ctx_train, sliding_window) : n_ctx_train;
-    }
 };
 
 class LlamaModel {

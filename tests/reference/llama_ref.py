@@ -232,6 +232,9 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
     pos = np.arange(n, dtype=np.float64)
     x = g.tensor("token_embd.weight")[tokens]
     mask = np.triu(np.full((n, n), -np.inf), k=1)
+    window = m.get(a + "attention.sliding_window", 0) if phi3 else 0
+    if window > 0:  # row i sees keys i - window + 1 .. i (llama.cpp's sliding-window mask)
+        mask += np.tril(np.full((n, n), -np.inf), k=-window)
     for l in range(n_layer):
         p = f"blk.{l}."
         h = rms_norm(x, g.tensor(p + "attn_norm.weight")[0], eps)

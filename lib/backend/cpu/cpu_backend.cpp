@@ -436,15 +436,17 @@ class CpuBackend final : public Backend {
                 for (size_t job = begin; job < end; ++job) {
                     const int64_t i = int64_t(job / size_t(a.n_head_kv)) * rows_per_job;
                     const int kv_head = int(job % size_t(a.n_head_kv));
-                    const int n_keys = a.keys_seen(i);
+                    // A sliding window's keys from its first on (blocks see every key).
+                    const int key0 = a.first_key(i);
+                    const int n_keys = a.keys_seen(i) - key0;
                     const int64_t head = int64_t(kv_head) * a.head_dim;
-                    const float* k = f32(a.k) + head;
-                    const float* v = f32(a.v) + head;
+                    const float* k = f32(a.k) + key0 * a.k.cols + head;
+                    const float* v = f32(a.v) + key0 * a.v.cols + head;
                     if (!blocks) {
                         scores.resize(size_t(group) * size_t(n_keys));
                         const int64_t first = head * group;
                         cpu::attend(row_f32(a.q, i) + first, group, k, a.k.cols, v, a.v.cols,
-                                    n_keys, a.head_dim, a.scale, scores.data(),
+                                    n_keys, a.head_dim, a.scale, a.soft_cap, scores.data(),
                                     f32(a.out) + i * a.out.cols + first);
                         continue;
                     }
@@ -457,7 +459,7 @@ class CpuBackend final : public Backend {
                     for (int r = 0; r < rows; ++r)
                         std::copy_n(row_f32(a.q, i + r) + head, dim, &queries[size_t(r) * dim]);
                     cpu::attend(queries.data(), rows, k, a.k.cols, v, a.v.cols, n_keys, a.head_dim,
-                                a.scale, scores.data(), outs.data());
+                                a.scale, a.soft_cap, scores.data(), outs.data());
                     for (int r = 0; r < rows; ++r)
                         std::copy_n(&outs[size_t(r) * dim], dim,
                                     f32(a.out) + (i + r) * a.out.cols + head);
@@ -664,7 +666,7 @@ class CpuBackend final : public Backend {
             dim * size_t(seen) * 2 * size_t(group) * size_t(std::min(a.q.rows, kAttentionRowBlock)),
             [&](size_t begin, size_t end) {
                 thread_local AlignedVector<float> scores, queries, outs;
-                thread_local std::vector<int> keys;
+                thread_local std::vector<int> firsts, keys;
                 for (size_t job = begin; job < end; ++job) {
                     const int64_t i0 = int64_t(job / size_t(a.n_head_kv)) * kAttentionRowBlock;
                     const int rows = int(std::min(kAttentionRowBlock, a.q.rows - i0));
@@ -674,19 +676,22 @@ class CpuBackend final : public Backend {
                     // The block's queries side by side, as attend_transposed() takes them.
                     queries.resize(n_queries * dim);
                     outs.resize(n_queries * dim);
+                    firsts.resize(n_queries);
                     keys.resize(n_queries);
                     for (int r = 0; r < rows; ++r) {
                         std::copy_n(row_f32(a.q, i0 + r) + first, size_t(group) * dim,
                                     &queries[size_t(r) * size_t(group) * dim]);
+                        std::fill_n(&firsts[size_t(r) * size_t(group)], group, a.first_key(i0 + r));
                         std::fill_n(&keys[size_t(r) * size_t(group)], group, a.keys_seen(i0 + r));
                     }
                     scores.resize(n_queries *
                                   size_t(cpu::transposed_key_blocks(a.keys_seen(i0 + rows - 1))) *
                                   size_t(cpu::kKeyBlock));
-                    cpu::attend_transposed(queries.data(), int(n_queries), keys.data(),
-                                           kt->keys.get() + kv_head * head_floats,
+                    cpu::attend_transposed(queries.data(), int(n_queries), firsts.data(),
+                                           keys.data(), kt->keys.get() + kv_head * head_floats,
                                            f32(a.v) + int64_t(kv_head) * a.head_dim, a.v.cols,
-                                           a.head_dim, a.scale, scores.data(), outs.data());
+                                           a.head_dim, a.scale, a.soft_cap, scores.data(),
+                                           outs.data());
                     for (int r = 0; r < rows; ++r)
                         std::copy_n(&outs[size_t(r) * size_t(group) * dim], size_t(group) * dim,
                                     f32(a.out) + (i0 + r) * a.out.cols + first);

@@ -1047,19 +1047,31 @@ constexpr std::array<Weigher, kWeighQueries> kWeighers = {&WeighValues<1>, &Weig
 // s[t] = exp(scale * s[t] - max) over a query's scores; returns their sum: vectors of keys, the
 // last one padded (its padding not summed), the lanes' sums added in a fixed tree. The same
 // floats for a query whatever the other queries are.
-float SoftmaxNumerators(float* s, int n_keys, float scale) {
+float SoftmaxNumerators(float* s, int n_keys, float scale, float soft_cap) {
     const DF d;
     const VF vscale = hn::Set(d, scale);
+    const VF cap = hn::Set(d, soft_cap), inv_cap = hn::Set(d, 1.0f / soft_cap);
+    // The score of a product: scaled, then capped as llama.cpp caps it (x / c, tanh, times c).
+    const auto score = [&](VF x) {
+        x = hn::Mul(x, vscale);
+        return soft_cap > 0.0f ? hn::Mul(hn::Tanh(d, hn::Mul(x, inv_cap)), cap) : x;
+    };
     const int whole = n_keys - n_keys % int(kLanes);
     VF vmax = hn::Set(d, -INFINITY);
     for (int t = 0; t < whole; t += int(kLanes)) {
-        const VF x = hn::Mul(hn::LoadU(d, s + t), vscale);
+        const VF x = score(hn::LoadU(d, s + t));
         hn::StoreU(x, d, s + t);
         vmax = hn::Max(vmax, x);
     }
     float max = hn::GetLane(hn::MaxOfLanes(d, vmax));
-    for (int t = whole; t < n_keys; ++t)
-        max = std::max(max, s[t] *= scale);
+    if (whole < n_keys) {  // the tail through one padded vector, as every other score
+        HWY_ALIGN float tail[kLanes] = {};
+        std::copy(s + whole, s + n_keys, tail);
+        hn::Store(score(hn::Load(d, tail)), d, tail);
+        std::copy(tail, tail + (n_keys - whole), s + whole);
+        for (int t = whole; t < n_keys; ++t)
+            max = std::max(max, s[t]);
+    }
     const VF vm = hn::Set(d, max);
     VF sum = hn::Zero(d);
     for (int t = 0; t < whole; t += int(kLanes)) {
@@ -1080,7 +1092,8 @@ float SoftmaxNumerators(float* s, int n_keys, float scale) {
 }
 
 void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
-            int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out) {
+            int64_t v_stride, int n_keys, int head_dim, float scale, float soft_cap, float* scores,
+            float* out) {
     // Scores in tiles of keys x queries: every score is the same dot product whatever the
     // tile (Tile's promise), so a query's result does not depend on the others.
     for (int c0 = 0; c0 < n_queries; c0 += kTileCols) {
@@ -1096,7 +1109,8 @@ void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
     for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
         const int queries = std::min(int(kWeighQueries), n_queries - c0);
         for (int c = 0; c < queries; ++c)
-            sums[size_t(c)] = SoftmaxNumerators(scores + (c0 + c) * n_keys, n_keys, scale);
+            sums[size_t(c)] =
+                SoftmaxNumerators(scores + (c0 + c) * n_keys, n_keys, scale, soft_cap);
         kWeighers[size_t(queries - 1)](scores + c0 * n_keys, n_keys, sums.data(), n_keys, v,
                                        v_stride, head_dim, out + c0 * head_dim);
     }
@@ -1153,12 +1167,16 @@ constexpr auto ScoresTable(std::integer_sequence<int, Qs...>) {
 }
 constexpr auto kScoresOfABlock = ScoresTable(std::make_integer_sequence<int, kScoreQueries>());
 
-void AttendTransposed(const float* q, int n_queries, const int* keys, const float* kt,
-                      const float* v, int64_t v_stride, int head_dim, float scale, float* scores,
-                      float* out) {
+void AttendTransposed(const float* q, int n_queries, const int* first, const int* keys,
+                      const float* kt, const float* v, int64_t v_stride, int head_dim, float scale,
+                      float soft_cap, float* scores, float* out) {
+    // Blocks from the first that any query sees (a sliding window skips those before it).
+    const int b0 = *std::min_element(first, first + n_queries) / int(kKeyBlock);
+    const int key0 = b0 * int(kKeyBlock);
     const int n_keys = *std::max_element(keys, keys + n_queries);
-    const int blocks = (n_keys + int(kKeyBlock) - 1) / int(kKeyBlock);
+    const int blocks = (n_keys + int(kKeyBlock) - 1) / int(kKeyBlock) - b0;
     const int64_t stride = int64_t(blocks) * kKeyBlock;  // a query's scores, whole blocks
+    kt += int64_t(b0) * head_dim * kKeyBlock;
     for (int c0 = 0; c0 < n_queries; c0 += kScoreQueries) {
         const int queries = std::min(kScoreQueries, n_queries - c0);
         for (int b = 0; b < blocks; ++b)
@@ -1174,11 +1192,14 @@ void AttendTransposed(const float* q, int n_queries, const int* keys, const floa
         const int queries = std::min(int(kWeighQueries), n_queries - c0);
         for (int c = 0; c < queries; ++c) {
             float* p = scores + (c0 + c) * stride;
-            sums[size_t(c)] = SoftmaxNumerators(p, keys[c0 + c], scale);
-            std::fill(p + keys[c0 + c], p + n_keys, 0.0f);
+            const int from = first[c0 + c] - key0, to = keys[c0 + c] - key0;
+            sums[size_t(c)] = SoftmaxNumerators(p + from, to - from, scale, soft_cap);
+            std::fill(p, p + from, 0.0f);
+            std::fill(p + to, p + (n_keys - key0), 0.0f);
         }
-        kWeighers[size_t(queries - 1)](scores + c0 * stride, stride, sums.data(), n_keys, v,
-                                       v_stride, head_dim, out + c0 * head_dim);
+        kWeighers[size_t(queries - 1)](scores + c0 * stride, stride, sums.data(), n_keys - key0,
+                                       v + int64_t(key0) * v_stride, v_stride, head_dim,
+                                       out + c0 * head_dim);
     }
 }
 
@@ -1232,9 +1253,10 @@ float dot_f32(const float* a, const float* b, int64_t n) {
     return HWY_DYNAMIC_DISPATCH(DotF32)(a, b, n);
 }
 void attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
-            int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out) {
+            int64_t v_stride, int n_keys, int head_dim, float scale, float soft_cap, float* scores,
+            float* out) {
     HWY_DYNAMIC_DISPATCH(Attend)
-    (q, n_queries, k, k_stride, v, v_stride, n_keys, head_dim, scale, scores, out);
+    (q, n_queries, k, k_stride, v, v_stride, n_keys, head_dim, scale, soft_cap, scores, out);
 }
 void silu_times(const float* gate, const float* up, float* out, int64_t n) {
     HWY_DYNAMIC_DISPATCH(SiluTimes)(gate, up, out, n);
@@ -1242,11 +1264,11 @@ void silu_times(const float* gate, const float* up, float* out, int64_t n) {
 void gelu(const float* x, float* out, int64_t n) {
     HWY_DYNAMIC_DISPATCH(Gelu)(x, out, n);
 }
-void attend_transposed(const float* q, int n_queries, const int* keys, const float* kt,
-                       const float* v, int64_t v_stride, int head_dim, float scale, float* scores,
-                       float* out) {
+void attend_transposed(const float* q, int n_queries, const int* first, const int* keys,
+                       const float* kt, const float* v, int64_t v_stride, int head_dim, float scale,
+                       float soft_cap, float* scores, float* out) {
     HWY_DYNAMIC_DISPATCH(AttendTransposed)
-    (q, n_queries, keys, kt, v, v_stride, head_dim, scale, scores, out);
+    (q, n_queries, first, keys, kt, v, v_stride, head_dim, scale, soft_cap, scores, out);
 }
 
 void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,

@@ -128,10 +128,13 @@ void decode_row(GgmlType type, const uint8_t* src, int64_t cols, float* dst);
 // The dot product of two f32 rows, in the order described above.
 float dot_f32(const float* a, const float* b, int64_t n);
 // Attention of n_queries query heads (head_dim floats each, contiguous) that share one key
-// and value head: out[c] = softmax(scale * (q[c] . k[t]) for t < n_keys) . v, keys and values
-// k_stride and v_stride floats apart; scores holds n_queries * n_keys floats of scratch.
+// and value head: out[c] = softmax(s(q[c], k[t]) for t < n_keys) . v, keys and values k_stride
+// and v_stride floats apart, the score s = scale * q . k, or with soft_cap > 0
+// soft_cap * tanh(scale * q . k / soft_cap) (Backend::Attention); scores holds
+// n_queries * n_keys floats of scratch.
 void attend(const float* q, int n_queries, const float* k, int64_t k_stride, const float* v,
-            int64_t v_stride, int n_keys, int head_dim, float scale, float* scores, float* out);
+            int64_t v_stride, int n_keys, int head_dim, float scale, float soft_cap, float* scores,
+            float* out);
 
 // Causal attention reads its keys transposed (the cpu backend keeps a cache's transpose beside
 // it): a query's scores over kKeyBlock keys are then lanes of one vector, each a chain of
@@ -150,12 +153,12 @@ constexpr int64_t transposed_key_floats(int n_head_kv, int head_dim, int64_t cap
 void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,
                     int64_t begin, int64_t end, float* kt);
 // attend() with one head's keys transposed (kt: its first block; 64-byte aligned), query c
-// seeing keys 0 .. keys[c] - 1 (rows of a batch, each its own); scores holds
+// seeing keys first[c] .. keys[c] - 1 (rows of a batch, each its own); scores holds
 // n_queries * kKeyBlock * transposed_key_blocks(max keys) floats of scratch. A query's result
 // is the same floats in any set of queries.
-void attend_transposed(const float* q, int n_queries, const int* keys, const float* kt,
-                       const float* v, int64_t v_stride, int head_dim, float scale, float* scores,
-                       float* out);
+void attend_transposed(const float* q, int n_queries, const int* first, const int* keys,
+                       const float* kt, const float* v, int64_t v_stride, int head_dim, float scale,
+                       float soft_cap, float* scores, float* out);
 
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i] (out may be gate).
 void silu_times(const float* gate, const float* up, float* out, int64_t n);

@@ -931,7 +931,9 @@ class VulkanBackend final : public Backend {
         pc.u[3] = uint32_t(a.pos0);
         pc.u[4] = uint32_t(a.q.rows);
         pc.u[5] = uint32_t(a.n_keys);
+        pc.u[6] = uint32_t(a.window);
         pc.f[0] = a.scale;
+        pc.f[1] = a.soft_cap;
         dispatch("attention", {&a.q, &a.k, &a.v, &a.out}, kWrites3, pc,
                  uint32_t(a.q.rows * a.n_head), {kWg, 1, 1});
     }
