@@ -234,17 +234,17 @@ class CudaBackend final : public Backend {
         if (!ok) return fail(no_kernel(w.type));
         check(cudaGetLastError(), "matmul");
     }
-    void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,
-                      const Tensor& out, const Tensor& up) override {
+    void matmul_gated(Activation act, const Tensor& w_gate, const Tensor& w_up,
+                      const MatmulInput& input, const Tensor& out, const Tensor& up) override {
         if (!fused_gate_ || w_gate.type != w_up.type || w_gate.cols != w_up.cols ||
             w_gate.rows != w_up.rows || out.cols != w_gate.rows || in_tiles(input.x.rows))
-            return Backend::matmul_gated(w_gate, w_up, input, out, up);
+            return Backend::matmul_gated(act, w_gate, w_up, input, out, up);
         const Tensor x = apply_norm(input);
         if (!aligned(x, w_gate)) return fail(unaligned());
         select_device();
-        const bool ok = cuda::matmul_gated(stream_, w_gate.type, dev<uint8_t>(w_gate),
-                                           dev<uint8_t>(w_up), w_gate.cols, w_gate.rows, dev(x),
-                                           quantized(x, w_gate.type), x.rows, dev(out), reads_);
+        const bool ok = cuda::matmul_gated(
+            stream_, w_gate.type, uint32_t(act), dev<uint8_t>(w_gate), dev<uint8_t>(w_up),
+            w_gate.cols, w_gate.rows, dev(x), quantized(x, w_gate.type), x.rows, dev(out), reads_);
         wrote(out);
         if (!ok) return fail(no_kernel(w_gate.type));
         check(cudaGetLastError(), "matmul_gated");
@@ -308,10 +308,12 @@ class CudaBackend final : public Backend {
         cuda::attention(stream_, dev(a.q), dev(a.k), dev(a.v), dev(a.out), rows, shape, partial);
         check(cudaGetLastError(), "attention");
     }
-    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+    void gated_mul(Activation act, const Tensor& gate, const Tensor& up,
+                   const Tensor& out) override {
         select();
-        cuda::silu_mul(stream_, dev(gate), dev(up), gate.cols * gate.rows, dev(out));
-        check(cudaGetLastError(), "silu_mul");
+        cuda::gated_mul(stream_, uint32_t(act), dev(gate), dev(up), gate.cols * gate.rows,
+                        dev(out));
+        check(cudaGetLastError(), "gated_mul");
     }
     void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                     const Tensor& out) override {
@@ -323,6 +325,11 @@ class CudaBackend final : public Backend {
         select();
         cuda::gelu(stream_, dev(x), x.cols * x.rows, dev(out));
         check(cudaGetLastError(), "gelu");
+    }
+    void scale(const Tensor& x, float factor) override {
+        select();
+        cuda::scale(stream_, dev(x), factor, x.cols * x.rows);
+        check(cudaGetLastError(), "scale");
     }
     void add_bias(const Tensor& x, const Tensor& bias) override {
         select();
@@ -489,7 +496,7 @@ class CudaBackend final : public Backend {
     // mask and write: what the kernel is measured against).
     bool host_rules_ = env_is("SPECULA_CUDA_HOST_RULES", "1");
     // SPECULA_CUDA_FUSED_GATE=0 / SPECULA_CUDA_FUSED_ROPE=0: the feed-forward's gate and up
-    // products and silu_mul, and the q and k products and their rotation, as separate kernels
+    // products and gated_mul, and the q and k products and their rotation, as separate kernels
     // (the same floats; what the fused kernels are measured against).
     bool fused_gate_ = !env_is("SPECULA_CUDA_FUSED_GATE", "0");
     bool fused_rope_ = !env_is("SPECULA_CUDA_FUSED_ROPE", "0");

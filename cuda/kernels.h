@@ -41,11 +41,11 @@ struct MatmulReads {
 bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
             const float* x, const QuantizedInputs* qx, int64_t n, float* out, int64_t out_stride,
             bool accumulate, MatmulReads reads);
-// out = silu(w_gate x) * (w_up x) in one pass, w_gate and w_up of one type: the floats of two
-// matmuls and silu_mul (Backend::matmul_gated).
-bool matmul_gated(cudaStream_t s, GgmlType type, const void* w_gate, const void* w_up, int64_t in,
-                  int64_t out_features, const float* x, const QuantizedInputs* qx, int64_t n,
-                  float* out, MatmulReads reads);
+// out = act(w_gate x) * (w_up x) in one pass (act: device_abi.h's kActivation*), w_gate and
+// w_up of one type: the floats of two matmuls and gated_mul (Backend::matmul_gated).
+bool matmul_gated(cudaStream_t s, GgmlType type, uint32_t act, const void* w_gate, const void* w_up,
+                  int64_t in, int64_t out_features, const float* x, const QuantizedInputs* qx,
+                  int64_t n, float* out, MatmulReads reads);
 // matmul and then rope on its output, in one pass: the same floats (Backend::matmul_rope).
 bool matmul_rope(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t out_features,
                  const float* x, const QuantizedInputs* qx, int64_t n, float* out,
@@ -73,12 +73,14 @@ constexpr int kAttentionChunkKeys = 128;  // keys per chunk, one per thread of a
 int64_t attention_partial_floats(int rows, int n_head, int head_dim, int max_keys);
 void attention(cudaStream_t s, const float* q, const float* k, const float* v, float* out, int rows,
                const AttentionShape& shape, float* partial);
-void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out);
+void gated_mul(cudaStream_t s, uint32_t act, const float* gate, const float* up, int64_t n,
+               float* out);
 void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, float eps,
                 int64_t cols, int64_t rows, float* out);
 void gelu(cudaStream_t s, const float* x, int64_t n, float* out);
 // x[i] += bias[i % period] for i < n.
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n);
+void scale(cudaStream_t s, float* x, float factor, int64_t n);
 void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
              int64_t out_rows, float* out);
 // out[r][ids[j]] = src[r][j], fill elsewhere (Backend::expand_columns; ids ascending).

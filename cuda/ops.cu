@@ -222,7 +222,12 @@ __device__ void rotate_pair(float a, float b, float c, float s, float* out0, flo
     *out1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
 }
 
-__device__ float silu_times(float g, float u) {
+// act(g) * u for device_abi.h's activation `act`.
+__device__ float gated_times(uint32_t act, float g, float u) {
+    if (act == shared::kActivationGeluTanh) {
+        const float z = shared::kGeluTanhScale * fmaf(shared::kGeluTanhCubic * g, g * g, g);
+        return g / (1.0f + expf(-2.0f * z)) * u;
+    }
     return g / (1.0f + expf(-g)) * u;
 }
 
@@ -233,13 +238,14 @@ __device__ float silu_times(float g, float u) {
 // pairs per warp, then the warps in order), which depends neither on n nor on R: batch invariant.
 // With 8-bit inputs (Q8_0, Q4_0) a thread's quarter block times a column is an exact integer
 // dot product, scaled once; the order is the same.
-// Gated: the block also computes the same R rows of `up` and writes silu(w x) * (up x), the
-// sums as matmul's and the product as silu_mul's. With `positions` set, adjacent pairs of rows are
+// Gated: the block also computes the same R rows of `up` and writes act(w x) * (up x), the
+// sums as matmul's and the product as gated_mul's. With `positions` set, adjacent pairs of rows are
 // rotated as rope() rotates them before they are written (R is even, so a pair is one block's).
 constexpr int kMatmulThreads = 128;
 
 struct MatmulEpilogue {
     const uint8_t* up = nullptr;         // gated: the up matrix, w's type and shape
+    uint32_t activation = 0;             // gated: device_abi.h's kActivation*
     const int32_t* positions = nullptr;  // rope: one position per column
     const float* table = nullptr;
     int head_dim = 0, n_rot = 0;
@@ -265,7 +271,7 @@ __device__ void write_rows(const float (&partial)[kWarps][Gated ? 2 * R : R][N],
         float v[2];
         for (int k = 0; k < 2; ++k) {
             v[k] = row_sum(r + k, c);
-            if (Gated) v[k] = silu_times(v[k], row_sum(R + r + k, c));
+            if (Gated) v[k] = gated_times(e.activation, v[k], row_sum(R + r + k, c));
         }
         if (e.positions != nullptr) {
             const int64_t d = (r0 + r) % e.head_dim;
@@ -889,9 +895,10 @@ __global__ void attention_merge_kernel(const float* partial, float* out, int max
     attn_write(out, r, a.n_head, hd, st);
 }
 
-__global__ void silu_mul_kernel(const float* g, const float* u, int64_t n, float* out) {
+__global__ void gated_mul_kernel(uint32_t act, const float* g, const float* u, int64_t n,
+                                 float* out) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = silu_times(g[i], u[i]);
+    if (i < n) out[i] = gated_times(act, g[i], u[i]);
 }
 
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float eps,
@@ -926,6 +933,11 @@ __global__ void im2col3_kernel(const float* x, int64_t C, int64_t T, int stride,
         if (src >= 0 && src < T) v = x[src * C + j / 3];
     }
     out[i] = v;
+}
+
+__global__ void scale_kernel(float* x, float factor, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fmul_rn(x[i], factor);
 }
 
 __global__ void add_bias_kernel(float* x, const float* bias, int64_t period, int64_t n) {
@@ -1101,6 +1113,10 @@ void expand_columns(cudaStream_t s, const float* src, int64_t src_cols, const in
                                                                    cols * rows, out);
 }
 
+void scale(cudaStream_t s, float* x, float factor, int64_t n) {
+    scale_kernel<<<blocks(n, 256), 256, 0, s>>>(x, factor, n);
+}
+
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n) {
     add_bias_kernel<<<blocks(n, 256), 256, 0, s>>>(x, bias, period, n);
 }
@@ -1114,11 +1130,12 @@ bool matmul(cudaStream_t s, GgmlType type, const void* w, int64_t in, int64_t ou
     });
 }
 
-bool matmul_gated(cudaStream_t s, GgmlType type, const void* w_gate, const void* w_up, int64_t in,
-                  int64_t out_features, const float* x, const QuantizedInputs* qx, int64_t n,
-                  float* out, MatmulReads reads) {
+bool matmul_gated(cudaStream_t s, GgmlType type, uint32_t act, const void* w_gate, const void* w_up,
+                  int64_t in, int64_t out_features, const float* x, const QuantizedInputs* qx,
+                  int64_t n, float* out, MatmulReads reads) {
     MatmulEpilogue e;
     e.up = static_cast<const uint8_t*>(w_up);
+    e.activation = act;
     return with_weight_type(type, [&]<GgmlType T>() {
         matmul_typed<T, true>(s, w_gate, in, out_features, x, qx, n, out, out_features, false, e,
                               reads);
@@ -1178,7 +1195,8 @@ void attention(cudaStream_t s, const float* q, const float* k, const float* v, f
     attention_merge_kernel<<<blocks_needed, kAttnThreads, 0, s>>>(partial, out, max_chunks, shape);
 }
 
-void silu_mul(cudaStream_t s, const float* gate, const float* up, int64_t n, float* out) {
-    silu_mul_kernel<<<blocks(n, 256), 256, 0, s>>>(gate, up, n, out);
+void gated_mul(cudaStream_t s, uint32_t act, const float* gate, const float* up, int64_t n,
+               float* out) {
+    gated_mul_kernel<<<blocks(n, 256), 256, 0, s>>>(act, gate, up, n, out);
 }
 }  // namespace specula::cuda

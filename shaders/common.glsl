@@ -28,8 +28,15 @@ layout(push_constant) uniform PushConstants {
 // The linear index of this workgroup when a large grid is folded into x and y.
 uint group_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 
-// The feed-forward's gate: silu(g) * u (elementwise.comp, and the gated matmul's output).
-float silu_times(float g, float u) { return g / (1.0 + exp(-g)) * u; }
+// The feed-forward's gate: act(g) * u for device_abi.h's activation `act` (elementwise.comp,
+// and the gated matmul's output).
+float gated_times(uint act, float g, float u) {
+    if (act == kActivationGeluTanh) {
+        const float z = kGeluTanhScale * fma(kGeluTanhCubic * g, g * g, g);
+        return g / (1.0 + exp(-2.0 * z)) * u;
+    }
+    return g / (1.0 + exp(-g)) * u;
+}
 
 // erf(x) to 1.5e-7 (device_abi.h's kErf*): GLSL has no erf.
 float erf_approx(float x) {

@@ -1,7 +1,9 @@
 #version 450
 // Element-wise ops over u0 floats, chosen by u1:
-//   1: out = silu(a) * b      2: out = a (copy)      3: out = gelu(a)
+//   1: out = act(a) * b (act: u2, device_abi.h's kActivation*)   2: out = a (copy)
+//   3: out = gelu(a)
 //   4: out = a + b[i % u2] (b one row of u2 floats broadcast over a's rows, or all of a's shape)
+//   5: out = a * f0
 //   binding 0: a, 1: b, 2: out
 #include "common.glsl"
 
@@ -13,11 +15,13 @@ void main() {
     const float a = uintBitsToFloat(b0[pc.off0 / 4u + i]);
     float r;
     if (pc.u1 == 1u) {
-        r = silu_times(a, uintBitsToFloat(b1[pc.off1 / 4u + i]));
+        r = gated_times(pc.u2, a, uintBitsToFloat(b1[pc.off1 / 4u + i]));
     } else if (pc.u1 == 3u) {
         r = 0.5 * a * (1.0 + erf_approx(a * 0.70710678118654752));
     } else if (pc.u1 == 4u) {
         r = a + uintBitsToFloat(b1[pc.off1 / 4u + i % pc.u2]);
+    } else if (pc.u1 == 5u) {
+        r = a * pc.f0;
     } else {
         r = a;
     }

@@ -10,8 +10,9 @@
 // fma() so that no compiler contracts them differently in different pipelines.
 //   binding 0: w (rows x cols, weight type), 1: x (n x cols, f32, 16-byte aligned),
 //   2: out (n x rows, f32)
-// GATED = 1: out[c][r] = silu(dot(w[r], x[c])) * dot(w3[r], x[c]) with w3 (the same shape and
-// type) in binding 3: each group computes its R rows of both matrices, reduced as above.
+// GATED = 1 + act (device_abi.h's kActivation*): out[c][r] = act(dot(w[r], x[c])) * dot(w3[r],
+// x[c]) with w3 (the same shape and type) in binding 3: each group computes its R rows of both
+// matrices, reduced as above.
 // NORMED = 1: x[c] is first rms-normed with the weight in binding 4 (f32) and eps f0: x is read
 // times the weight, each thread also sums the squares of the x it reads (in block order, like
 // its products), that sum is reduced with the products, and every product of column c is then
@@ -83,7 +84,7 @@ void write_staged(uint g, uint l, uint r0) {
         const float scale =
             NORMED != 0u ? 1.0 / sqrt(staged[g][PRODUCTS + c] / float(pc.u0) + pc.f0) : 1.0;
         float v = staged[g][i] * scale;
-        if (GATED != 0u) v = silu_times(v, staged[g][R * N + i] * scale);
+        if (GATED != 0u) v = gated_times(GATED - 1u, v, staged[g][R * N + i] * scale);
         if (ROPE != 0u && c < pc.u2) {
             const uint d = (r0 + r) % pc.u5;  // the row's dimension in its head
             if (d < pc.u6) {

@@ -247,9 +247,9 @@ TEST_P(BackendOps, MatmulAccumulatesLikeAdd) {
     }
 }
 
-// The feed-forward's gated product equals its three ops (two products, silu_mul) bit for bit on
+// The feed-forward's gated product equals its three ops (two products, gated_mul) bit for bit on
 // the same backend, whether the backend computes it in one pass or not, and the cpu's within
-// the tolerance. A gate and up of different types take the three ops.
+// the tolerance, with either activation. A gate and up of different types take the three ops.
 // Batches wider than the verification batch (the Whisper encoder's 1500 columns, prompts): on
 // Vulkan the tiled matmul, whose tiles of 64 rows x 64 columns here end inside the matrix, its
 // sum added to the output or written.
@@ -284,7 +284,7 @@ TEST_P(BackendOps, MatmulOfManyColumns) {
     }
 }
 
-TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
+TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndGatedMul) {
     // Two matrices of one type (one pass on Vulkan: blocks of 32, and super-blocks), and of two
     // (the three ops).
     const std::vector<std::pair<GgmlType, GgmlType>> types = {{GgmlType::kQ8_0, GgmlType::kQ8_0},
@@ -295,7 +295,10 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
         if (!p.gpu->supports_weights(gate_type) || !p.gpu->supports_weights(up_type)) continue;
         for (int64_t cols : row_lengths(gate_type, {96, 256})) {
             for (int64_t n : {1, 8, 19}) {  // 19: a pass of 16 columns, then one of 3
-                SCOPED_TRACE(case_name(gate_type, cols, n) + " up " + ggml_type_name(up_type));
+                const auto act =
+                    n == 8 ? Backend::Activation::kGeluTanh : Backend::Activation::kSilu;
+                SCOPED_TRACE(case_name(gate_type, cols, n) + " up " + ggml_type_name(up_type) +
+                             (n == 8 ? ", GELU" : ", SiLU"));
                 const int64_t rows = 45;
                 auto wg = p.tensor(gate_type, cols, rows, random_bytes(gate_type, cols, rows, 11));
                 auto wu = p.tensor(up_type, cols, rows, random_bytes(up_type, cols, rows, 12));
@@ -307,10 +310,11 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndSiluMul) {
                 auto up = p.tensor(GgmlType::kF32, rows, n, {});
                 p.on_each(
                     [&](Backend& be, auto pick) {
-                        be.matmul_gated(pick(wg), pick(wu), pick(x), pick(gated), pick(scratch));
+                        be.matmul_gated(act, pick(wg), pick(wu), pick(x), pick(gated),
+                                        pick(scratch));
                         be.matmul(pick(wg), pick(x), pick(three), Backend::Accumulate::kNo);
                         be.matmul(pick(wu), pick(x), pick(up), Backend::Accumulate::kNo);
-                        be.silu_mul(pick(three), pick(up), pick(three));
+                        be.gated_mul(act, pick(three), pick(up), pick(three));
                         EXPECT_EQ(read_floats(be, pick(gated)), read_floats(be, pick(three)))
                             << be.info().name;
                     },
@@ -346,7 +350,8 @@ TEST_P(BackendOps, MatmulOfANormedInput) {
                 Backend& cpu = p.reference(type, n);
                 cpu.rms_norm(x.first, norm.first, 1e-5f, h.first);
                 cpu.matmul(w.first, h.first, out.first, Backend::Accumulate::kNo);
-                cpu.matmul_gated(w.first, wu.first, h.first, gated.first, up.first);
+                cpu.matmul_gated(Backend::Activation::kSilu, w.first, wu.first, h.first,
+                                 gated.first, up.first);
                 const Backend::MatmulInput in =
                     p.gpu->normed(x.second, norm.second, 1e-5f, h.second);
                 // Wider than a verification batch, Vulkan's tiled matmul (where the device takes
@@ -355,7 +360,8 @@ TEST_P(BackendOps, MatmulOfANormedInput) {
                     EXPECT_EQ(in.has_norm(), fused);
                 }
                 p.gpu->matmul(w.second, in, out.second, Backend::Accumulate::kNo);
-                p.gpu->matmul_gated(w.second, wu.second, in, gated.second, up.second);
+                p.gpu->matmul_gated(Backend::Activation::kSilu, w.second, wu.second, in,
+                                    gated.second, up.second);
                 expect_close(p, out);
                 expect_close(p, gated);
             }
@@ -460,11 +466,16 @@ TEST_P(BackendOps, NormRopeAndElementwise) {
     p.gpu->rms_norm(x.second, w.second, 1e-5f, out.second);
     expect_close(p, out);
 
-    p.cpu->silu_mul(x.first, y.first, out.first);
-    p.gpu->silu_mul(x.second, y.second, out.second);
-    expect_close(p, out);
+    for (auto act : {Backend::Activation::kSilu, Backend::Activation::kGeluTanh}) {
+        p.cpu->gated_mul(act, x.first, y.first, out.first);
+        p.gpu->gated_mul(act, x.second, y.second, out.second);
+        expect_close(p, out);
+    }
     p.cpu->copy(x.first, out.first);
     p.gpu->copy(x.second, out.second);
+    expect_close(p, out, 0.0);
+    p.cpu->scale(out.first, 33.941125f);  // Gemma 3 1B's sqrt(1152)
+    p.gpu->scale(out.second, 33.941125f);
     expect_close(p, out, 0.0);
 
     // 4 heads of 64, rotating 48 of each head's dims, at scattered positions.
@@ -605,6 +616,10 @@ TEST(CpuOps, LayerNormGeluAndBiasByTheirDefinitions) {
     const std::vector<float> twice = read_floats(*cpu, x);
     for (size_t i = 0; i < xs.size(); ++i)
         EXPECT_EQ(twice[i], added[i] + g[i]);
+    cpu->scale(x, 0.3f);
+    const std::vector<float> scaled = read_floats(*cpu, x);
+    for (size_t i = 0; i < xs.size(); ++i)
+        EXPECT_EQ(scaled[i], twice[i] * 0.3f);
 }
 
 TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {
@@ -1045,7 +1060,8 @@ void expect_matmul_variants_identical(Pair& p, GgmlType type, int64_t cols, int6
         if (with_norm)
             be.matmul(pick(w), be.normed(pick(x), pick(norm_w), 1e-5f, pick(scratch)), pick(normed),
                       Backend::Accumulate::kNo);
-        be.matmul_gated(pick(w), pick(wu), pick(x), pick(gated), pick(up));
+        be.matmul_gated(Backend::Activation::kSilu, pick(w), pick(wu), pick(x), pick(gated),
+                        pick(up));
         be.matmul_rope(pick(wr), pick(x), pick(rotated), {pick(pos), pick(table), head_dim, n_rot});
     });
     expect_close(p, out, 0.0);
@@ -1190,7 +1206,8 @@ TEST(CudaTensorCores, AColumnIsTheSameAloneAndInABatch) {
                 auto rotated = p.tensor(GgmlType::kF32, rotated_rows, n, {});
                 p.on_each([&](Backend& be, auto pick) {
                     be.matmul(pick(w), pick(x), pick(out), Backend::Accumulate::kNo);
-                    be.matmul_gated(pick(w), pick(wu), pick(x), pick(gated), pick(up));
+                    be.matmul_gated(Backend::Activation::kGeluTanh, pick(w), pick(wu), pick(x),
+                                    pick(gated), pick(up));
                     be.matmul_rope(pick(wr), pick(x), pick(rotated),
                                    {pick(pos), pick(table), head_dim, n_rot});
                 });

@@ -237,6 +237,36 @@ TEST(CpuKernels, GeluIsXTimesPhi) {
     }
 }
 
+// The gated activations (device_abi.h's kActivation*) are their definitions, SiLU g / (1 + e^-g)
+// and GELU's tanh form g / 2 (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), times up: on whole
+// vectors and a tail, for tiny, ordinary and huge gates of either sign.
+TEST(CpuKernels, GatedActivationsAreTheirDefinitions) {
+    create_cpu_backend(1);  // applies SPECULA_CPU_SIMD to the kernels called below
+    std::vector<float> g, up;
+    for (int i = 0; i <= 1000; ++i) {
+        g.push_back(-12.0f + 0.024f * float(i));
+        up.push_back(0.5f + 0.001f * float(i));
+    }
+    for (const float v : {1e-30f, -1e-30f, 1e20f, -1e20f, 30.0f, -30.0f}) {
+        g.push_back(v);
+        up.push_back(1.0f);
+    }
+    std::vector<float> out(g.size());
+    for (uint32_t act : {shared::kActivationSilu, shared::kActivationGeluTanh}) {
+        cpu::gated_times(act, g.data(), up.data(), out.data(), int64_t(g.size()));
+        for (size_t i = 0; i < g.size(); ++i) {
+            const double x = g[i];
+            const double want =
+                act == shared::kActivationSilu
+                    ? x / (1.0 + std::exp(-x))
+                    : 0.5 * x *
+                          (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+            EXPECT_NEAR(out[i], want * up[i], 1e-6 * std::max(1.0, std::abs(want * up[i])))
+                << "activation " << act << ", g = " << x;
+        }
+    }
+}
+
 // kernels.h's definition of the integer matmul, restated with plain integers and std::fma:
 // inputs quantized per block (nearest even of x * (1 / dx)), then per weight row and input,
 // over the blocks in order, acc = fma(sum qw * qx, dw * dx, acc); for the types with a min

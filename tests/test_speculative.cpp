@@ -1555,6 +1555,33 @@ TEST(Speculative, PaddedPairsWithAnotherBosOrEosAreRefused) {
     specula_backend_free(backend);
 }
 
+// A Gemma 3 pair (dialled: the target's first 2 of 6 layers, the later ones' post-norms scaled
+// by 0.5), its local layers' window of 8 well inside the 5 + 48 positions and its sixth layer
+// global: greedy speculative output is the target alone's, token for token, with drafts both
+// accepted and rejected.
+TEST_P(SpeculativeOn, AGemmaPairsGreedyOutputIsTheTargetAlones) {
+    RandomLlamaSpec spec = test::small_spec(GgmlType::kQ8_0, 43);
+    spec.arch = "gemma3";
+    spec.n_layer = 6;
+    spec.sliding_window = 8;
+    spec.draft_layers = 2;
+    spec.late_scale = 0.5f;
+    spec.head_scale = 8.0f;
+    spec.draft_path = (test::temp_dir() / "gemma3-pair-draft.gguf").string();
+    const std::string target = test::make_model("gemma3-pair", spec);
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    sp.gamma_policy = SPECULA_GAMMA_FIXED;
+    sp.gamma = 4;
+    const Generation alone = generate(GetParam(), target, "", sp, 48);
+    ASSERT_EQ(alone.status, SPECULA_OK) << specula_last_error();
+    const Generation pair = generate(GetParam(), target, spec.draft_path, sp, 48);
+    ASSERT_EQ(pair.status, SPECULA_OK) << specula_last_error();
+    EXPECT_EQ(pair.tokens, alone.tokens);
+    EXPECT_GT(pair.stats.n_accepted, 0u);
+    EXPECT_LT(pair.stats.n_accepted, pair.stats.n_evaluated);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeOn,
                          ::testing::Values(SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN,
                                            SPECULA_BACKEND_CUDA),

@@ -125,7 +125,7 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     if (!LlamaModel::is_architecture(s.arch))
         return InvalidArgument("architecture '" + s.arch + "' (" +
                                LlamaModel::architecture_names() + ")");
-    const bool phi3 = s.arch == "phi3";
+    const bool phi3 = s.arch == "phi3", gemma3 = s.arch == "gemma3";
     if (s.longrope && (!phi3 || s.n_ctx < 8))
         return InvalidArgument("LongRoPE factors are Phi-3's, for contexts of 8 or more");
     const bool with_draft = !s.draft_path.empty();
@@ -152,15 +152,16 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         w.set_u32(a + "attention.key_length", uint32_t(head_dim));
         w.set_u32(a + "attention.value_length", uint32_t(head_dim));
     }
-    w.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
-    w.set_f32(a + "rope.freq_base", 10000.0f);
+    w.set_f32(a + "attention.layer_norm_rms_epsilon", gemma3 ? 1e-6f : 1e-5f);
+    w.set_f32(a + "rope.freq_base", gemma3 ? 1e6f : 10000.0f);
     if (s.rope_scale > 0.0f) {
         w.set_string(a + "rope.scaling.type", "linear");
         w.set_f32(a + "rope.scaling.factor", s.rope_scale);
     }
-    if (phi3)
-        w.set_u32(a + "attention.sliding_window",
-                  uint32_t(s.sliding_window > 0 ? s.sliding_window : s.n_ctx));
+    if (phi3 || gemma3)
+        w.set_u32(a + "attention.sliding_window", uint32_t(s.sliding_window > 0 ? s.sliding_window
+                                                           : phi3               ? s.n_ctx
+                                                                                : 512));
     if (s.longrope) {
         const int original = s.n_ctx / 4;
         w.set_u32(a + "rope.scaling.original_context_length", uint32_t(original));
@@ -244,8 +245,10 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     for (int l = 0; l < s.n_layer; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         const bool in_draft = l < s.draft_layers;
-        // The residual updates of the layers a draft does not have, scaled (late_scale).
-        const float update = with_draft && !in_draft ? s.late_scale : 1.0f;
+        // The residual updates of the layers a draft does not have, scaled (late_scale): the
+        // output products, or Gemma's norms after them (which would undo a product's scale).
+        const float late = with_draft && !in_draft ? s.late_scale : 1.0f;
+        const float update = gemma3 ? 1.0f : late;
         const auto norm = [&](int64_t n) {
             return random_matrix(g, GgmlType::kF32, n, 1, 0.1f, 1.0f);
         };
@@ -266,11 +269,16 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
                  {std::pair{"attn_q.bias", qd}, {"attn_k.bias", kv}, {"attn_v.bias", kv}})
                 SPECULA_TRY(add(p + name, GgmlType::kF32, {n},
                                 random_matrix(g, GgmlType::kF32, n, 1, 0.5f), in_draft));
-        if (s.arch == "qwen3")
+        if (s.arch == "qwen3" || gemma3)
             for (const char* name : {"attn_q_norm.weight", "attn_k_norm.weight"})
                 SPECULA_TRY(add(p + name, GgmlType::kF32, {head_dim}, norm(head_dim), in_draft));
         SPECULA_TRY(add(p + "attn_output.weight", t, {qd, e},
                         random_matrix(g, t, qd, e, update / std::sqrt(float(qd))), in_draft));
+        if (gemma3)
+            for (const char* name : {"post_attention_norm.weight", "post_ffw_norm.weight"})
+                SPECULA_TRY(add(p + name, GgmlType::kF32, {e},
+                                random_matrix(g, GgmlType::kF32, e, 1, 0.1f * late, late),
+                                in_draft));
         SPECULA_TRY(add(p + "ffn_norm.weight", GgmlType::kF32, {e}, norm(e), in_draft));
         if (phi3) {  // the gate's rows, then up's
             SPECULA_TRY(add(p + "ffn_up.weight", t, {e, 2 * ff}, random_matrix(g, t, e, 2 * ff, se),
@@ -308,6 +316,8 @@ Status apply_released_shape(const std::string& name, RandomLlamaSpec* spec) {
         {"qwen2.5-3b", "qwen2", 2048, 36, 16, 2, 11008, 128, true, false},
         {"qwen2.5-7b", "qwen2", 3584, 28, 28, 4, 18944, 128, false, false},
         {"phi3.5-mini", "phi3", 3072, 32, 32, 32, 8192, 96, false, false},
+        {"gemma3-270m", "gemma3", 640, 18, 4, 1, 2048, 256, true, false},
+        {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 6912, 256, true, false},
     };
     std::string names;
     for (const Shape& sh : kShapes) {

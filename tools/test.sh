@@ -98,7 +98,7 @@ stage "sanitizer tests"
 # Gemma 3's tokenizer oracle (every one of its 262,144 tokens; the other oracles run the same
 # SentencePiece code).
 ctest --test-dir build/sanitize -j "$jobs" --output-on-failure \
-  -E 'FirstTokenFollowsTheTargetDistribution|FirstThreeTokensFollowTheTargetsJointLaw|PlantedBugsAtLaterPositionsFailTheJointLaw|PlantedRuleBugsFailTheJointLaw|_vulkan_as_on_a_gpu|_vulkan_without_subgroups|SpeculativeOn\.(GreedyOutputEqualsTheTargetAlone|OneHostWaitPerStep|CachesAreReusedAcrossSteps|PromptLookupGivesTheTargetAlonesOutput|PairsWhoseVocabulariesDifferInPaddingAreTheTargetsOutput)/vulkan|WhisperTranscribe\.VulkanGivesTheCpusSegments|ModelOnBackend\..*/vulkan_(Q4_1|Q5_0|Q5_1|Q4_K|Q5_K)$|parity_numpy_.*_(1b|0_5b|0_6b|mini)_(f16|q4_0)|tokenizer_oracle_gemma3'
+  -E 'FirstTokenFollowsTheTargetDistribution|FirstThreeTokensFollowTheTargetsJointLaw|PlantedBugsAtLaterPositionsFailTheJointLaw|PlantedRuleBugsFailTheJointLaw|_vulkan_as_on_a_gpu|_vulkan_without_subgroups|SpeculativeOn\.(GreedyOutputEqualsTheTargetAlone|OneHostWaitPerStep|CachesAreReusedAcrossSteps|PromptLookupGivesTheTargetAlonesOutput|PairsWhoseVocabulariesDifferInPaddingAreTheTargetsOutput|AGemmaPairsGreedyOutputIsTheTargetAlones)/vulkan|WhisperTranscribe\.VulkanGivesTheCpusSegments|ModelOnBackend\..*/vulkan_(Q4_1|Q5_0|Q5_1|Q4_K|Q5_K)$|parity_numpy_.*_(1b|0_5b|0_6b|mini)_(f16|q4_0)|tokenizer_oracle_gemma3'
 
 stage "ThreadSanitizer: sessions sharing a model from several threads"
 cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPECULA_SANITIZE_THREAD=ON \
@@ -148,13 +148,13 @@ if [ "$(uname -m)" = x86_64 ] && [ "${SPECULA_SKIP_AARCH64:-0}" != 1 ]; then
   # The tokenizer oracle tests and Whisper's (no SIMD of their own: their matmuls are the Llama
   # parity's) stay with the native runs, as does the NumPy parity of the weight types whose NEON
   # code test_llama already holds to its definitions (the K-quants' parity runs here), and of
-  # Qwen3, Phi-3 and rope scaling (host-side tables, splits and ops the other parity tests run on
+  # Qwen3, Phi-3, Gemma 3 and rope scaling (host-side tables, splits and ops the other parity tests run on
   # NEON), and of the real models' shapes (their kernels are the small models', and qemu is slow
   # at 2048 wide),
   # and the tests of host code that no instruction set changes: thread counts (the cpu
   # backend's, and the random models' drawing, which stalled under qemu-user) and sessions on
   # several threads, the quantizer (about 190 s of emulated time).
   ctest --test-dir build/aarch64 -L cpu -LE 'tokenizer|whisper' -j "$jobs" --timeout 900 --output-on-failure \
-    -E 'parity_numpy_cpu_(q4_1|q5_0|q5_1|q5_k|qwen3_q8_0|rope_scaling|phi3_.*_q8_0)|parity_numpy_cpu_q[456]_k_float_inputs|parity_numpy_cpu_.*_(1b|0_5b|0_6b|mini)_(f16|q4_0)|ThreadCountDoesNotChangeLogits|AreOneStreamOnAnyNumberOfThreads|SessionsOnOneModelFromFourThreads|AQuantizedModelLoadsAndStaysCloseToItsSource'
+    -E 'parity_numpy_cpu_(q4_1|q5_0|q5_1|q5_k|qwen3_q8_0|rope_scaling|phi3_.*_q8_0|gemma3_q8_0)|parity_numpy_cpu_q[456]_k_float_inputs|parity_numpy_cpu_.*_(1b|0_5b|0_6b|mini)_(f16|q4_0)|ThreadCountDoesNotChangeLogits|AreOneStreamOnAnyNumberOfThreads|SessionsOnOneModelFromFourThreads|AQuantizedModelLoadsAndStaysCloseToItsSource'
 fi
 stage "done"

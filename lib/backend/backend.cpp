@@ -57,12 +57,12 @@ Tensor Backend::apply_norm(const MatmulInput& x) {
     return x.scratch;
 }
 
-void Backend::matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,
-                           const Tensor& out, const Tensor& up) {
+void Backend::matmul_gated(Activation act, const Tensor& w_gate, const Tensor& w_up,
+                           const MatmulInput& input, const Tensor& out, const Tensor& up) {
     const Tensor x = apply_norm(input);
     matmul(w_gate, x, out, Accumulate::kNo);
     matmul(w_up, x, up, Accumulate::kNo);
-    silu_mul(out, up, out);
+    gated_mul(act, out, up, out);
 }
 
 void Backend::token_rules(const TokenRulesArgs& a) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_abi.h"
 #include "core/status.h"
 #include "format/gguf.h"
 #include "sampling/sampling.h"
@@ -157,12 +158,17 @@ class Backend {
     enum class Accumulate : bool { kNo, kYes };
     virtual void matmul(const Tensor& w, const MatmulInput& x, const Tensor& out,
                         Accumulate accumulate) = 0;
-    // out = silu(x·w_gateᵀ) * (x·w_upᵀ), the feed-forward's gated product: what matmul(w_gate,
-    // x, out), matmul(w_up, x, up) and silu_mul(out, up, out) compute, which is the default (up:
-    // scratch of out's shape). A backend may compute it in one pass without up; the products
-    // are then still summed as matmul() sums them.
-    virtual void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& x,
-                              const Tensor& out, const Tensor& up);
+    // The activation of a gated product (device_abi.h's kActivation*).
+    enum class Activation : uint32_t {
+        kSilu = shared::kActivationSilu,          // SwiGLU (Llama, Qwen, Phi-3)
+        kGeluTanh = shared::kActivationGeluTanh,  // GeGLU with GELU's tanh form (Gemma)
+    };
+    // out = act(x·w_gateᵀ) * (x·w_upᵀ), the feed-forward's gated product: what matmul(w_gate,
+    // x, out), matmul(w_up, x, up) and gated_mul(act, out, up, out) compute, which is the
+    // default (up: scratch of out's shape). A backend may compute it in one pass without up;
+    // the products are then still summed as matmul() sums them.
+    virtual void matmul_gated(Activation act, const Tensor& w_gate, const Tensor& w_up,
+                              const MatmulInput& x, const Tensor& out, const Tensor& up);
     // Rotates adjacent pairs (x[2j], x[2j+1]) of the first n_rot dims of every head of row
     // i, in place (GGUF's Q/K layout), by the angle whose cosine and sine are
     // table[positions[i]][2j] and [2j+1]. The table (see rope_table()) is computed once on the
@@ -207,8 +213,9 @@ class Backend {
         }
     };
     virtual void attention(const Attention& a) = 0;
-    // out = silu(gate) * up, element-wise.
-    virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+    // out = act(gate) * up, element-wise (out may be gate).
+    virtual void gated_mul(Activation act, const Tensor& gate, const Tensor& up,
+                           const Tensor& out) = 0;
     // The ops of pre-LN transformers with biases (Whisper's encoder and decoder):
     // out[i] = (x[i] - mean(x[i])) / sqrt(var(x[i]) + eps) * weight + bias, the variance the
     // population's (torch.nn.LayerNorm).
@@ -220,6 +227,8 @@ class Backend {
     // x[i] += bias for every row i, in place, where bias is one row of x.cols floats; or
     // x[i] += bias[i] where bias has x's shape (positional embeddings added to a batch).
     virtual void add_bias(const Tensor& x, const Tensor& bias) = 0;
+    // x *= factor, element-wise, in place (Gemma's embeddings scaled by sqrt(n_embd)).
+    virtual void scale(const Tensor& x, float factor) = 0;
     // The inputs of a convolution of kernel 3 and padding 1 over the rows of x (T rows of C
     // channels) as rows, so that the convolution is a matmul with its weights: out row t holds
     // x[stride * t + k - 1][c] at column 3c + k (0 outside x), the layout of PyTorch's and

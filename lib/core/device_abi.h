@@ -34,6 +34,15 @@ SPECULA_ABI_FLOAT(kErfA3, 1.421413741f)
 SPECULA_ABI_FLOAT(kErfA4, -1.453152027f)
 SPECULA_ABI_FLOAT(kErfA5, 1.061405429f)
 
+// The gated feed-forward's activations (Backend::Activation): out = act(g) * u with silu(g) =
+// g / (1 + e^-g) (Llama's SwiGLU) or the tanh form of GELU (Gemma's GeGLU), g / 2 (1 + tanh(z))
+// with z = s (g + c g^3), computed as g / (1 + e^(-2z)): the same function, without tanh's
+// overflow in GLSL.
+SPECULA_ABI_UINT(kActivationSilu, 0u)
+SPECULA_ABI_UINT(kActivationGeluTanh, 1u)
+SPECULA_ABI_FLOAT(kGeluTanhScale, 0.7978845608f)  // sqrt(2 / pi)
+SPECULA_ABI_FLOAT(kGeluTanhCubic, 0.044715f)
+
 // Philox streams: every use of noise salts its counter with its own id, so draft
 // sampling, the acceptance test and the residual draw never share noise.
 SPECULA_ABI_UINT(kStreamSample, 1u)  // standalone sampling

@@ -73,10 +73,12 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     SPECULA_TRY(gguf.get_string("general.name", &m->name_));
     LlamaConfig& c = m->config_;
     c.architecture = arch;
+    const bool phi3 = arch == "phi3", gemma3 = arch == "gemma3";
     c.qkv_bias = arch == "qwen2";
-    c.qk_norm = arch == "qwen3";
-    const bool phi3 = arch == "phi3";
-    const bool neox = arch == "qwen2" || arch == "qwen3" || phi3;
+    c.qk_norm = arch == "qwen3" || gemma3;
+    c.post_norms = gemma3;
+    if (gemma3) c.activation = Backend::Activation::kGeluTanh;
+    const bool neox = arch == "qwen2" || arch == "qwen3" || phi3 || gemma3;
     const std::string a = arch + ".";
     SPECULA_TRY(read_dim(gguf, a + "embedding_length", true, 0, &c.n_embd));
     SPECULA_TRY(read_dim(gguf, a + "block_count", true, 0, &c.n_layer));
@@ -158,6 +160,19 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         if (window < 0 || window > kMaxContext) return FormatError("sliding window out of range");
         c.sliding_window = int(window);
     }
+    if (gemma3) {
+        // As llama.cpp reads Gemma 3: the window of the local layers, every sixth layer global,
+        // the local layers' rotations of base 10000 unscaled.
+        int window = 0;
+        SPECULA_TRY(read_dim(gguf, a + "attention.sliding_window", true, 0, &window));
+        c.sliding_window = window;
+        c.global_every = 6;
+        c.rope_base_local = 10000.0f;
+    }
+    // q . k scaled by 1 / sqrt(head_dim); Gemma 3 27B's query_pre_attn_scalar is n_embd / n_head
+    // (llama.cpp tells it by its 62 layers).
+    c.attention_scale =
+        1.0f / std::sqrt(float(gemma3 && c.n_layer == 62 ? c.n_embd / c.n_head : c.head_dim));
 
     SPECULA_TRY(Tokenizer::from_gguf(gguf, &m->tokenizer_));
     c.n_vocab = m->tokenizer_->n_vocab();
@@ -172,7 +187,8 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         if (bytes > bytes_by_type[m->dominant_type_]) m->dominant_type_ = type;
 
     const size_t n_expected =
-        3 + size_t(c.n_layer) * (9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0));
+        3 + size_t(c.n_layer) *
+                (9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0) + (c.post_norms ? 2 : 0));
     size_t n_loaded = 0;
     // Rows [first, first + count) of a tensor of `rows` rows, as a matrix of their own (count
     // -1: all): Phi-3's q, k and v in one tensor, its gate and up in another.
@@ -255,6 +271,11 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
                 load(p + "attn_k_norm.weight", c.head_dim, 1, true, &L.k_norm, false, true));
         }
         SPECULA_TRY(load(p + "attn_output.weight", c.q_dim(), c.n_embd, false, &L.wo));
+        if (c.post_norms) {
+            SPECULA_TRY(
+                load(p + "post_attention_norm.weight", c.n_embd, 1, true, &L.post_attn_norm));
+            SPECULA_TRY(load(p + "post_ffw_norm.weight", c.n_embd, 1, true, &L.post_ffn_norm));
+        }
         SPECULA_TRY(load(p + "ffn_norm.weight", c.n_embd, 1, true, &L.ffn_norm));
         if (phi3) {  // gate and up in one tensor: the gate's rows, then up's
             const std::string up = p + "ffn_up.weight";
@@ -303,6 +324,8 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     plan.add(&ctx->gate_, GgmlType::kF32, c.n_ff, b);
     plan.add(&ctx->up_, GgmlType::kF32, c.n_ff, b);
     plan.add(&ctx->logits_, GgmlType::kF32, c.n_vocab, b);
+    if (c.global_every > 0) plan.add(&ctx->rope_table_local_, GgmlType::kF32, c.n_rot, n_ctx);
+    if (c.post_norms) plan.add(&ctx->post_, GgmlType::kF32, c.n_embd, b);
     SPECULA_TRY(
         plan.check_fits(model.backend_, "a context of " + std::to_string(n_ctx) + " tokens"));
     if (n_ctx > kMaxContext)
@@ -325,6 +348,9 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     const std::vector<float> table =
         rope_table(int(n_ctx), c.n_rot, c.rope_base, c.rope_freq_scale, factors, c.rope_magnitude);
     model.backend_.upload(ctx->rope_table_, table.data());
+    if (c.global_every > 0)
+        model.backend_.upload(ctx->rope_table_local_,
+                              rope_table(int(n_ctx), c.n_rot, c.rope_base_local).data());
     *out = std::move(ctx);
     return Status::Ok();
 }
@@ -355,17 +381,19 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
     const Tensor x = x_.row_range(0, n), h = norm_.row_range(0, n), q = q_.row_range(0, n);
     const Tensor attn = attn_.row_range(0, n);
     const Tensor gate = gate_.row_range(0, n), up = up_.row_range(0, n);
-    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    const Tensor post = c.post_norms ? post_.row_range(0, n) : Tensor{};
 
     be.get_rows(model_.token_embd_, ids, x);
+    if (c.post_norms) be.scale(x, std::sqrt(float(c.n_embd)));  // as llama.cpp: sqrtf(n_embd)
     for (int l = 0; l < c.n_layer; ++l) {
         const LlamaModel::Layer& L = model_.layers_[size_t(l)];
+        const Tensor& rope_table = c.local_rope(l) ? rope_table_local_ : rope_table_;
         // The norms go into h, or stay pending where the backend's matmuls apply them.
         const Backend::MatmulInput attn_in = be.normed(x, L.attn_norm, c.rms_eps, h);
         // Keys and values are computed straight into their cache rows (F32), keys rotated there.
         const Tensor k = k_cache_[size_t(l)].row_range(n_past_, n);
         const Tensor v = v_cache_[size_t(l)].row_range(n_past_, n);
-        const Backend::Rope rotation{pos_n, rope_table_, c.head_dim, c.n_rot};
+        const Backend::Rope rotation{pos_n, rope_table, c.head_dim, c.n_rot};
         if (c.qk_norm) {
             // Each head normed before the rotation: the projection into attn (free until the
             // attention), normed into q or the cache rows seen as one row per head, then rotated.
@@ -374,14 +402,14 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
                 be.matmul(*w, attn_in, projected, Backend::Accumulate::kNo);
                 be.rms_norm(per_head(projected, c.head_dim), *norm, c.rms_eps,
                             per_head(*out, c.head_dim));
-                be.rope(*out, pos_n, rope_table_, c.head_dim, c.n_rot);
+                be.rope(*out, pos_n, rope_table, c.head_dim, c.n_rot);
             }
             be.matmul(L.wv, attn_in, v, Backend::Accumulate::kNo);
         } else if (c.qkv_bias) {  // the bias goes in before the rotation
             for (auto [w, b, out] : {std::tuple{&L.wq, &L.bq, &q}, {&L.wk, &L.bk, &k}}) {
                 be.matmul(*w, attn_in, *out, Backend::Accumulate::kNo);
                 be.add_bias(*out, *b);
-                be.rope(*out, pos_n, rope_table_, c.head_dim, c.n_rot);
+                be.rope(*out, pos_n, rope_table, c.head_dim, c.n_rot);
             }
             be.matmul(L.wv, attn_in, v, Backend::Accumulate::kNo);
             be.add_bias(v, L.bv);
@@ -397,12 +425,20 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
                       .n_head = c.n_head,
                       .n_head_kv = c.n_head_kv,
                       .head_dim = c.head_dim,
-                      .scale = scale,
+                      .scale = c.attention_scale,
                       .pos0 = n_past_,
-                      .window = c.sliding_window});
-        be.matmul(L.wo, attn, x, Backend::Accumulate::kYes);  // the residual add
-        be.matmul_gated(L.w_gate, L.w_up, be.normed(x, L.ffn_norm, c.rms_eps, h), gate, up);
-        be.matmul(L.w_down, gate, x, Backend::Accumulate::kYes);
+                      .window = c.window_of(l)});
+        // The residual adds: folded into the products, or after the post-norms.
+        const auto add_output = [&](const Tensor& w, const Tensor& in, const Tensor& post_norm) {
+            if (!c.post_norms) return be.matmul(w, in, x, Backend::Accumulate::kYes);
+            be.matmul(w, in, post, Backend::Accumulate::kNo);
+            be.rms_norm(post, post_norm, c.rms_eps, h);
+            be.add_bias(x, h);
+        };
+        add_output(L.wo, attn, L.post_attn_norm);
+        be.matmul_gated(c.activation, L.w_gate, L.w_up, be.normed(x, L.ffn_norm, c.rms_eps, h),
+                        gate, up);
+        add_output(L.w_down, gate, L.post_ffn_norm);
     }
     const int first = all_rows ? 0 : n - 1;
     const int rows = n - first;

@@ -1,5 +1,6 @@
-// Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU FFN,
-// tied or separate output head), written once against the backend interface.
+// Llama-family decoder (RMSNorm, RoPE, grouped-query attention, a gated FFN, tied or separate
+// output head), written once against the backend interface: Llama, Qwen2/3, Phi-3 and Gemma 3
+// are this one forward with their options.
 #pragma once
 
 #include <algorithm>
@@ -38,23 +39,40 @@ struct LlamaConfig {
     std::vector<float> rope_short_factors, rope_long_factors;
     int n_ctx_orig = 0;
     float rope_magnitude = 1.0f;
-    // Keys a position attends to (itself and the sliding_window - 1 before it; 0: all).
+    // Keys a position attends to (itself and the sliding_window - 1 before it; 0: all), in
+    // every layer, or with global_every > 0 in all but every global_every-th (Gemma 3: 5 local
+    // layers, then a global one), whose rotations take rope_base_local, unscaled.
     int sliding_window = 0;
+    int global_every = 0;
+    float rope_base_local = 10000.0f;
     std::string architecture;  // general.architecture (LlamaModel::kArchitectures)
     bool qkv_bias = false;     // qwen2: biases on the q, k and v projections
-    bool qk_norm = false;      // qwen3: an RMS norm of each head of q and k
+    bool qk_norm = false;      // qwen3, gemma3: an RMS norm of each head of q and k
+    // gemma3: embeddings scaled by sqrt(n_embd), and an RMS norm of the attention's and the
+    // feed-forward's outputs before each residual add (post_attention_norm, post_ffw_norm).
+    bool post_norms = false;
+    Backend::Activation activation = Backend::Activation::kSilu;  // the feed-forward's gate
+    float attention_scale = 0.0f;                                 // of q . k
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
+    // Layer l's sliding window (0: it sees every key before it).
+    int window_of(int l) const {
+        return global_every > 0 && (l + 1) % global_every == 0 ? 0 : sliding_window;
+    }
+    // Whether layer l rotates by the local rope table (rope_base_local).
+    bool local_rope(int l) const { return global_every > 0 && window_of(l) > 0; }
 };
 
 class LlamaModel {
   public:
     // general.architecture of the GGUF files this model reads: Llama's, Qwen2's (biases on q, k,
     // v; q and k rotated as GPT-NeoX does, which the loader turns into Llama's pairs by
-    // reordering their rows), Qwen3's (q and k head norms) and Phi-3's (q, k and v in one
-    // tensor, gate and up in one, read as separate matrices; NeoX's rotation; LongRoPE).
-    static constexpr std::array<const char*, 4> kArchitectures = {"llama", "qwen2", "qwen3",
-                                                                  "phi3"};
+    // reordering their rows), Qwen3's (q and k head norms), Phi-3's (q, k and v in one tensor,
+    // gate and up in one, read as separate matrices; NeoX's rotation; LongRoPE; a sliding
+    // window) and Gemma 3's (GeGLU, scaled embeddings, q/k head norms and post-norms, local
+    // sliding-window layers between global ones).
+    static constexpr std::array<const char*, 5> kArchitectures = {"llama", "qwen2", "qwen3", "phi3",
+                                                                  "gemma3"};
 
     static bool is_architecture(std::string_view arch) {
         return std::find(kArchitectures.begin(), kArchitectures.end(), arch) !=
@@ -78,8 +96,9 @@ class LlamaModel {
     friend class LlamaContext;
     struct Layer {
         Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
-        Tensor bq, bk, bv;      // qwen2 only (no buffer otherwise)
-        Tensor q_norm, k_norm;  // qwen3 only: head_dim weights
+        Tensor bq, bk, bv;                     // qwen2 only (no buffer otherwise)
+        Tensor q_norm, k_norm;                 // qwen3, gemma3: head_dim weights
+        Tensor post_attn_norm, post_ffn_norm;  // gemma3
     };
     explicit LlamaModel(Backend& backend) : backend_(backend) {}
 
@@ -131,6 +150,7 @@ class LlamaContext final : public Decoder {
     std::vector<std::unique_ptr<Buffer>> buffers_;
     std::vector<Tensor> k_cache_, v_cache_;
     Tensor rope_table_, ids_, positions_, x_, norm_, q_, attn_, gate_, up_, logits_;
+    Tensor rope_table_local_, post_;  // post_norms: the local layers' rotations, a scratch
 };
 
 }  // namespace specula

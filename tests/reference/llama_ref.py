@@ -201,13 +201,17 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
 
     m = g.meta
     # llama; qwen2: q/k/v biases, NeoX's rotation; qwen3: q/k head norms, NeoX; phi3: q/k/v in
-    # one tensor and gate/up in one (the gate's rows first), NeoX, LongRoPE
+    # one tensor and gate/up in one (the gate's rows first), NeoX, LongRoPE, a sliding window;
+    # gemma3: embeddings times sqrt(n_embd), q/k head norms, NeoX, norms after the attention and
+    # the feed-forward, GELU's tanh form, every sixth layer global (the file's rope base and
+    # scaling), the others local (a sliding window, rope base 10000 unscaled), as llama.cpp
     arch = m["general.architecture"]
     a = arch + "."
     qwen2 = arch == "qwen2"
     qwen3 = arch == "qwen3"
     phi3 = arch == "phi3"
-    neox = qwen2 or qwen3 or phi3
+    gemma3 = arch == "gemma3"
+    neox = qwen2 or qwen3 or phi3 or gemma3
     n_embd, n_layer = m[a + "embedding_length"], m[a + "block_count"]
     n_head = m[a + "attention.head_count"]
     n_head_kv = m.get(a + "attention.head_count_kv", n_head)
@@ -231,12 +235,21 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
     x = g.tensor("token_embd.weight")[tokens]
-    mask = np.triu(np.full((n, n), -np.inf), k=1)
-    window = m.get(a + "attention.sliding_window", 0) if phi3 else 0
-    if window > 0:  # row i sees keys i - window + 1 .. i (llama.cpp's sliding-window mask)
-        mask += np.tril(np.full((n, n), -np.inf), k=-window)
+    if gemma3:
+        x = x * np.sqrt(n_embd)
+    causal = np.triu(np.full((n, n), -np.inf), k=1)
+    window = m.get(a + "attention.sliding_window", 0) if phi3 or gemma3 else 0
+    scale = 1.0 / np.sqrt(n_embd // n_head if gemma3 and n_layer == 62 else head_dim)
     for l in range(n_layer):
         p = f"blk.{l}."
+        local = window > 0 and not (gemma3 and (l + 1) % 6 == 0)
+        mask = causal.copy()
+        if local:  # row i sees keys i - window + 1 .. i (llama.cpp's sliding-window mask)
+            mask += np.tril(np.full((n, n), -np.inf), k=-window)
+        if gemma3 and local:
+            layer_base, layer_scale, layer_factors = 10000.0, 1.0, None
+        else:
+            layer_base, layer_scale, layer_factors = base, freq_scale, factors
         h = rms_norm(x, g.tensor(p + "attn_norm.weight")[0], eps)
         if phi3:
             qkv = mm(h, p + "attn_qkv.weight")
@@ -244,21 +257,24 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
             q, k, v = qkv[:, :q_dim], qkv[:, q_dim:q_dim + kv_dim], qkv[:, q_dim + kv_dim:]
         else:
             q, k, v = proj(h, p + "attn_q"), proj(h, p + "attn_k"), proj(h, p + "attn_v")
-        if qwen3:  # each head RMS-normed before the rotation
+        if qwen3 or gemma3:  # each head RMS-normed before the rotation
             q = rms_norm(q.reshape(n, n_head, head_dim), g.tensor(p + "attn_q_norm.weight")[0], eps).reshape(n, -1)
             k = rms_norm(k.reshape(n, n_head_kv, head_dim), g.tensor(p + "attn_k_norm.weight")[0], eps).reshape(n, -1)
-        q = rope(q, pos, n_head, head_dim, n_rot, base, neox, freq_scale, factors, magnitude)
-        k = rope(k, pos, n_head_kv, head_dim, n_rot, base, neox, freq_scale, factors, magnitude)
+        q = rope(q, pos, n_head, head_dim, n_rot, layer_base, neox, layer_scale, layer_factors, magnitude)
+        k = rope(k, pos, n_head_kv, head_dim, n_rot, layer_base, neox, layer_scale, layer_factors, magnitude)
         out = np.zeros((n, n_head * head_dim))
         for hd in range(n_head):
             kv = hd // (n_head // n_head_kv)
             qh = q[:, hd * head_dim:(hd + 1) * head_dim]
             kh = k[:, kv * head_dim:(kv + 1) * head_dim]
             vh = v[:, kv * head_dim:(kv + 1) * head_dim]
-            s = qh @ kh.T / np.sqrt(head_dim) + mask
+            s = qh @ kh.T * scale + mask
             s = np.exp(s - s.max(axis=1, keepdims=True))
             out[:, hd * head_dim:(hd + 1) * head_dim] = (s / s.sum(axis=1, keepdims=True)) @ vh
-        x = x + mm(out, p + "attn_output.weight")
+        o = mm(out, p + "attn_output.weight")
+        if gemma3:
+            o = rms_norm(o, g.tensor(p + "post_attention_norm.weight")[0], eps)
+        x = x + o
         h = rms_norm(x, g.tensor(p + "ffn_norm.weight")[0], eps)
         if phi3:
             gate_up = mm(h, p + "ffn_up.weight")
@@ -266,7 +282,14 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
         else:
             gate = mm(h, p + "ffn_gate.weight")
             up = mm(h, p + "ffn_up.weight")
-        x = x + mm(gate / (1.0 + np.exp(-gate)) * up, p + "ffn_down.weight")
+        if gemma3:
+            act = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate ** 3)))
+        else:
+            act = gate / (1.0 + np.exp(-gate))
+        o = mm(act * up, p + "ffn_down.weight")
+        if gemma3:
+            o = rms_norm(o, g.tensor(p + "post_ffw_norm.weight")[0], eps)
+        x = x + o
     h = rms_norm(x, g.tensor("output_norm.weight")[0], eps)
     head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
     return mm(h, head), ambiguous["count"]

@@ -31,7 +31,8 @@ ap.add_argument("--dump-logits", required=True)
 ap.add_argument("--vocab", required=True)
 ap.add_argument("--type", required=True, choices=sorted(TOLERANCE))
 ap.add_argument("--backend", default="cpu")
-ap.add_argument("--arch", default="llama", choices=("llama", "qwen2", "qwen3", "phi3"))
+ap.add_argument("--arch", default="llama", choices=("llama", "qwen2", "qwen3", "phi3", "gemma3"))
+ap.add_argument("--n-layer", default="2", help="layers (Gemma 3's sixth is its first global one)")
 ap.add_argument("--model-flags", default="", help="more specula-make-model flags (e.g. rope scaling)")
 ap.add_argument("--emulator", default="", help="runs the programs of a cross build (e.g. qemu-aarch64-static)")
 ap.add_argument("--shape", help="a real model's widths: n_embd,n_ff,n_head,n_head_kv,head_dim (tied head)")
@@ -61,7 +62,7 @@ with tempfile.TemporaryDirectory() as tmp:
         n_embd, n_ff, n_head, n_head_kv, head_dim = args.shape.split(",")
         shape = ["--n-embd", n_embd, "--n-head", n_head, "--n-head-kv", n_head_kv, "--n-ff", n_ff,
                  "--head-dim", head_dim, "--tied"]
-    subprocess.run(run + [args.make_model, "--vocab", vocab, "-o", model, "--type", args.type, "--n-layer", "2"] + shape +
+    subprocess.run(run + [args.make_model, "--vocab", vocab, "-o", model, "--type", args.type, "--n-layer", args.n_layer] + shape +
                    ["--seed", "3", "--arch", args.arch] + args.model_flags.split(), check=True)
     dump = subprocess.run(run + [args.dump_logits, model, out, args.backend] + [str(t) for t in TOKENS],
                           stderr=subprocess.PIPE, text=True)

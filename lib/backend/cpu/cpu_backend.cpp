@@ -468,10 +468,11 @@ class CpuBackend final : public Backend {
             /*uneven=*/a.n_keys == 0);
     }
 
-    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
-        const OpProfile::Scope timed(profile_, "silu_mul");
+    void gated_mul(Activation act, const Tensor& gate, const Tensor& up,
+                   const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "gated_mul");
         wrote(out);
-        cpu::silu_times(f32(gate), f32(up), f32(out), gate.cols * gate.rows);
+        cpu::gated_times(uint32_t(act), f32(gate), f32(up), f32(out), gate.cols * gate.rows);
     }
 
     void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
@@ -506,6 +507,14 @@ class CpuBackend final : public Backend {
         parallel_for(size_t(n), 8, [&](size_t begin, size_t end) {
             cpu::gelu(in + begin, o + begin, int64_t(end - begin));
         });
+    }
+
+    void scale(const Tensor& x, float factor) override {
+        const OpProfile::Scope timed(profile_, "scale");
+        wrote(x);
+        float* p = f32(x);
+        for (int64_t i = 0; i < x.cols * x.rows; ++i)
+            p[i] *= factor;
     }
 
     void add_bias(const Tensor& x, const Tensor& bias) override {
@@ -555,10 +564,10 @@ class CpuBackend final : public Backend {
         });
     }
 
-    // matmul(w_gate), matmul(w_up) and silu_mul in one loop over rows: the same floats, one
+    // matmul(w_gate), matmul(w_up) and gated_mul in one loop over rows: the same floats, one
     // wake-up of the workers, and the element-wise part spread over them.
-    void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& input,
-                      const Tensor& out, const Tensor& up) override {
+    void matmul_gated(Activation act, const Tensor& w_gate, const Tensor& w_up,
+                      const MatmulInput& input, const Tensor& out, const Tensor& up) override {
         const OpProfile::Scope timed(profile_, "matmul_gated");
         wrote(out);
         wrote(up);
@@ -572,7 +581,7 @@ class CpuBackend final : public Backend {
             cpu::matmul_rows(up_args, begin, end);
             for (int64_t i = 0; i < x.rows; ++i) {
                 float* g = f32(out) + i * out.cols + begin;
-                cpu::silu_times(g, f32(up) + i * up.cols + begin, g, end - begin);
+                cpu::gated_times(uint32_t(act), g, f32(up) + i * up.cols + begin, g, end - begin);
             }
         });
     }

@@ -967,9 +967,25 @@ void MapPairs(const float* a, const float* b, float* out, int64_t n, const F& f)
     std::copy(po, po + (n - i), out + i);
 }
 
-void SiluTimes(const float* gate, const float* up, float* out, int64_t n) {
-    MapPairs(gate, up, out, n, [](DF d, VF g, VF u) {
-        return hn::Mul(hn::Div(g, hn::Add(hn::Set(d, 1.0f), hn::Exp(d, hn::Neg(g)))), u);
+void GatedTimes(uint32_t act, const float* gate, const float* up, float* out, int64_t n) {
+    namespace abi = shared;
+    // Highway's Exp is defined up to ~88 (it does not overflow to infinity): where e^-x would,
+    // e^88 already makes g / (1 + e) zero to within 1e-37.
+    const auto exp_neg = [](DF d, VF x) {
+        return hn::Exp(d, hn::Min(hn::Neg(x), hn::Set(d, 88.0f)));
+    };
+    if (act == abi::kActivationGeluTanh) {
+        MapPairs(gate, up, out, n, [&](DF d, VF g, VF u) {
+            const VF z =
+                hn::Mul(hn::Set(d, abi::kGeluTanhScale),
+                        hn::MulAdd(hn::Mul(hn::Set(d, abi::kGeluTanhCubic), g), hn::Mul(g, g), g));
+            const VF e = exp_neg(d, hn::Add(z, z));
+            return hn::Mul(hn::Div(g, hn::Add(hn::Set(d, 1.0f), e)), u);
+        });
+        return;
+    }
+    MapPairs(gate, up, out, n, [&](DF d, VF g, VF u) {
+        return hn::Mul(hn::Div(g, hn::Add(hn::Set(d, 1.0f), exp_neg(d, g))), u);
     });
 }
 
@@ -1221,7 +1237,7 @@ HWY_EXPORT(DecodeRow);
 HWY_EXPORT(DotF32);
 HWY_EXPORT(Attend);
 HWY_EXPORT(AttendTransposed);
-HWY_EXPORT(SiluTimes);
+HWY_EXPORT(GatedTimes);
 HWY_EXPORT(Gelu);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(PackRows);
@@ -1258,8 +1274,8 @@ void attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
     HWY_DYNAMIC_DISPATCH(Attend)
     (q, n_queries, k, k_stride, v, v_stride, n_keys, head_dim, scale, soft_cap, scores, out);
 }
-void silu_times(const float* gate, const float* up, float* out, int64_t n) {
-    HWY_DYNAMIC_DISPATCH(SiluTimes)(gate, up, out, n);
+void gated_times(uint32_t act, const float* gate, const float* up, float* out, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(GatedTimes)(act, gate, up, out, n);
 }
 void gelu(const float* x, float* out, int64_t n) {
     HWY_DYNAMIC_DISPATCH(Gelu)(x, out, n);

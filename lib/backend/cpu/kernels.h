@@ -160,8 +160,10 @@ void attend_transposed(const float* q, int n_queries, const int* first, const in
                        const float* kt, const float* v, int64_t v_stride, int head_dim, float scale,
                        float soft_cap, float* scores, float* out);
 
-// out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i] (out may be gate).
-void silu_times(const float* gate, const float* up, float* out, int64_t n);
+// out[i] = act(gate[i]) * up[i] for device_abi.h's activation `act` (kActivationSilu: gate[i] /
+// (1 + e^-gate[i]) * up[i]; kActivationGeluTanh: gate[i] / (1 + e^(-2z)) * up[i]) (out may be
+// gate).
+void gated_times(uint32_t act, const float* gate, const float* up, float* out, int64_t n);
 
 // out[i] = gelu(x[i]) = x[i] / 2 (1 + erf(x[i] / sqrt 2)), erf as device_abi.h's kErf*
 // approximation (out may be x).

@@ -800,18 +800,19 @@ class VulkanBackend final : public Backend {
 
     // One pass for both products of the feed-forward's gate (the shader's GATED variant), where
     // both matrices have one type and shape (mixed-type files take the three ops).
-    void matmul_gated(const Tensor& w_gate, const Tensor& w_up, const MatmulInput& x,
-                      const Tensor& out, const Tensor& up) override {
+    void matmul_gated(Activation act, const Tensor& w_gate, const Tensor& w_up,
+                      const MatmulInput& x, const Tensor& out, const Tensor& up) override {
         if (wide(x.x) || w_up.type != w_gate.type || w_up.cols != w_gate.cols ||
             w_up.rows != w_gate.rows || vbuf(w_gate).split() || vbuf(w_up).split())
-            return Backend::matmul_gated(w_gate, w_up, x, out, up);
-        matmul_shader(w_gate, &w_up, nullptr, x, out, Accumulate::kNo);
+            return Backend::matmul_gated(act, w_gate, w_up, x, out, up);
+        matmul_shader(w_gate, &w_up, nullptr, x, out, Accumulate::kNo, act);
     }
 
-    // out = w·x, or with `gated_by` out = silu(w·x) * (gated_by·x), or rotated by `rope`; x
+    // out = w·x, or with `gated_by` out = act(w·x) * (gated_by·x), or rotated by `rope`; x
     // normed on the way where it carries a norm.
     void matmul_shader(const Tensor& w, const Tensor* gated_by, const Rope* rope,
-                       const MatmulInput& input, const Tensor& out, Accumulate accumulate) {
+                       const MatmulInput& input, const Tensor& out, Accumulate accumulate,
+                       Activation act = Activation::kSilu) {
         if (vbuf(w).split()) {
             // Each part's rows are outputs of their own: the part's product written from its
             // first row on, rows out.cols apart as before (plain products only: see the callers).
@@ -894,8 +895,8 @@ class VulkanBackend final : public Backend {
             dispatch_typed("matmul", w.type, {&w, &xs, &os, third, norm, table}, kWrites2, pc,
                            uint32_t((w.rows + rows_per_workgroup - 1) / rows_per_workgroup),
                            {kMatmulThreads, rows_per_group, bucket, per_row, subgroup,
-                            gated_by != nullptr ? 1u : 0u, norm != nullptr ? 1u : 0u,
-                            rope != nullptr ? 1u : 0u},
+                            gated_by != nullptr ? 1u + uint32_t(act) : 0u,
+                            norm != nullptr ? 1u : 0u, rope != nullptr ? 1u : 0u},
                            phys_.pin_subgroup ? subgroup : 0);
         }
     }
@@ -938,8 +939,9 @@ class VulkanBackend final : public Backend {
                  uint32_t(a.q.rows * a.n_head), {kWg, 1, 1});
     }
 
-    void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
-        elementwise(1, gate, up, out);
+    void gated_mul(Activation act, const Tensor& gate, const Tensor& up,
+                   const Tensor& out) override {
+        elementwise(1, gate, up, out, uint32_t(act));
     }
 
     void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
@@ -976,6 +978,8 @@ class VulkanBackend final : public Backend {
         dispatch("expand_columns", {&src, &ids, &out}, kWrites2, pc, uint32_t((n + 255) / 256),
                  {256, 1, 1});
     }
+
+    void scale(const Tensor& x, float factor) override { elementwise(5, x, x, x, 0, factor); }
 
     void add_bias(const Tensor& x, const Tensor& bias) override {
         // b[i % period]: one row repeats, a whole tensor is read once.
@@ -1412,13 +1416,16 @@ class VulkanBackend final : public Backend {
     }
 
     // Ops of elementwise.comp; b_cols: b's row length where b is broadcast over a's rows.
+    // shaders/elementwise.comp's op; u2: op 1's activation, op 4's columns of b; f0: op 5's
+    // factor.
     void elementwise(uint32_t op, const Tensor& a, const Tensor& b, const Tensor& out,
-                     uint32_t b_cols = 0) {
+                     uint32_t u2 = 0, float f0 = 0.0f) {
         PushConstants pc;
         const uint64_t n = uint64_t(a.cols) * uint64_t(a.rows);
         pc.u[0] = uint32_t(n);
         pc.u[1] = op;
-        pc.u[2] = b_cols;
+        pc.u[2] = u2;
+        pc.f[0] = f0;
         dispatch("elementwise", {&a, &b, &out}, kWrites2, pc, uint32_t((n + 255) / 256),
                  {256, 1, 1});
     }
