@@ -331,6 +331,11 @@ class CudaBackend final : public Backend {
         cuda::scale(stream_, dev(x), factor, x.cols * x.rows);
         check(cudaGetLastError(), "scale");
     }
+    void soft_cap(const Tensor& x, float cap) override {
+        select();
+        cuda::soft_cap(stream_, dev(x), cap, x.cols * x.rows);
+        check(cudaGetLastError(), "soft_cap");
+    }
     void add_bias(const Tensor& x, const Tensor& bias) override {
         select();
         // bias[i % period]: one row repeats, a whole tensor is read once.

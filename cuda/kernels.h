@@ -81,6 +81,7 @@ void gelu(cudaStream_t s, const float* x, int64_t n, float* out);
 // x[i] += bias[i % period] for i < n.
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n);
 void scale(cudaStream_t s, float* x, float factor, int64_t n);
+void soft_cap(cudaStream_t s, float* x, float cap, int64_t n);
 void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
              int64_t out_rows, float* out);
 // out[r][ids[j]] = src[r][j], fill elsewhere (Backend::expand_columns; ids ascending).

@@ -940,6 +940,11 @@ __global__ void scale_kernel(float* x, float factor, int64_t n) {
     if (i < n) x[i] = __fmul_rn(x[i], factor);
 }
 
+__global__ void soft_cap_kernel(float* x, float cap, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fmul_rn(tanhf(__fmul_rn(x[i], 1.0f / cap)), cap);
+}
+
 __global__ void add_bias_kernel(float* x, const float* bias, int64_t period, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) x[i] += bias[i % period];
@@ -1115,6 +1120,10 @@ void expand_columns(cudaStream_t s, const float* src, int64_t src_cols, const in
 
 void scale(cudaStream_t s, float* x, float factor, int64_t n) {
     scale_kernel<<<blocks(n, 256), 256, 0, s>>>(x, factor, n);
+}
+
+void soft_cap(cudaStream_t s, float* x, float cap, int64_t n) {
+    soft_cap_kernel<<<blocks(n, 256), 256, 0, s>>>(x, cap, n);
 }
 
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n) {

@@ -3,7 +3,7 @@
 //   1: out = act(a) * b (act: u2, device_abi.h's kActivation*)   2: out = a (copy)
 //   3: out = gelu(a)
 //   4: out = a + b[i % u2] (b one row of u2 floats broadcast over a's rows, or all of a's shape)
-//   5: out = a * f0
+//   5: out = a * f0           6: out = f0 * tanh(a / f0)
 //   binding 0: a, 1: b, 2: out
 #include "common.glsl"
 
@@ -22,6 +22,9 @@ void main() {
         r = a + uintBitsToFloat(b1[pc.off1 / 4u + i % pc.u2]);
     } else if (pc.u1 == 5u) {
         r = a * pc.f0;
+    } else if (pc.u1 == 6u) {
+        // tanh as e^x ratios overflows for large x; tanh(±10) is already ±1 in floats.
+        r = tanh(clamp(a * (1.0 / pc.f0), -10.0, 10.0)) * pc.f0;
     } else {
         r = a;
     }

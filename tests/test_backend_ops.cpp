@@ -477,6 +477,9 @@ TEST_P(BackendOps, NormRopeAndElementwise) {
     p.cpu->scale(out.first, 33.941125f);  // Gemma 3 1B's sqrt(1152)
     p.gpu->scale(out.second, 33.941125f);
     expect_close(p, out, 0.0);
+    p.cpu->soft_cap(out.first, 30.0f);  // Gemma 2's final logits'
+    p.gpu->soft_cap(out.second, 30.0f);
+    expect_close(p, out);
 
     // 4 heads of 64, rotating 48 of each head's dims, at scattered positions.
     const auto table = rope_table(100, 48, 10000.0f);
@@ -620,6 +623,10 @@ TEST(CpuOps, LayerNormGeluAndBiasByTheirDefinitions) {
     const std::vector<float> scaled = read_floats(*cpu, x);
     for (size_t i = 0; i < xs.size(); ++i)
         EXPECT_EQ(scaled[i], twice[i] * 0.3f);
+    cpu->soft_cap(x, 1.5f);
+    const std::vector<float> capped = read_floats(*cpu, x);
+    for (size_t i = 0; i < xs.size(); ++i)
+        EXPECT_NEAR(capped[i], 1.5 * std::tanh(scaled[i] / 1.5), 1e-6);
 }
 
 TEST_P(BackendOps, AttentionWithCacheAndGroupedHeads) {

@@ -29,15 +29,19 @@ int main(int argc, char** argv) {
     app.add_option(
         "--arch", spec.arch,
         "llama, qwen2 (q/k/v biases, NeoX rotation), qwen3 (q/k head norms, NeoX), phi3 "
-        "(fused q/k/v and gate/up tensors, NeoX) or gemma3 (GeGLU, post-norms, q/k head norms, "
-        "local and global layers)");
+        "(fused q/k/v and gate/up tensors, NeoX), gemma3 (GeGLU, post-norms, q/k head norms, "
+        "local and global layers) or gemma2 (GeGLU, post-norms, soft caps, local and global "
+        "layers)");
     app.add_option("--head-dim", spec.head_dim, "head width (0: n_embd / n_head)");
     app.add_option("--n-rot", spec.n_rot, "rotated dimensions of a head (0: all)");
     app.add_flag(
         "--longrope", spec.longrope,
         "phi3: LongRoPE factors (short up to n_ctx / 4, long beyond) and attention factor");
     app.add_option("--sliding-window", spec.sliding_window,
-                   "phi3: the sliding window (0: n_ctx); gemma3: the local layers' (0: 512)");
+                   "phi3: the sliding window (0: n_ctx); gemma3, gemma2: the local layers' "
+                   "(0: 512, 4096)");
+    app.add_option("--attn-soft-cap", spec.attn_soft_cap, "gemma2: attention scores' soft cap");
+    app.add_option("--final-soft-cap", spec.final_soft_cap, "gemma2: the logits' soft cap");
     app.add_option("--rope-scale", spec.rope_scale, "linear rope scaling by this factor");
     app.add_flag("--llama3-rope", spec.llama3_rope,
                  "Llama 3.2's rope scaling, as a rope_freqs tensor of per-pair factors");
@@ -45,7 +49,7 @@ int main(int argc, char** argv) {
     app.add_option("--shape", shape,
                    "a released model's shape, which the other options change: llama3.2-1b, "
                    "llama3.2-3b, llama3.1-8b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, "
-                   "phi3.5-mini, gemma3-270m, gemma3-1b");
+                   "phi3.5-mini, gemma3-270m, gemma3-1b, gemma2-2b");
     app.add_option("--head-scale", spec.head_scale,
                    "the output head's logits have about this standard deviation (how peaked "
                    "the distributions are; 0: 4 for a separate head, the embedding's for a tied "

@@ -125,7 +125,8 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     if (!LlamaModel::is_architecture(s.arch))
         return InvalidArgument("architecture '" + s.arch + "' (" +
                                LlamaModel::architecture_names() + ")");
-    const bool phi3 = s.arch == "phi3", gemma3 = s.arch == "gemma3";
+    const bool phi3 = s.arch == "phi3", gemma2 = s.arch == "gemma2", gemma3 = s.arch == "gemma3";
+    const bool gemma = gemma2 || gemma3;
     if (s.longrope && (!phi3 || s.n_ctx < 8))
         return InvalidArgument("LongRoPE factors are Phi-3's, for contexts of 8 or more");
     const bool with_draft = !s.draft_path.empty();
@@ -152,16 +153,21 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         w.set_u32(a + "attention.key_length", uint32_t(head_dim));
         w.set_u32(a + "attention.value_length", uint32_t(head_dim));
     }
-    w.set_f32(a + "attention.layer_norm_rms_epsilon", gemma3 ? 1e-6f : 1e-5f);
+    w.set_f32(a + "attention.layer_norm_rms_epsilon", gemma ? 1e-6f : 1e-5f);
     w.set_f32(a + "rope.freq_base", gemma3 ? 1e6f : 10000.0f);
     if (s.rope_scale > 0.0f) {
         w.set_string(a + "rope.scaling.type", "linear");
         w.set_f32(a + "rope.scaling.factor", s.rope_scale);
     }
-    if (phi3 || gemma3)
+    if (phi3 || gemma)
         w.set_u32(a + "attention.sliding_window", uint32_t(s.sliding_window > 0 ? s.sliding_window
                                                            : phi3               ? s.n_ctx
-                                                                                : 512));
+                                                           : gemma3             ? 512
+                                                                                : 4096));
+    if (gemma2) {
+        w.set_f32(a + "attn_logit_softcapping", s.attn_soft_cap);
+        w.set_f32(a + "final_logit_softcapping", s.final_soft_cap);
+    }
     if (s.longrope) {
         const int original = s.n_ctx / 4;
         w.set_u32(a + "rope.scaling.original_context_length", uint32_t(original));
@@ -248,7 +254,7 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         // The residual updates of the layers a draft does not have, scaled (late_scale): the
         // output products, or Gemma's norms after them (which would undo a product's scale).
         const float late = with_draft && !in_draft ? s.late_scale : 1.0f;
-        const float update = gemma3 ? 1.0f : late;
+        const float update = gemma ? 1.0f : late;
         const auto norm = [&](int64_t n) {
             return random_matrix(g, GgmlType::kF32, n, 1, 0.1f, 1.0f);
         };
@@ -274,7 +280,7 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
                 SPECULA_TRY(add(p + name, GgmlType::kF32, {head_dim}, norm(head_dim), in_draft));
         SPECULA_TRY(add(p + "attn_output.weight", t, {qd, e},
                         random_matrix(g, t, qd, e, update / std::sqrt(float(qd))), in_draft));
-        if (gemma3)
+        if (gemma)
             for (const char* name : {"post_attention_norm.weight", "post_ffw_norm.weight"})
                 SPECULA_TRY(add(p + name, GgmlType::kF32, {e},
                                 random_matrix(g, GgmlType::kF32, e, 1, 0.1f * late, late),
@@ -318,6 +324,7 @@ Status apply_released_shape(const std::string& name, RandomLlamaSpec* spec) {
         {"phi3.5-mini", "phi3", 3072, 32, 32, 32, 8192, 96, false, false},
         {"gemma3-270m", "gemma3", 640, 18, 4, 1, 2048, 256, true, false},
         {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 6912, 256, true, false},
+        {"gemma2-2b", "gemma2", 2304, 26, 8, 4, 9216, 256, true, false},
     };
     std::string names;
     for (const Shape& sh : kShapes) {

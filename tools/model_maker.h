@@ -23,6 +23,7 @@ struct RandomLlamaSpec {
     // the gate's rows first), NeoX's rotation, and the sliding window key.
     // "gemma3": q and k head norms (as qwen3), post_attention_norm and post_ffw_norm, the
     // sliding window key (the local layers'), rope base 10^6 (the global layers'), eps 1e-6.
+    // "gemma2": post_attention_norm and post_ffw_norm, the sliding window key and the soft caps.
     std::string arch = "llama";
     int head_dim = 0;  // 0: n_embd / n_head; else written as attention.key_length/value_length
     int n_embd = 256;
@@ -41,7 +42,9 @@ struct RandomLlamaSpec {
     // attention factor sqrt(1 + ln 4 / ln(n_ctx / 4)).
     bool longrope = false;
     int n_rot = 0;           // rotated dimensions of a head (0: all; Phi-4-mini rotates 3/4)
-    int sliding_window = 0;  // phi3: the sliding_window key (0: n_ctx); gemma3: (0: 512)
+    int sliding_window = 0;  // phi3: the sliding_window key (0: n_ctx); gemma3 (0: 512), gemma2
+                             // (0: 4096)
+    float attn_soft_cap = 50.0f, final_soft_cap = 30.0f;  // gemma2's keys
     // > 0: the output head's weights are drawn with head_scale / sqrt(n_embd), logits with a
     // standard deviation of about head_scale (how peaked the model's distributions are), a tied
     // head's (the embedding's) too. 0: 4 for a separate head; a tied one keeps the embedding's
@@ -62,7 +65,7 @@ struct RandomLlamaSpec {
 
 // Released models' shapes (no weights): "llama3.2-1b", "llama3.2-3b", "qwen2.5-0.5b",
 // "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama3.1-8b", "phi3.5-mini", "gemma3-270m",
-// "gemma3-1b" set the
+// "gemma3-1b", "gemma2-2b" set the
 // architecture, widths, layers, heads and head width, the tied head and Llama 3's rope factors
 // or Phi-3.5's LongRoPE of `spec`.
 Status apply_released_shape(const std::string& name, RandomLlamaSpec* spec);

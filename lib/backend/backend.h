@@ -229,6 +229,8 @@ class Backend {
     virtual void add_bias(const Tensor& x, const Tensor& bias) = 0;
     // x *= factor, element-wise, in place (Gemma's embeddings scaled by sqrt(n_embd)).
     virtual void scale(const Tensor& x, float factor) = 0;
+    // x = cap * tanh(x / cap), element-wise, in place (Gemma 2's final logit soft-capping).
+    virtual void soft_cap(const Tensor& x, float cap) = 0;
     // The inputs of a convolution of kernel 3 and padding 1 over the rows of x (T rows of C
     // channels) as rows, so that the convolution is a matmul with its weights: out row t holds
     // x[stride * t + k - 1][c] at column 3c + k (0 outside x), the layout of PyTorch's and

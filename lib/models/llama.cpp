@@ -73,12 +73,12 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     SPECULA_TRY(gguf.get_string("general.name", &m->name_));
     LlamaConfig& c = m->config_;
     c.architecture = arch;
-    const bool phi3 = arch == "phi3", gemma3 = arch == "gemma3";
+    const bool phi3 = arch == "phi3", gemma2 = arch == "gemma2", gemma3 = arch == "gemma3";
     c.qkv_bias = arch == "qwen2";
     c.qk_norm = arch == "qwen3" || gemma3;
-    c.post_norms = gemma3;
-    if (gemma3) c.activation = Backend::Activation::kGeluTanh;
-    const bool neox = arch == "qwen2" || arch == "qwen3" || phi3 || gemma3;
+    c.post_norms = gemma2 || gemma3;
+    if (gemma2 || gemma3) c.activation = Backend::Activation::kGeluTanh;
+    const bool neox = arch == "qwen2" || arch == "qwen3" || phi3 || gemma2 || gemma3;
     const std::string a = arch + ".";
     SPECULA_TRY(read_dim(gguf, a + "embedding_length", true, 0, &c.n_embd));
     SPECULA_TRY(read_dim(gguf, a + "block_count", true, 0, &c.n_layer));
@@ -169,10 +169,23 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         c.global_every = 6;
         c.rope_base_local = 10000.0f;
     }
-    // q . k scaled by 1 / sqrt(head_dim); Gemma 3 27B's query_pre_attn_scalar is n_embd / n_head
-    // (llama.cpp tells it by its 62 layers).
-    c.attention_scale =
-        1.0f / std::sqrt(float(gemma3 && c.n_layer == 62 ? c.n_embd / c.n_head : c.head_dim));
+    if (gemma2) {
+        // As llama.cpp reads Gemma 2: a window of 4096 unless the file says, every other layer
+        // global, one rope table; soft caps of 50 and 30 unless the file says.
+        SPECULA_TRY(read_dim(gguf, a + "attention.sliding_window", false, 4096, &c.sliding_window));
+        c.global_every = 2;
+        double attn_cap = 50.0, final_cap = 30.0;
+        SPECULA_TRY(gguf.get_float(a + "attn_logit_softcapping", &attn_cap));
+        SPECULA_TRY(gguf.get_float(a + "final_logit_softcapping", &final_cap));
+        if (!(attn_cap > 0 && attn_cap < 1e6 && final_cap > 0 && final_cap < 1e6))
+            return FormatError("soft-capping values out of range");
+        c.attn_soft_cap = float(attn_cap);
+        c.final_soft_cap = float(final_cap);
+    }
+    // q . k scaled by 1 / sqrt(head_dim); the query_pre_attn_scalar of Gemma 2 27B and Gemma 3
+    // 27B is n_embd / n_head (llama.cpp tells them by their 46 and 62 layers).
+    const bool gemma_27b = (gemma2 && c.n_layer == 46) || (gemma3 && c.n_layer == 62);
+    c.attention_scale = 1.0f / std::sqrt(float(gemma_27b ? c.n_embd / c.n_head : c.head_dim));
 
     SPECULA_TRY(Tokenizer::from_gguf(gguf, &m->tokenizer_));
     c.n_vocab = m->tokenizer_->n_vocab();
@@ -324,7 +337,7 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     plan.add(&ctx->gate_, GgmlType::kF32, c.n_ff, b);
     plan.add(&ctx->up_, GgmlType::kF32, c.n_ff, b);
     plan.add(&ctx->logits_, GgmlType::kF32, c.n_vocab, b);
-    if (c.global_every > 0) plan.add(&ctx->rope_table_local_, GgmlType::kF32, c.n_rot, n_ctx);
+    if (c.rope_base_local > 0) plan.add(&ctx->rope_table_local_, GgmlType::kF32, c.n_rot, n_ctx);
     if (c.post_norms) plan.add(&ctx->post_, GgmlType::kF32, c.n_embd, b);
     SPECULA_TRY(
         plan.check_fits(model.backend_, "a context of " + std::to_string(n_ctx) + " tokens"));
@@ -348,7 +361,7 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     const std::vector<float> table =
         rope_table(int(n_ctx), c.n_rot, c.rope_base, c.rope_freq_scale, factors, c.rope_magnitude);
     model.backend_.upload(ctx->rope_table_, table.data());
-    if (c.global_every > 0)
+    if (c.rope_base_local > 0)
         model.backend_.upload(ctx->rope_table_local_,
                               rope_table(int(n_ctx), c.n_rot, c.rope_base_local).data());
     *out = std::move(ctx);
@@ -427,7 +440,8 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
                       .head_dim = c.head_dim,
                       .scale = c.attention_scale,
                       .pos0 = n_past_,
-                      .window = c.window_of(l)});
+                      .window = c.window_of(l),
+                      .soft_cap = c.attn_soft_cap});
         // The residual adds: folded into the products, or after the post-norms.
         const auto add_output = [&](const Tensor& w, const Tensor& in, const Tensor& post_norm) {
             if (!c.post_norms) return be.matmul(w, in, x, Backend::Accumulate::kYes);
@@ -446,6 +460,7 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
         model_.output_,
         be.normed(x.row_range(first, rows), model_.output_norm_, c.rms_eps, h.row_range(0, rows)),
         logits_.row_range(0, rows), Backend::Accumulate::kNo);
+    if (c.final_soft_cap > 0) be.soft_cap(logits_.row_range(0, rows), c.final_soft_cap);
     n_past_ += n;
     ++forward_calls_;
     positions_evaluated_ += uint64_t(n);

@@ -41,18 +41,21 @@ struct LlamaConfig {
     float rope_magnitude = 1.0f;
     // Keys a position attends to (itself and the sliding_window - 1 before it; 0: all), in
     // every layer, or with global_every > 0 in all but every global_every-th (Gemma 3: 5 local
-    // layers, then a global one), whose rotations take rope_base_local, unscaled.
+    // layers, then a global one; Gemma 2: one of each), whose rotations take rope_base_local,
+    // unscaled, where it is > 0 (Gemma 3's; 0: the global layers' table).
     int sliding_window = 0;
     int global_every = 0;
-    float rope_base_local = 10000.0f;
+    float rope_base_local = 0.0f;
     std::string architecture;  // general.architecture (LlamaModel::kArchitectures)
     bool qkv_bias = false;     // qwen2: biases on the q, k and v projections
     bool qk_norm = false;      // qwen3, gemma3: an RMS norm of each head of q and k
-    // gemma3: embeddings scaled by sqrt(n_embd), and an RMS norm of the attention's and the
-    // feed-forward's outputs before each residual add (post_attention_norm, post_ffw_norm).
+    // gemma2, gemma3: embeddings scaled by sqrt(n_embd), and an RMS norm of the attention's and
+    // the feed-forward's outputs before each residual add (post_attention_norm, post_ffw_norm).
     bool post_norms = false;
     Backend::Activation activation = Backend::Activation::kSilu;  // the feed-forward's gate
     float attention_scale = 0.0f;                                 // of q . k
+    // gemma2: attention scores and the logits capped smoothly at ± these (0: not capped).
+    float attn_soft_cap = 0.0f, final_soft_cap = 0.0f;
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
     // Layer l's sliding window (0: it sees every key before it).
@@ -60,7 +63,7 @@ struct LlamaConfig {
         return global_every > 0 && (l + 1) % global_every == 0 ? 0 : sliding_window;
     }
     // Whether layer l rotates by the local rope table (rope_base_local).
-    bool local_rope(int l) const { return global_every > 0 && window_of(l) > 0; }
+    bool local_rope(int l) const { return rope_base_local > 0.0f && window_of(l) > 0; }
 };
 
 class LlamaModel {
@@ -70,9 +73,10 @@ class LlamaModel {
     // reordering their rows), Qwen3's (q and k head norms), Phi-3's (q, k and v in one tensor,
     // gate and up in one, read as separate matrices; NeoX's rotation; LongRoPE; a sliding
     // window) and Gemma 3's (GeGLU, scaled embeddings, q/k head norms and post-norms, local
-    // sliding-window layers between global ones).
-    static constexpr std::array<const char*, 5> kArchitectures = {"llama", "qwen2", "qwen3", "phi3",
-                                                                  "gemma3"};
+    // sliding-window layers between global ones) and Gemma 2's (no head norms; soft-capped
+    // attention scores and logits; local and global layers in turn).
+    static constexpr std::array<const char*, 6> kArchitectures = {"llama", "qwen2",  "qwen3",
+                                                                  "phi3",  "gemma2", "gemma3"};
 
     static bool is_architecture(std::string_view arch) {
         return std::find(kArchitectures.begin(), kArchitectures.end(), arch) !=
@@ -98,7 +102,7 @@ class LlamaModel {
         Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
         Tensor bq, bk, bv;                     // qwen2 only (no buffer otherwise)
         Tensor q_norm, k_norm;                 // qwen3, gemma3: head_dim weights
-        Tensor post_attn_norm, post_ffn_norm;  // gemma3
+        Tensor post_attn_norm, post_ffn_norm;  // gemma2, gemma3
     };
     explicit LlamaModel(Backend& backend) : backend_(backend) {}
 

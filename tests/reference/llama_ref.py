@@ -204,14 +204,18 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
     # one tensor and gate/up in one (the gate's rows first), NeoX, LongRoPE, a sliding window;
     # gemma3: embeddings times sqrt(n_embd), q/k head norms, NeoX, norms after the attention and
     # the feed-forward, GELU's tanh form, every sixth layer global (the file's rope base and
-    # scaling), the others local (a sliding window, rope base 10000 unscaled), as llama.cpp
+    # scaling), the others local (a sliding window, rope base 10000 unscaled), as llama.cpp;
+    # gemma2: as gemma3 without head norms, every other layer global (one rope), attention scores
+    # and logits soft-capped (c tanh(x / c))
     arch = m["general.architecture"]
     a = arch + "."
     qwen2 = arch == "qwen2"
     qwen3 = arch == "qwen3"
     phi3 = arch == "phi3"
     gemma3 = arch == "gemma3"
-    neox = qwen2 or qwen3 or phi3 or gemma3
+    gemma2 = arch == "gemma2"
+    gemma = gemma2 or gemma3
+    neox = qwen2 or qwen3 or phi3 or gemma
     n_embd, n_layer = m[a + "embedding_length"], m[a + "block_count"]
     n_head = m[a + "attention.head_count"]
     n_head_kv = m.get(a + "attention.head_count_kv", n_head)
@@ -235,14 +239,17 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
     x = g.tensor("token_embd.weight")[tokens]
-    if gemma3:
+    if gemma:
         x = x * np.sqrt(n_embd)
     causal = np.triu(np.full((n, n), -np.inf), k=1)
-    window = m.get(a + "attention.sliding_window", 0) if phi3 or gemma3 else 0
-    scale = 1.0 / np.sqrt(n_embd // n_head if gemma3 and n_layer == 62 else head_dim)
+    window = m.get(a + "attention.sliding_window", 0) if phi3 or gemma else 0
+    big = (gemma3 and n_layer == 62) or (gemma2 and n_layer == 46)  # 27B's query_pre_attn_scalar
+    scale = 1.0 / np.sqrt(n_embd // n_head if big else head_dim)
+    attn_cap = m.get(a + "attn_logit_softcapping", 50.0) if gemma2 else 0
+    final_cap = m.get(a + "final_logit_softcapping", 30.0) if gemma2 else 0
     for l in range(n_layer):
         p = f"blk.{l}."
-        local = window > 0 and not (gemma3 and (l + 1) % 6 == 0)
+        local = window > 0 and not (gemma3 and (l + 1) % 6 == 0) and not (gemma2 and l % 2 == 1)
         mask = causal.copy()
         if local:  # row i sees keys i - window + 1 .. i (llama.cpp's sliding-window mask)
             mask += np.tril(np.full((n, n), -np.inf), k=-window)
@@ -268,11 +275,14 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
             qh = q[:, hd * head_dim:(hd + 1) * head_dim]
             kh = k[:, kv * head_dim:(kv + 1) * head_dim]
             vh = v[:, kv * head_dim:(kv + 1) * head_dim]
-            s = qh @ kh.T * scale + mask
+            s = qh @ kh.T * scale
+            if attn_cap:
+                s = attn_cap * np.tanh(s / attn_cap)
+            s = s + mask
             s = np.exp(s - s.max(axis=1, keepdims=True))
             out[:, hd * head_dim:(hd + 1) * head_dim] = (s / s.sum(axis=1, keepdims=True)) @ vh
         o = mm(out, p + "attn_output.weight")
-        if gemma3:
+        if gemma:
             o = rms_norm(o, g.tensor(p + "post_attention_norm.weight")[0], eps)
         x = x + o
         h = rms_norm(x, g.tensor(p + "ffn_norm.weight")[0], eps)
@@ -282,14 +292,17 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
         else:
             gate = mm(h, p + "ffn_gate.weight")
             up = mm(h, p + "ffn_up.weight")
-        if gemma3:
+        if gemma:
             act = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate ** 3)))
         else:
             act = gate / (1.0 + np.exp(-gate))
         o = mm(act * up, p + "ffn_down.weight")
-        if gemma3:
+        if gemma:
             o = rms_norm(o, g.tensor(p + "post_ffw_norm.weight")[0], eps)
         x = x + o
     h = rms_norm(x, g.tensor("output_norm.weight")[0], eps)
     head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
-    return mm(h, head), ambiguous["count"]
+    logits = mm(h, head)
+    if final_cap:
+        logits = final_cap * np.tanh(logits / final_cap)
+    return logits, ambiguous["count"]

@@ -517,6 +517,15 @@ class CpuBackend final : public Backend {
             p[i] *= factor;
     }
 
+    void soft_cap(const Tensor& x, float cap) override {
+        const OpProfile::Scope timed(profile_, "soft_cap");
+        wrote(x);
+        float* p = f32(x);
+        const float inv = 1.0f / cap;
+        for (int64_t i = 0; i < x.cols * x.rows; ++i)
+            p[i] = std::tanh(p[i] * inv) * cap;
+    }
+
     void add_bias(const Tensor& x, const Tensor& bias) override {
         const OpProfile::Scope timed(profile_, "add_bias");
         wrote(x);

@@ -980,6 +980,7 @@ class VulkanBackend final : public Backend {
     }
 
     void scale(const Tensor& x, float factor) override { elementwise(5, x, x, x, 0, factor); }
+    void soft_cap(const Tensor& x, float cap) override { elementwise(6, x, x, x, 0, cap); }
 
     void add_bias(const Tensor& x, const Tensor& bias) override {
         // b[i % period]: one row repeats, a whole tensor is read once.
@@ -1417,7 +1418,7 @@ class VulkanBackend final : public Backend {
 
     // Ops of elementwise.comp; b_cols: b's row length where b is broadcast over a's rows.
     // shaders/elementwise.comp's op; u2: op 1's activation, op 4's columns of b; f0: op 5's
-    // factor.
+    // factor, op 6's cap.
     void elementwise(uint32_t op, const Tensor& a, const Tensor& b, const Tensor& out,
                      uint32_t u2 = 0, float f0 = 0.0f) {
         PushConstants pc;
