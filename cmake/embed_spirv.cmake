@@ -13,7 +13,7 @@ foreach(spv IN LISTS SPV_FILES)
   string(APPEND body "const uint32_t k_${name}[] = {${words}};\n")
   string(APPEND table "    {\"${name}\", k_${name}, sizeof(k_${name})},\n")
 endforeach()
-file(WRITE ${OUTPUT}.tmp "// Generated from shaders/*.comp by cmake/embed_spirv.cmake. Do not edit.
+file(WRITE ${OUTPUT}.tmp "// Generated from backend/vulkan/shaders/*.comp by cmake/embed_spirv.cmake. Do not edit.
 #include <cstddef>
 #include <cstdint>
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/factory.h"
 #ifdef SPECULA_HAVE_VULKAN
 #include "backend/vulkan/vulkan_backend.h"
 #endif

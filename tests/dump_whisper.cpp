@@ -10,6 +10,7 @@
 
 #include "audio/mel.h"
 #include "backend/backend.h"
+#include "backend/factory.h"
 #include "models/whisper.h"
 
 using namespace specula;

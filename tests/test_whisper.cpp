@@ -201,10 +201,12 @@ RandomWhisperSpec small_whisper_spec(uint64_t seed, bool english, GgmlType type)
 }
 
 std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type = GgmlType::kF16) {
+    // The test's name, a parameterized test's "Name/param" as "Name-param".
+    std::string test_name = testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(test_name.begin(), test_name.end(), '/', '-');
     const std::string path =
-        (test::temp_dir() / (english ? "asr-small-en-" : "asr-small-")).string() +
-        testing::UnitTest::GetInstance()->current_test_info()->name() + "-" + std::to_string(seed) +
-        "-" + ggml_type_name(type) + ".bin";
+        (test::temp_dir() / (english ? "asr-small-en-" : "asr-small-")).string() + test_name + "-" +
+        std::to_string(seed) + "-" + ggml_type_name(type) + ".bin";
     if (std::filesystem::exists(path)) return path;
     const RandomWhisperSpec spec = small_whisper_spec(seed, english, type);
     // Written under another name and renamed: a run stopped while writing leaves no file that
@@ -589,77 +591,82 @@ void same_segments(const Transcript& t, const Transcript& expected, size_t d) {
 // decoder reading the target's encoder output: the Distil-Whisper case); and a draft equal to
 // the target has every sampled draft accepted, which holds only where both sides' rows are
 // masked alike at every position (and, the encoder being shared, only where the draft's cross
-// K/V come from the window the target encoded).
-TEST(WhisperTranscribe, ADraftChangesNoTranscriptOnAnyBackend) {
-    for (specula_backend_kind kind : {SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN}) {
-        std::string why;
-        auto backend = test::try_backend(kind, &why);
-        if (!backend) {
-            std::cout << "skipped " << kind << ": " << why << "\n";
-            continue;
-        }
-        std::vector<std::unique_ptr<WhisperModel>> models;
-        // The target, itself in Q4_0, an unrelated model, and the target's encoder with the
-        // unrelated model's decoder (a Distil-Whisper draft: its encoder runs once for both).
-        const std::string target_path = small_whisper(9), other_path = small_whisper(10);
-        for (const std::string& path : {target_path, small_whisper(9, true, GgmlType::kQ4_0),
-                                        other_path, distil_whisper(target_path, other_path)}) {
-            models.emplace_back();
-            ASSERT_TRUE(load_whisper(*backend, path, &models.back()).ok());
-        }
-        for (size_t d = 0; d < models.size(); ++d)
-            EXPECT_EQ(models[d]->same_encoder(*models[0]), d == 0 || d == 3) << "model " << d;
-        std::unique_ptr<WhisperContext> target, self;
-        ASSERT_TRUE(WhisperContext::create(*models[0], kMaxGamma + 1, &target).ok());
-        ASSERT_TRUE(WhisperContext::create(*models[0], 1, &self).ok());
-        const std::vector<float> audio = chirp(3.0);
-        auto transcribe = [&](WhisperContext* draft, float temperature, Transcript* out,
-                              float increment = 0.0f) {
-            asr::TranscribeParams p;
-            p.temperature = temperature;
-            p.temperature_increment = increment;
-            p.draft = draft;
-            p.gamma_policy = GammaPolicy::kFixed;
-            p.gamma = 3;
-            p.seed = 77;
-            return asr::transcribe(*target, audio, p, &out->segments, &out->stats);
-        };
-        Transcript alone, alone_sampled;
-        ASSERT_TRUE(transcribe(nullptr, 0.0f, &alone).ok());
-        ASSERT_FALSE(alone.segments.empty());
-        EXPECT_EQ(alone.stats.decoding.drafted, 0u);
-        // Sampled at 0.6, then the temperature fallback's attempt at 1.0, which a random model
-        // takes.
-        ASSERT_TRUE(transcribe(nullptr, 0.6f, &alone_sampled, 0.4f).ok());
-        EXPECT_GT(alone_sampled.stats.fallbacks, 0);
-        for (size_t d = 0; d < models.size(); ++d) {
-            std::unique_ptr<WhisperContext> other;
-            if (d > 0) {
-                ASSERT_TRUE(WhisperContext::create(*models[d], 1, &other).ok());
-            }
-            Transcript t;
-            ASSERT_TRUE(transcribe(d == 0 ? self.get() : other.get(), 0.0f, &t).ok());
-            const GeneratorStats& g = t.stats.decoding;
-            expect_drafts(g, d == 0);
-            std::cout << "backend " << kind << " draft " << d << ": accepted " << g.accepted
-                      << " of " << g.drafted << " drafts, " << g.emitted << " tokens in " << g.steps
-                      << " steps\n";
-            same_segments(t, alone, d);
-            // The sampled attempts draw each draft with the target's noise at its position (the
-            // coupled acceptance): the transcript is the target alone's for the seed, fallback
-            // included. Drafts 1 (some rejected) and 3 (the shared encoder) only: CI time.
-            if (d != 1 && d != 3) continue;
-            Transcript sampled;
-            ASSERT_TRUE(transcribe(other.get(), 0.6f, &sampled, 0.4f).ok());
-            EXPECT_EQ(sampled.stats.fallbacks, alone_sampled.stats.fallbacks) << "draft " << d;
-            EXPECT_GT(sampled.stats.decoding.drafted, 10u) << "draft " << d;
-            same_segments(sampled, alone_sampled, d);
-        }
-        Transcript sampled;
-        ASSERT_TRUE(transcribe(self.get(), 1.0f, &sampled).ok());
-        expect_drafts(sampled.stats.decoding, true);
+// K/V come from the window the target encoded). One test per backend, so that they run side
+// by side.
+class DraftChangesNoTranscript : public ::testing::TestWithParam<specula_backend_kind> {};
+
+TEST_P(DraftChangesNoTranscript, OnBackend) {
+    const specula_backend_kind kind = GetParam();
+    std::string why;
+    auto backend = test::try_backend(kind, &why);
+    if (!backend) GTEST_SKIP() << why;
+    std::vector<std::unique_ptr<WhisperModel>> models;
+    // The target, itself in Q4_0, an unrelated model, and the target's encoder with the
+    // unrelated model's decoder (a Distil-Whisper draft: its encoder runs once for both).
+    const std::string target_path = small_whisper(9), other_path = small_whisper(10);
+    for (const std::string& path : {target_path, small_whisper(9, true, GgmlType::kQ4_0),
+                                    other_path, distil_whisper(target_path, other_path)}) {
+        models.emplace_back();
+        ASSERT_TRUE(load_whisper(*backend, path, &models.back()).ok());
     }
+    for (size_t d = 0; d < models.size(); ++d)
+        EXPECT_EQ(models[d]->same_encoder(*models[0]), d == 0 || d == 3) << "model " << d;
+    std::unique_ptr<WhisperContext> target, self;
+    ASSERT_TRUE(WhisperContext::create(*models[0], kMaxGamma + 1, &target).ok());
+    ASSERT_TRUE(WhisperContext::create(*models[0], 1, &self).ok());
+    const std::vector<float> audio = chirp(3.0);
+    auto transcribe = [&](WhisperContext* draft, float temperature, Transcript* out,
+                          float increment = 0.0f) {
+        asr::TranscribeParams p;
+        p.temperature = temperature;
+        p.temperature_increment = increment;
+        p.draft = draft;
+        p.gamma_policy = GammaPolicy::kFixed;
+        p.gamma = 3;
+        p.seed = 77;
+        return asr::transcribe(*target, audio, p, &out->segments, &out->stats);
+    };
+    Transcript alone, alone_sampled;
+    ASSERT_TRUE(transcribe(nullptr, 0.0f, &alone).ok());
+    ASSERT_FALSE(alone.segments.empty());
+    EXPECT_EQ(alone.stats.decoding.drafted, 0u);
+    // Sampled at 0.6, then the temperature fallback's attempt at 1.0, which a random model
+    // takes.
+    ASSERT_TRUE(transcribe(nullptr, 0.6f, &alone_sampled, 0.4f).ok());
+    EXPECT_GT(alone_sampled.stats.fallbacks, 0);
+    for (size_t d = 0; d < models.size(); ++d) {
+        std::unique_ptr<WhisperContext> other;
+        if (d > 0) {
+            ASSERT_TRUE(WhisperContext::create(*models[d], 1, &other).ok());
+        }
+        Transcript t;
+        ASSERT_TRUE(transcribe(d == 0 ? self.get() : other.get(), 0.0f, &t).ok());
+        const GeneratorStats& g = t.stats.decoding;
+        expect_drafts(g, d == 0);
+        std::cout << "backend " << kind << " draft " << d << ": accepted " << g.accepted << " of "
+                  << g.drafted << " drafts, " << g.emitted << " tokens in " << g.steps
+                  << " steps\n";
+        same_segments(t, alone, d);
+        // The sampled attempts draw each draft with the target's noise at its position (the
+        // coupled acceptance): the transcript is the target alone's for the seed, fallback
+        // included. Drafts 1 (some rejected) and 3 (the shared encoder) only: CI time.
+        if (d != 1 && d != 3) continue;
+        Transcript sampled;
+        ASSERT_TRUE(transcribe(other.get(), 0.6f, &sampled, 0.4f).ok());
+        EXPECT_EQ(sampled.stats.fallbacks, alone_sampled.stats.fallbacks) << "draft " << d;
+        EXPECT_GT(sampled.stats.decoding.drafted, 10u) << "draft " << d;
+        same_segments(sampled, alone_sampled, d);
+    }
+    Transcript sampled;
+    ASSERT_TRUE(transcribe(self.get(), 1.0f, &sampled).ok());
+    expect_drafts(sampled.stats.decoding, true);
 }
+
+INSTANTIATE_TEST_SUITE_P(WhisperTranscribe, DraftChangesNoTranscript,
+                         ::testing::Values(SPECULA_BACKEND_CPU, SPECULA_BACKEND_VULKAN),
+                         [](const auto& info) {
+                             return std::string(test::backend_name(info.param));
+                         });
 
 // specula-make-whisper's dialled draft (a benchmark device): the target's encoder byte for byte
 // and its first and last decoder blocks, the target's middle blocks' outputs scaled. At scale 0

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/factory.h"
 #include "decode/generator.h"
 #include "models/llama.h"
 #include "specula.h"

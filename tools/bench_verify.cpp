@@ -1,6 +1,6 @@
 // specula-bench-verify: the cost of one speculative verification on a backend,
 // three ways, measured side by side in one run:
-//   tiled        Backend::verify, the passes of shaders/decode.comp; one host wait
+//   tiled        Backend::verify, the passes of backend/vulkan/shaders/decode.comp; one host wait
 //                to read n and the tokens (wall µs, and device µs from timestamps)
 //   multi        the multi-dispatch baseline (full softmax rows of both models,
 //                ratios, host readback of the acceptances, residual row,
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/factory.h"
 #include "sampling/verify.h"
 #ifdef SPECULA_HAVE_VULKAN
 #include "backend/vulkan/vulkan_backend.h"

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/factory.h"
 #include "models/whisper.h"
 #include "specula.h"
 #include "token_list.h"

@@ -11,6 +11,7 @@
 
 #include "api/internal.h"
 #include "backend/backend.h"
+#include "backend/factory.h"
 #include "core/log.h"
 #include "decode/generator.h"
 #include "models/llama.h"

@@ -270,8 +270,4 @@ Status choose_device(std::span<const specula_device_info> devices,
 // its type and the types the backend runs.
 Status check_weight_type(const Backend& backend, const std::string& tensor, GgmlType type);
 
-// Devices of every compiled-in backend; the cpu is always first.
-std::vector<specula_device_info> enumerate_devices();
-Status create_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out);
-
 }  // namespace specula

@@ -7,8 +7,8 @@
 // operations that IEEE 754 and Vulkan both require to be correctly rounded
 // (add, sub, mul, float<->int conversion, floor, bit casts), evaluated in a
 // fixed order with no fused multiply-add: this file is compiled with
-// -ffp-contract=off, shaders/detmath.glsl marks every value `precise`, and
-// cuda/decode.cu is compiled with --fmad=false. The three copies must stay
+// -ffp-contract=off, backend/vulkan/shaders/detmath.glsl marks every value `precise`, and
+// backend/cuda/decode.cu is compiled with --fmad=false. The three copies must stay
 // identical; their constants come from core/device_abi.h.
 //
 // Results are accurate to a few ulp, which is all sampling needs; what matters

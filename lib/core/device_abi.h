@@ -2,7 +2,7 @@
 // written once: random stream ids, the canonical-sum geometry and the bits of the
 // deterministic math's constants, the verify scratch layout and the weight block
 // layouts. C++ and CUDA include this file; glslc includes it into every shader
-// (shaders/common.glsl, -I lib/core). It is written in the subset of C++ and GLSL
+// (backend/vulkan/shaders/common.glsl, -I lib/core). It is written in the subset of C++ and GLSL
 // that both read: `uint` values with a `u` suffix, and functions over `uint`.
 #ifndef SPECULA_DEVICE_ABI_H
 #define SPECULA_DEVICE_ABI_H
@@ -89,9 +89,9 @@ SPECULA_ABI_UINT(kBitsRaceSlack, 0x3F7FBE77u)  // 0.999: a race draw that cannot
 // Verification of a batch: sequence b draws its noise at rows b * kVerifyRowsPerSequence + c.
 SPECULA_ABI_UINT(kVerifyRowsPerSequence, 256u)
 
-// The verify passes (shaders/decode.comp's MODE, recorded in this order by the host: tile max,
-// row max, tile sum (unfiltered rows), row norm, accept, race, finish; greedy: tile max, accept)
-// and the flags the host passes them.
+// The verify passes (backend/vulkan/shaders/decode.comp's MODE, recorded in this order by the host:
+// tile max, row max, tile sum (unfiltered rows), row norm, accept, race, finish; greedy: tile max,
+// accept) and the flags the host passes them.
 SPECULA_ABI_UINT(kVerifyPassTileMax, 0u)
 SPECULA_ABI_UINT(kVerifyPassTileSum, 1u)
 SPECULA_ABI_UINT(kVerifyPassRowNorm, 2u)
@@ -156,14 +156,16 @@ SPECULA_ABI_UINT(kQ4_KBlockBytes, 144u)
 SPECULA_ABI_UINT(kQ5_KBlockBytes, 176u)
 SPECULA_ABI_UINT(kQ6_KBlockBytes, 210u)
 
-// The many-column matmul (shaders/matmul_tiled.comp): tiles of kMatmulTile rows x kMatmulTile
-// columns, kMatmulTileThreads threads each computing (kMatmulTile / kMatmulTileStep)^2 outputs.
+// The many-column matmul (backend/vulkan/shaders/matmul_tiled.comp): tiles of kMatmulTile rows x
+// kMatmulTile columns, kMatmulTileThreads threads each computing (kMatmulTile / kMatmulTileStep)^2
+// outputs.
 SPECULA_ABI_UINT(kMatmulTile, 64u)
 SPECULA_ABI_UINT(kMatmulTileStep, 16u)
 SPECULA_ABI_UINT(kMatmulTileThreads, 256u)
 
-// Token rules on the device (shaders/token_rules.comp): the rules and the state of the tokens
-// sampled before a step as 32-bit words (sampling/token_rules.h: rules_words), ids as int32.
+// Token rules on the device (backend/vulkan/shaders/token_rules.comp): the rules and the state of
+// the tokens sampled before a step as 32-bit words (sampling/token_rules.h: rules_words), ids as
+// int32.
 SPECULA_ABI_UINT(kRulesWordEot, 0u)
 SPECULA_ABI_UINT(kRulesWordSot, 1u)
 SPECULA_ABI_UINT(kRulesWordTranslate, 2u)

@@ -14,8 +14,8 @@
 #include <span>
 #include <vector>
 
+#include "decode/decoder.h"
 #include "decode/ngram_lookup.h"
-#include "models/decoder.h"
 #include "sampling/sampling.h"
 #include "sampling/token_rules.h"
 #include "sampling/verify.h"

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "decode/decoder.h"
 #include "format/gguf.h"
-#include "models/decoder.h"
 #include "platform/mapped_file.h"
 #include "tokenizer/tokenizer.h"
 

@@ -16,8 +16,8 @@
 
 #include "audio/mel.h"
 #include "backend/backend.h"
+#include "decode/decoder.h"
 #include "format/whisper_ggml.h"
-#include "models/decoder.h"
 #include "platform/mapped_file.h"
 
 namespace specula {

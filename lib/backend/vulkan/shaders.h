@@ -1,4 +1,4 @@
-// The SPIR-V of shaders/*.comp, compiled by glslc at build time and embedded.
+// The SPIR-V of backend/vulkan/shaders/*.comp, compiled by glslc at build time and embedded.
 #pragma once
 
 #include <cstddef>

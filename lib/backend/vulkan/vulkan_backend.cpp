@@ -150,7 +150,7 @@ struct PhysicalDevice {
     int rank = 0;  // lower is preferred
 };
 
-constexpr uint32_t kMatmulThreads = 128;  // shaders/matmul.comp's workgroup
+constexpr uint32_t kMatmulThreads = 128;  // backend/vulkan/shaders/matmul.comp's workgroup
 
 struct SubgroupChoice {
     uint32_t size = 0;
@@ -424,7 +424,7 @@ const char* weight_suffix(GgmlType t) {
     }
 }
 
-// Must match the push-constant block of shaders/common.glsl.
+// Must match the push-constant block of backend/vulkan/shaders/common.glsl.
 struct PushConstants {
     uint32_t off[6] = {};
     uint32_t u[12] = {};
@@ -432,7 +432,7 @@ struct PushConstants {
 };
 constexpr uint32_t kBindings = 6;
 
-constexpr uint32_t kMaxBatchColumns = 16;  // the widest N of shaders/matmul.comp
+constexpr uint32_t kMaxBatchColumns = 16;  // the widest N of backend/vulkan/shaders/matmul.comp
 constexpr size_t kStagingBytes = 16u << 20;
 constexpr uint32_t kSetsPerPool = 1024;
 
@@ -1042,7 +1042,8 @@ class VulkanBackend final : public Backend {
         pass(shared::kVerifyPassFinish, batch);
     }
 
-    // On the device, so a speculative Whisper step keeps its one wait (shaders/token_rules.comp).
+    // On the device, so a speculative Whisper step keeps its one wait
+    // (backend/vulkan/shaders/token_rules.comp).
     void token_rules(const TokenRulesArgs& a) override {
         const auto V = uint32_t(a.logits.cols);
         if (V > det::kMaxVocab)
@@ -1068,8 +1069,8 @@ class VulkanBackend final : public Backend {
                  pc, uint32_t(a.logits.rows), {shared::kDetLanes, 0, 0});
     }
 
-    // The benchmark's multi-dispatch baseline (shaders/verify_baseline.comp): two host
-    // waits, full probability rows in memory. Sampled verification only.
+    // The benchmark's multi-dispatch baseline (backend/vulkan/shaders/verify_baseline.comp): two
+    // host waits, full probability rows in memory. Sampled verification only.
     Status verify_multi_dispatch(const VerifyArgs& a, std::vector<int32_t>* tokens) {
         const auto V = uint32_t(a.target.cols), g = uint32_t(a.gamma), B = uint32_t(a.batch);
         const size_t sizes[] = {
@@ -1326,7 +1327,7 @@ class VulkanBackend final : public Backend {
         const char* suffix = weight_suffix(type);
         if (suffix == nullptr)
             return fail(Unsupported(std::string(op) + " on weight type " + ggml_type_name(type)));
-        // The types with 8/16-bit storage variants (shaders/CMakeLists.txt).
+        // The types with 8/16-bit storage variants (backend/vulkan/shaders/CMakeLists.txt).
         const bool small =
             phys_.small_storage &&
             (type == GgmlType::kF16 || type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0);
@@ -1417,8 +1418,8 @@ class VulkanBackend final : public Backend {
     }
 
     // Ops of elementwise.comp; b_cols: b's row length where b is broadcast over a's rows.
-    // shaders/elementwise.comp's op; u2: op 1's activation, op 4's columns of b; f0: op 5's
-    // factor, op 6's cap.
+    // backend/vulkan/shaders/elementwise.comp's op; u2: op 1's activation, op 4's columns of b; f0:
+    // op 5's factor, op 6's cap.
     void elementwise(uint32_t op, const Tensor& a, const Tensor& b, const Tensor& out,
                      uint32_t u2 = 0, float f0 = 0.0f) {
         PushConstants pc;

@@ -16,7 +16,7 @@ std::vector<specula_device_info> enumerate_vulkan_devices();
 Status create_vulkan_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out);
 
 // The multi-dispatch verification baseline of tools/bench_verify.cpp (see
-// shaders/verify_baseline.comp): sampled verification with two host waits.
+// backend/vulkan/shaders/verify_baseline.comp): sampled verification with two host waits.
 Status vulkan_verify_multi_dispatch(Backend& vulkan, const VerifyArgs& args,
                                     std::vector<int32_t>* tokens);
 

@@ -1,4 +1,4 @@
-// The verify passes of shaders/decode.comp in CUDA, bit for bit: the arithmetic
+// The verify passes of backend/vulkan/shaders/decode.comp in CUDA, bit for bit: the arithmetic
 // of lib/core/detmath.h (this file is compiled with --fmad=false, so nothing is
 // fused), the same canonical sums, the same Philox streams. The constants and the
 // scratch layout are lib/core/device_abi.h's; read decode.comp for the passes.
@@ -416,8 +416,8 @@ __global__ void finish_kernel(Ctx c) {
     write_outputs(c, b, *c.accepted(b), a.id != kNone ? a.id : (p.id != kNone ? p.id : 0));
 }
 
-// Whisper's token rules (shaders/token_rules.comp, read it for the steps): a block per row; row
-// r sees the state before the step, then drafts[0, first_row + r).
+// Whisper's token rules (backend/vulkan/shaders/token_rules.comp, read it for the steps): a block
+// per row; row r sees the state before the step, then drafts[0, first_row + r).
 struct RulesRow {
     const TokenRulesLaunch& t;
     const float* row;

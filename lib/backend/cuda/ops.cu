@@ -635,7 +635,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 // out[c][r] = dot(w[r], x[c]) for batches wider than a verification forward (the Whisper
-// encoder's 1500 columns, a prompt), shaders/matmul_tiled.comp's tiles: a block of
+// encoder's 1500 columns, a prompt), backend/vulkan/shaders/matmul_tiled.comp's tiles: a block of
 // kMatmulTileThreads threads computes kMatmulTile rows x kMatmulTile columns, a block of 32
 // weights at a time through shared memory (dequantized once, a quarter block per thread), each
 // thread 4 rows x 4 columns (rows tr + 16 i, columns tc + 16 j). A weight is read from memory

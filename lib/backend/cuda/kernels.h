@@ -88,7 +88,7 @@ void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, i
 void expand_columns(cudaStream_t s, const float* src, int64_t src_cols, const int32_t* ids,
                     float fill, int64_t cols, int64_t rows, float* out);
 
-// The verify passes of shaders/decode.comp. Pointers are null when unused;
+// The verify passes of backend/vulkan/shaders/decode.comp. Pointers are null when unused;
 // scratch holds decode_scratch_words() 32-bit words.
 struct DecodeLaunch {
     const float* target = nullptr;
@@ -105,9 +105,9 @@ struct DecodeLaunch {
 size_t decode_scratch_words(const DecodeLaunch& d);
 void verify(cudaStream_t s, const DecodeLaunch& d);
 
-// Whisper's token rules on the rows of a speculative step, in place (shaders/token_rules.comp,
-// Backend::token_rules): a block per row. The words travel by value, so a launch keeps the
-// words it was given whatever the host does next.
+// Whisper's token rules on the rows of a speculative step, in place
+// (backend/vulkan/shaders/token_rules.comp, Backend::token_rules): a block per row. The words
+// travel by value, so a launch keeps the words it was given whatever the host does next.
 struct TokenRulesLaunch {
     float* logits = nullptr;          // rows x V, read and written
     const int32_t* drafts = nullptr;  // first_row + rows - 1 tokens

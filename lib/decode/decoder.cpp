@@ -1,4 +1,4 @@
-#include "models/decoder.h"
+#include "decode/decoder.h"
 
 #include <string>
 
