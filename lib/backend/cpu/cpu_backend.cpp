@@ -520,10 +520,7 @@ class CpuBackend final : public Backend {
     void soft_cap(const Tensor& x, float cap) override {
         const OpProfile::Scope timed(profile_, "soft_cap");
         wrote(x);
-        float* p = f32(x);
-        const float inv = 1.0f / cap;
-        for (int64_t i = 0; i < x.cols * x.rows; ++i)
-            p[i] = std::tanh(p[i] * inv) * cap;
+        cpu::soft_cap(f32(x), x.cols * x.rows, cap);
     }
 
     void add_bias(const Tensor& x, const Tensor& bias) override {

@@ -1063,14 +1063,22 @@ constexpr std::array<Weigher, kWeighQueries> kWeighers = {&WeighValues<1>, &Weig
 // s[t] = exp(scale * s[t] - max) over a query's scores; returns their sum: vectors of keys, the
 // last one padded (its padding not summed), the lanes' sums added in a fixed tree. The same
 // floats for a query whatever the other queries are.
+// x capped smoothly at ±cap as llama.cpp caps it: x / cap, tanh, times cap.
+HWY_INLINE VF Capped(DF d, VF x, float cap) {
+    return hn::Mul(hn::Tanh(d, hn::Mul(x, hn::Set(d, 1.0f / cap))), hn::Set(d, cap));
+}
+
+void SoftCap(float* x, int64_t n, float cap) {
+    MapPairs(x, x, x, n, [cap](DF d, VF a, VF) { return Capped(d, a, cap); });
+}
+
 float SoftmaxNumerators(float* s, int n_keys, float scale, float soft_cap) {
     const DF d;
     const VF vscale = hn::Set(d, scale);
-    const VF cap = hn::Set(d, soft_cap), inv_cap = hn::Set(d, 1.0f / soft_cap);
-    // The score of a product: scaled, then capped as llama.cpp caps it (x / c, tanh, times c).
+    // The score of a product: scaled, then capped where the attention has a soft cap.
     const auto score = [&](VF x) {
         x = hn::Mul(x, vscale);
-        return soft_cap > 0.0f ? hn::Mul(hn::Tanh(d, hn::Mul(x, inv_cap)), cap) : x;
+        return soft_cap > 0.0f ? Capped(d, x, soft_cap) : x;
     };
     const int whole = n_keys - n_keys % int(kLanes);
     VF vmax = hn::Set(d, -INFINITY);
@@ -1239,6 +1247,7 @@ HWY_EXPORT(Attend);
 HWY_EXPORT(AttendTransposed);
 HWY_EXPORT(GatedTimes);
 HWY_EXPORT(Gelu);
+HWY_EXPORT(SoftCap);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(PackRows);
 HWY_EXPORT(QuantizeInputs);
@@ -1279,6 +1288,9 @@ void gated_times(uint32_t act, const float* gate, const float* up, float* out, i
 }
 void gelu(const float* x, float* out, int64_t n) {
     HWY_DYNAMIC_DISPATCH(Gelu)(x, out, n);
+}
+void soft_cap(float* x, int64_t n, float cap) {
+    HWY_DYNAMIC_DISPATCH(SoftCap)(x, n, cap);
 }
 void attend_transposed(const float* q, int n_queries, const int* first, const int* keys,
                        const float* kt, const float* v, int64_t v_stride, int head_dim, float scale,

@@ -169,6 +169,10 @@ void gated_times(uint32_t act, const float* gate, const float* up, float* out, i
 // approximation (out may be x).
 void gelu(const float* x, float* out, int64_t n);
 
+// x[i] = cap * tanh(x[i] / cap), in place: the attention's soft cap of its scores, on any floats
+// (Gemma 2's logits).
+void soft_cap(float* x, int64_t n, float cap);
+
 // Which instruction set the kernels run on ("AVX3", "AVX2", "NEON", ...).
 const char* simd_target();
 

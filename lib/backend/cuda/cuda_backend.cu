@@ -282,7 +282,9 @@ class CudaBackend final : public Backend {
         select();
         // Fewer (row, head) pairs than the device has multiprocessors to spare, and keys in more
         // than one chunk (a decode step or a verification batch over a long context): split-K.
-        const int rows = int(a.q.rows), max_keys = a.keys_seen(a.q.rows - 1);
+        // The most keys a row sees: the last row's (a window's span grows to it, then holds).
+        const int rows = int(a.q.rows);
+        const int max_keys = a.keys_seen(a.q.rows - 1) - a.first_key(a.q.rows - 1);
         float* partial = nullptr;
         if (split_attention_ && rows * a.n_head < 2 * multiprocessors_ &&
             max_keys > cuda::kAttentionChunkKeys) {

@@ -1197,7 +1197,10 @@ void attention(cudaStream_t s, const float* q, const float* k, const float* v, f
         attention_kernel<<<blocks_needed, kAttnThreads, 0, s>>>(q, k, v, out, shape);
         return;
     }
-    const int max_keys = shape.fixed_keys > 0 ? shape.fixed_keys : shape.pos0 + rows;
+    // The most keys a row sees (within a window, chunks count from the row's first key).
+    const int last = shape.fixed_keys > 0 ? shape.fixed_keys : shape.pos0 + rows;
+    const int max_keys =
+        shape.fixed_keys == 0 && shape.window > 0 ? std::min(last, shape.window) : last;
     const int max_chunks = (max_keys + kAttnThreads - 1) / kAttnThreads;
     attention_chunk_kernel<<<dim3(blocks_needed, unsigned(max_chunks)), kAttnThreads, 0, s>>>(
         q, k, v, partial, max_chunks, shape);
