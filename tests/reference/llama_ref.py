@@ -130,12 +130,21 @@ class Gguf:
             return [self._value(etype) for _ in range(count)]
         return self._unpack(GGUF_SCALARS[vtype])[0]
 
-    def tensor(self, name):
-        """The tensor as float64 with numpy shape (rows, cols) = (dims[1], dims[0])."""
+    def tensor(self, name, start=0, stop=None):
+        """Rows start..stop (all by default) of the tensor as float64 with numpy shape
+        (rows, cols) = (dims[1], dims[0])."""
         dims, ttype, offset = self.tensors[name]
-        x = dequantize(self.buf, self.data_start + offset, ttype, int(np.prod(dims)))
-        rows = dims[1] if len(dims) > 1 else 1
-        return x.reshape(rows, dims[0])
+        cols = dims[0]
+        rows = int(np.prod(dims[1:]))
+        stop = rows if stop is None else stop
+        block, block_bytes = GGML_TYPES[ttype]
+        row_bytes = cols // block * block_bytes
+        x = dequantize(self.buf, self.data_start + offset + start * row_bytes, ttype, (stop - start) * cols)
+        return x.reshape(stop - start, cols)
+
+    def rows(self, name, indices):
+        """The rows at indices (a token embedding lookup) without dequantizing the others."""
+        return np.stack([self.tensor(name, i, i + 1)[0] for i in indices])
 
 
 # x / dx this close to a half may round either way under float32 evaluation orders (FMA or not),
@@ -194,10 +203,13 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
     ambiguous = {"count": 0, "flips": flips}
     g = Gguf(path)
 
-    def mm(x, name):  # x @ W.T
+    def mm(x, name):  # x @ W.T, over W's rows a slice at a time (a real vocabulary's head in
+        # float64 is gigabytes)
         if quantized_inputs and g.tensors[name][1] not in (0, 1):
             x = quantize_inputs(x, ambiguous)
-        return x @ g.tensor(name).T
+        rows = int(np.prod(g.tensors[name][0][1:]))
+        step = 8192
+        return np.concatenate([x @ g.tensor(name, r, min(r + step, rows)).T for r in range(0, rows, step)], axis=1)
 
     m = g.meta
     # llama; qwen2: q/k/v biases, NeoX's rotation; qwen3: q/k head norms, NeoX; phi3: q/k/v in
@@ -238,7 +250,7 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
 
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
-    x = g.tensor("token_embd.weight")[tokens]
+    x = g.rows("token_embd.weight", tokens)
     if gemma:
         x = x * np.sqrt(n_embd)
     causal = np.triu(np.full((n, n), -np.inf), k=1)
