@@ -295,10 +295,11 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndGatedMul) {
         if (!p.gpu->supports_weights(gate_type) || !p.gpu->supports_weights(up_type)) continue;
         for (int64_t cols : row_lengths(gate_type, {96, 256})) {
             for (int64_t n : {1, 8, 19}) {  // 19: a pass of 16 columns, then one of 3
-                const auto act =
-                    n == 8 ? Backend::Activation::kGeluTanh : Backend::Activation::kSilu;
+                const auto act = n == 8    ? Backend::Activation::kGeluTanh
+                                 : n == 19 ? Backend::Activation::kGeluErf
+                                           : Backend::Activation::kSilu;
                 SCOPED_TRACE(case_name(gate_type, cols, n) + " up " + ggml_type_name(up_type) +
-                             (n == 8 ? ", GELU" : ", SiLU"));
+                             ", activation " + std::to_string(uint32_t(act)));
                 const int64_t rows = 45;
                 auto wg = p.tensor(gate_type, cols, rows, random_bytes(gate_type, cols, rows, 11));
                 auto wu = p.tensor(up_type, cols, rows, random_bytes(up_type, cols, rows, 12));
@@ -491,7 +492,7 @@ TEST_P(BackendOps, NormRopeAndElementwise) {
     expect_close(p, x);
 }
 
-TEST_P(BackendOps, LayerNormGeluAndBias) {
+TEST_P(BackendOps, LayerNormActivationsAndBias) {
     // Rows of Whisper's widths, offset from zero (a layer norm must subtract the mean).
     for (int64_t cols : {384, 512, 100}) {
         std::vector<float> xs(size_t(cols) * 5);
@@ -507,8 +508,12 @@ TEST_P(BackendOps, LayerNormGeluAndBias) {
             be.layer_norm(side(x), side(w), side(b), 1e-5f, side(out));
         });
         expect_close(p, out);
-        p.on_each([&](Backend& be, auto side) { be.gelu(side(x), side(out)); });
-        expect_close(p, out);
+        for (auto act : {Backend::Activation::kSilu, Backend::Activation::kGeluTanh,
+                         Backend::Activation::kGeluErf}) {
+            SCOPED_TRACE(uint32_t(act));
+            p.on_each([&](Backend& be, auto side) { be.activate(act, side(x), side(out)); });
+            expect_close(p, out);
+        }
         p.on_each([&](Backend& be, auto side) { be.add_bias(side(x), side(b)); });
         expect_close(p, x);
         // A bias of x's shape: added element by element (positional embeddings).
@@ -536,51 +541,61 @@ class CpuTensors {
     std::vector<std::unique_ptr<Buffer>> keep_;
 };
 
-TEST_P(BackendOps, Im2col3IsTheSameCopy) {
-    // Whisper's two convolutions: 80 mel bands at stride 1, then the width at stride 2.
-    for (auto [channels, frames, stride, cols] :
-         {std::array<int64_t, 4>{80, 30, 1, 256}, {64, 31, 2, 192}, {64, 30, 2, 192}}) {
-        auto x = p.tensor(GgmlType::kF32, channels, frames,
-                          random_bytes(GgmlType::kF32, channels, frames, 9));
-        const int64_t rows = (frames - 1) / stride + 1;
-        auto out = p.tensor(GgmlType::kF32, cols, rows, {});
-        const int s = int(stride);  // (clang 14 cannot capture a structured binding)
-        p.on_each([&](Backend& be, auto side) { be.im2col3(side(x), s, side(out)); });
+TEST_P(BackendOps, Im2colIsTheSameCopy) {
+    // Whisper's two convolutions (kernel 3, padding 1): 80 mel bands at stride 1, then the width
+    // at stride 2; a kernel of 5 padded by 2, and one of 4 unpadded at stride 3.
+    struct Case {
+        int64_t channels, frames, cols;
+        Backend::Convolution conv;
+    };
+    for (const Case& c :
+         {Case{80, 30, 256, {3, 1, 1}}, Case{64, 31, 192, {3, 2, 1}}, Case{64, 30, 192, {3, 2, 1}},
+          Case{24, 17, 128, {5, 1, 2}}, Case{24, 17, 96, {4, 3, 0}}}) {
+        SCOPED_TRACE("kernel " + std::to_string(c.conv.kernel) + " stride " +
+                     std::to_string(c.conv.stride) + " padding " + std::to_string(c.conv.padding));
+        auto x = p.tensor(GgmlType::kF32, c.channels, c.frames,
+                          random_bytes(GgmlType::kF32, c.channels, c.frames, 9));
+        auto out = p.tensor(GgmlType::kF32, c.cols, c.conv.out_rows(c.frames), {});
+        p.on_each([&](Backend& be, auto side) { be.im2col(side(x), c.conv, side(out)); });
         expect_close(p, out, 0.0);
     }
 }
 
-TEST(CpuOps, ConvolutionIsIm2col3ThenMatmul) {
-    // conv1d(x, w, stride, padding 1) by its definition against matmul(w, im2col3(x)).
+TEST(CpuOps, ConvolutionIsIm2colThenMatmul) {
+    // conv1d(x, w, stride, padding) by its definition against matmul(w, im2col(x)), for
+    // Whisper's kernel of 3 padded by 1 and other kernels and paddings.
     auto cpu = create_cpu_backend(2);
     const int64_t C = 5, T = 9, O = 4;
-    std::vector<float> xs(size_t(C * T)), ws(size_t(O * C * 3));
     std::mt19937 rng{3};
     std::normal_distribution<float> dist;
+    std::vector<float> xs(size_t(C * T));
     for (float& v : xs)
         v = dist(rng);
-    for (float& v : ws)
-        v = dist(rng);
     CpuTensors make(*cpu);
-    for (int stride : {1, 2}) {
-        const int64_t rows = (T - 1) / stride + 1;
-        const Tensor x = make(C, T, &xs), w = make(3 * C, O, &ws),
-                     cols = make(3 * C, rows, nullptr), out = make(O, rows, nullptr);
-        cpu->im2col3(x, stride, cols);
+    for (const Backend::Convolution conv :
+         {Backend::Convolution{3, 1, 1}, {3, 2, 1}, {5, 1, 2}, {2, 2, 0}, {4, 1, 3}}) {
+        const int64_t K = conv.kernel, rows = conv.out_rows(T);
+        std::vector<float> ws(size_t(O * C * K));
+        for (float& v : ws)
+            v = dist(rng);
+        const Tensor x = make(C, T, &xs), w = make(K * C, O, &ws),
+                     cols = make(K * C, rows, nullptr), out = make(O, rows, nullptr);
+        cpu->im2col(x, conv, cols);
         cpu->matmul(w, cols, out, Backend::Accumulate::kNo);
         const std::vector<float> got = read_floats(*cpu, out);
         for (int64_t t = 0; t < rows; ++t)
             for (int64_t o = 0; o < O; ++o) {
                 double want = 0;
                 for (int64_t c = 0; c < C; ++c)
-                    for (int64_t k = 0; k < 3; ++k) {
-                        const int64_t src = stride * t + k - 1;
+                    for (int64_t k = 0; k < K; ++k) {
+                        const int64_t src = conv.stride * t + k - conv.padding;
                         if (src >= 0 && src < T)
                             want +=
-                                double(ws[size_t((o * C + c) * 3 + k)]) * xs[size_t(src * C + c)];
+                                double(ws[size_t((o * C + c) * K + k)]) * xs[size_t(src * C + c)];
                     }
                 EXPECT_NEAR(got[size_t(t * O + o)], want, 1e-5)
-                    << "stride " << stride << " t " << t;
+                    << "kernel " << K << " stride " << conv.stride << " padding " << conv.padding
+                    << " t " << t;
             }
     }
 }
@@ -606,7 +621,7 @@ TEST(CpuOps, LayerNormGeluAndBiasByTheirDefinitions) {
                 (xs[size_t(r * 4 + i)] - mean) / std::sqrt(var) * w[size_t(i)] + b[size_t(i)],
                 1e-5);
     }
-    cpu->gelu(x, out);
+    cpu->activate(Backend::Activation::kGeluErf, x, out);
     const std::vector<float> g = read_floats(*cpu, out);
     EXPECT_NEAR(g[0], 0.8413447, 1e-6);   // 1 * Phi(1)
     EXPECT_NEAR(g[4], -0.1002101, 1e-6);  // -1.5 * Phi(-1.5)

@@ -230,16 +230,17 @@ TEST(CpuKernels, GeluIsXTimesPhi) {
     for (const float v : {1e-30f, -1e-30f, 1e20f, -1e20f, 30.0f, -30.0f})
         x.push_back(v);
     std::vector<float> out(x.size());
-    cpu::gelu(x.data(), out.data(), int64_t(x.size()));
+    cpu::activate(shared::kActivationGeluErf, x.data(), out.data(), int64_t(x.size()));
     for (size_t i = 0; i < x.size(); ++i) {
         const double v = x[i], phi = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0)));
         EXPECT_NEAR(out[i], v * phi, 3e-7 * std::max(1.0, std::abs(v))) << "x = " << v;
     }
 }
 
-// The gated activations (device_abi.h's kActivation*) are their definitions, SiLU g / (1 + e^-g)
-// and GELU's tanh form g / 2 (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), times up: on whole
-// vectors and a tail, for tiny, ordinary and huge gates of either sign.
+// The gated activations (device_abi.h's kActivation*) are their definitions, SiLU g / (1 + e^-g),
+// GELU's tanh form g / 2 (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) and its exact form g Phi(g),
+// times up, and alone (activate) without it: on whole vectors and a tail, for tiny, ordinary and
+// huge gates of either sign.
 TEST(CpuKernels, GatedActivationsAreTheirDefinitions) {
     create_cpu_backend(1);  // applies SPECULA_CPU_SIMD to the kernels called below
     std::vector<float> g, up;
@@ -251,18 +252,22 @@ TEST(CpuKernels, GatedActivationsAreTheirDefinitions) {
         g.push_back(v);
         up.push_back(1.0f);
     }
-    std::vector<float> out(g.size());
-    for (uint32_t act : {shared::kActivationSilu, shared::kActivationGeluTanh}) {
+    std::vector<float> out(g.size()), alone(g.size());
+    for (uint32_t act :
+         {shared::kActivationSilu, shared::kActivationGeluTanh, shared::kActivationGeluErf}) {
         cpu::gated_times(act, g.data(), up.data(), out.data(), int64_t(g.size()));
+        cpu::activate(act, g.data(), alone.data(), int64_t(g.size()));
         for (size_t i = 0; i < g.size(); ++i) {
             const double x = g[i];
             const double want =
-                act == shared::kActivationSilu
-                    ? x / (1.0 + std::exp(-x))
-                    : 0.5 * x *
-                          (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+                act == shared::kActivationSilu ? x / (1.0 + std::exp(-x))
+                : act == shared::kActivationGeluTanh
+                    ? 0.5 * x *
+                          (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)))
+                    : 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
             EXPECT_NEAR(out[i], want * up[i], 1e-6 * std::max(1.0, std::abs(want * up[i])))
                 << "activation " << act << ", g = " << x;
+            EXPECT_EQ(alone[i] * up[i], out[i]) << "activation " << act << ", g = " << x;
         }
     }
 }

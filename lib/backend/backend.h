@@ -158,10 +158,11 @@ class Backend {
     enum class Accumulate : bool { kNo, kYes };
     virtual void matmul(const Tensor& w, const MatmulInput& x, const Tensor& out,
                         Accumulate accumulate) = 0;
-    // The activation of a gated product (device_abi.h's kActivation*).
+    // An activation, alone (activate) or gating a product (device_abi.h's kActivation*).
     enum class Activation : uint32_t {
         kSilu = shared::kActivationSilu,          // SwiGLU (Llama, Qwen, Phi-3)
         kGeluTanh = shared::kActivationGeluTanh,  // GeGLU with GELU's tanh form (Gemma)
+        kGeluErf = shared::kActivationGeluErf,    // GELU's exact form (Whisper)
     };
     // out = act(x·w_gateᵀ) * (x·w_upᵀ), the feed-forward's gated product: what matmul(w_gate,
     // x, out), matmul(w_up, x, up) and gated_mul(act, out, up, out) compute, which is the
@@ -221,9 +222,9 @@ class Backend {
     // population's (torch.nn.LayerNorm).
     virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                             const Tensor& out) = 0;
-    // out = x / 2 * (1 + erf(x / sqrt 2)), element-wise: torch.nn.GELU's exact form, which
-    // Whisper was trained with (whisper.cpp uses the tanh approximation).
-    virtual void gelu(const Tensor& x, const Tensor& out) = 0;
+    // out = act(x), element-wise (out may be x): Whisper's GELU is the exact form
+    // (torch.nn.GELU's, which it was trained with; whisper.cpp uses the tanh approximation).
+    virtual void activate(Activation act, const Tensor& x, const Tensor& out) = 0;
     // x[i] += bias for every row i, in place, where bias is one row of x.cols floats; or
     // x[i] += bias[i] where bias has x's shape (positional embeddings added to a batch).
     virtual void add_bias(const Tensor& x, const Tensor& bias) = 0;
@@ -231,12 +232,20 @@ class Backend {
     virtual void scale(const Tensor& x, float factor) = 0;
     // x = cap * tanh(x / cap), element-wise, in place (Gemma 2's final logit soft-capping).
     virtual void soft_cap(const Tensor& x, float cap) = 0;
-    // The inputs of a convolution of kernel 3 and padding 1 over the rows of x (T rows of C
-    // channels) as rows, so that the convolution is a matmul with its weights: out row t holds
-    // x[stride * t + k - 1][c] at column 3c + k (0 outside x), the layout of PyTorch's and
-    // whisper.cpp's conv1d weights (out_channels x C x 3); columns from 3C to out.cols are 0
-    // (a matmul may want whole blocks). out: (T - 1) / stride + 1 rows.
-    virtual void im2col3(const Tensor& x, int stride, const Tensor& out) = 0;
+    // A 1-D convolution's shape: kernel taps, stride and zero padding on each side.
+    struct Convolution {
+        int kernel = 3;
+        int stride = 1;
+        int padding = 1;
+        // Output rows of a convolution over `rows` input rows.
+        int64_t out_rows(int64_t rows) const { return (rows + 2 * padding - kernel) / stride + 1; }
+    };
+    // The inputs of a convolution over the rows of x (T rows of C channels) as rows, so that the
+    // convolution is a matmul with its weights: out row t holds x[stride * t + k - padding][c]
+    // at column kernel * c + k (0 outside x), the layout of PyTorch's and whisper.cpp's conv1d
+    // weights (out_channels x C x kernel); columns from kernel * C to out.cols are 0 (a matmul
+    // may want whole blocks). out: conv.out_rows(T) rows.
+    virtual void im2col(const Tensor& x, const Convolution& conv, const Tensor& out) = 0;
     // out[r][ids[j]] = src[r][j], and fill in the other columns: a draft's logits over a subset
     // of the vocabulary (src, ids.cols columns) as rows of the whole vocabulary (out). ids: I32,
     // ascending, each < out.cols.

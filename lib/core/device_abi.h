@@ -34,12 +34,14 @@ SPECULA_ABI_FLOAT(kErfA3, 1.421413741f)
 SPECULA_ABI_FLOAT(kErfA4, -1.453152027f)
 SPECULA_ABI_FLOAT(kErfA5, 1.061405429f)
 
-// The gated feed-forward's activations (Backend::Activation): out = act(g) * u with silu(g) =
-// g / (1 + e^-g) (Llama's SwiGLU) or the tanh form of GELU (Gemma's GeGLU), g / 2 (1 + tanh(z))
+// Activations (Backend::Activation), alone or gating a product (out = act(g) * u): silu(g) =
+// g / (1 + e^-g) (Llama's SwiGLU), the tanh form of GELU (Gemma's GeGLU), g / 2 (1 + tanh(z))
 // with z = s (g + c g^3), computed as g / (1 + e^(-2z)): the same function, without tanh's
-// overflow in GLSL.
+// overflow in GLSL; and GELU's exact form g / 2 (1 + erf(g / sqrt 2)) (Whisper, and GeGLUs
+// trained with it), erf as kErf* approximate it where a language has none.
 SPECULA_ABI_UINT(kActivationSilu, 0u)
 SPECULA_ABI_UINT(kActivationGeluTanh, 1u)
+SPECULA_ABI_UINT(kActivationGeluErf, 2u)
 SPECULA_ABI_FLOAT(kGeluTanhScale, 0.7978845608f)  // sqrt(2 / pi)
 SPECULA_ABI_FLOAT(kGeluTanhCubic, 0.044715f)
 

@@ -84,7 +84,7 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     const size_t n_expected = g.tensors().size();
     size_t n_loaded = 0;
     // conv1's rows (3 x n_mels) are copied with zero columns added up to whole 32-wide blocks,
-    // which every backend's matmul takes, and im2col3 writes zeros there.
+    // which every backend's matmul takes, and im2col writes zeros there.
     auto load = [&](const std::string& name, Tensor* t) -> Status {
         const GgufTensorInfo* info = g.find_tensor(name);
         if (info == nullptr) return FormatError("the whisper model lacks tensor '" + name + "'");
@@ -305,7 +305,7 @@ void WhisperContext::block(const WhisperModel::Block& b, const Tensor& x, int n,
     }
     be.layer_norm(x, b.mlp_ln_w, b.mlp_ln_b, 1e-5f, h);
     linear(b.mlp0, h, f, A::kNo);
-    be.gelu(f, f);
+    be.activate(Backend::Activation::kGeluErf, f, f);
     linear(b.mlp2, f, x, A::kYes);
 }
 
@@ -332,14 +332,17 @@ Status WhisperContext::encode(const audio::LogMel& mel, int first) {
     be.upload(mel_, rows.data());
 
     const WhisperModel& m = model_;
-    be.im2col3(mel_, 1, cols1_);
+    // Whisper's stem: two convolutions of kernel 3, padding 1, the second of stride 2, each
+    // followed by GELU (the exact form, as it was trained).
+    constexpr auto kGelu = Backend::Activation::kGeluErf;
+    be.im2col(mel_, {.kernel = 3, .stride = 1, .padding = 1}, cols1_);
     be.matmul(m.conv1_.w, cols1_, conv1_out_, A::kNo);
     be.add_bias(conv1_out_, m.conv1_.b);
-    be.gelu(conv1_out_, conv1_out_);
-    be.im2col3(conv1_out_, 2, cols2_);
+    be.activate(kGelu, conv1_out_, conv1_out_);
+    be.im2col(conv1_out_, {.kernel = 3, .stride = 2, .padding = 1}, cols2_);
     be.matmul(m.conv2_.w, cols2_, enc_x_, A::kNo);
     be.add_bias(enc_x_, m.conv2_.b);
-    be.gelu(enc_x_, enc_x_);
+    be.activate(kGelu, enc_x_, enc_x_);
     be.add_bias(enc_x_, m.enc_pos_);
     const int n = hp.n_audio_ctx;
     for (const WhisperModel::Block& b : m.enc_)

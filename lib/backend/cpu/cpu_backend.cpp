@@ -498,14 +498,14 @@ class CpuBackend final : public Backend {
         });
     }
 
-    void gelu(const Tensor& x, const Tensor& out) override {
-        const OpProfile::Scope timed(profile_, "gelu");
+    void activate(Activation act, const Tensor& x, const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "activate");
         wrote(out);
         const float* in = f32(x);
         float* o = f32(out);
         const int64_t n = x.cols * x.rows;
         parallel_for(size_t(n), 8, [&](size_t begin, size_t end) {
-            cpu::gelu(in + begin, o + begin, int64_t(end - begin));
+            cpu::activate(uint32_t(act), in + begin, o + begin, int64_t(end - begin));
         });
     }
 
@@ -551,20 +551,20 @@ class CpuBackend final : public Backend {
         }
     }
 
-    void im2col3(const Tensor& x, int stride, const Tensor& out) override {
-        const OpProfile::Scope timed(profile_, "im2col3");
+    void im2col(const Tensor& x, const Convolution& conv, const Tensor& out) override {
+        const OpProfile::Scope timed(profile_, "im2col");
         wrote(out);
-        const int64_t C = x.cols;
+        const int64_t C = x.cols, K = conv.kernel;
         parallel_for(size_t(out.rows), size_t(out.cols), [&](size_t begin, size_t end) {
             for (auto t = int64_t(begin); t < int64_t(end); ++t) {
                 float* o = f32(out) + t * out.cols;
                 std::fill(o, o + out.cols, 0.0f);
-                for (int64_t k = 0; k < 3; ++k) {
-                    const int64_t src = stride * t + k - 1;
+                for (int64_t k = 0; k < K; ++k) {
+                    const int64_t src = conv.stride * t + k - conv.padding;
                     if (src < 0 || src >= x.rows) continue;
                     const float* xr = row_f32(x, src);
                     for (int64_t c = 0; c < C; ++c)
-                        o[3 * c + k] = xr[c];
+                        o[K * c + k] = xr[c];
                 }
             }
         });

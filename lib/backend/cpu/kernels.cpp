@@ -967,33 +967,21 @@ void MapPairs(const float* a, const float* b, float* out, int64_t n, const F& f)
     std::copy(po, po + (n - i), out + i);
 }
 
-void GatedTimes(uint32_t act, const float* gate, const float* up, float* out, int64_t n) {
+// act(g) for device_abi.h's activation `act`.
+template <uint32_t act>
+VF Activated(DF d, VF g) {
     namespace abi = shared;
+    const VF one = hn::Set(d, 1.0f);
     // Highway's Exp is defined up to ~88 (it does not overflow to infinity): where e^-x would,
     // e^88 already makes g / (1 + e) zero to within 1e-37.
-    const auto exp_neg = [](DF d, VF x) {
-        return hn::Exp(d, hn::Min(hn::Neg(x), hn::Set(d, 88.0f)));
-    };
-    if (act == abi::kActivationGeluTanh) {
-        MapPairs(gate, up, out, n, [&](DF d, VF g, VF u) {
-            const VF z =
-                hn::Mul(hn::Set(d, abi::kGeluTanhScale),
-                        hn::MulAdd(hn::Mul(hn::Set(d, abi::kGeluTanhCubic), g), hn::Mul(g, g), g));
-            const VF e = exp_neg(d, hn::Add(z, z));
-            return hn::Mul(hn::Div(g, hn::Add(hn::Set(d, 1.0f), e)), u);
-        });
-        return;
-    }
-    MapPairs(gate, up, out, n, [&](DF d, VF g, VF u) {
-        return hn::Mul(hn::Div(g, hn::Add(hn::Set(d, 1.0f), exp_neg(d, g))), u);
-    });
-}
-
-void Gelu(const float* x, float* out, int64_t n) {
-    namespace abi = shared;
-    MapPairs(x, x, out, n, [](DF d, VF a, VF) {
-        const VF z = hn::Mul(a, hn::Set(d, float(M_SQRT1_2)));
-        const VF one = hn::Set(d, 1.0f);
+    const auto exp_neg = [d](VF x) { return hn::Exp(d, hn::Min(hn::Neg(x), hn::Set(d, 88.0f))); };
+    if constexpr (act == abi::kActivationGeluTanh) {
+        const VF z =
+            hn::Mul(hn::Set(d, abi::kGeluTanhScale),
+                    hn::MulAdd(hn::Mul(hn::Set(d, abi::kGeluTanhCubic), g), hn::Mul(g, g), g));
+        return hn::Div(g, hn::Add(one, exp_neg(hn::Add(z, z))));
+    } else if constexpr (act == abi::kActivationGeluErf) {
+        const VF z = hn::Mul(g, hn::Set(d, float(M_SQRT1_2)));
         const VF t = hn::Div(one, hn::MulAdd(hn::Set(d, abi::kErfP), hn::Abs(z), one));
         VF poly = hn::Set(d, abi::kErfA5);
         for (const float c : {abi::kErfA4, abi::kErfA3, abi::kErfA2, abi::kErfA1})
@@ -1001,7 +989,33 @@ void Gelu(const float* x, float* out, int64_t n) {
         poly = hn::Mul(poly, t);
         const VF erf_abs = hn::NegMulAdd(poly, hn::Exp(d, hn::Neg(hn::Mul(z, z))), one);
         const VF erf = hn::CopySignToAbs(erf_abs, z);
-        return hn::Mul(hn::Mul(hn::Set(d, 0.5f), a), hn::Add(one, erf));
+        return hn::Mul(hn::Mul(hn::Set(d, 0.5f), g), hn::Add(one, erf));
+    } else {
+        return hn::Div(g, hn::Add(one, exp_neg(g)));
+    }
+}
+
+// f(Activated<act>) for the activation `act` chosen at run time: one branch per call, none
+// per vector.
+template <typename F>
+void WithActivation(uint32_t act, const F& f) {
+    namespace abi = shared;
+    if (act == abi::kActivationGeluTanh)
+        return f([](DF d, VF g) { return Activated<abi::kActivationGeluTanh>(d, g); });
+    if (act == abi::kActivationGeluErf)
+        return f([](DF d, VF g) { return Activated<abi::kActivationGeluErf>(d, g); });
+    f([](DF d, VF g) { return Activated<abi::kActivationSilu>(d, g); });
+}
+
+void GatedTimes(uint32_t act, const float* gate, const float* up, float* out, int64_t n) {
+    WithActivation(act, [&](auto activated) {
+        MapPairs(gate, up, out, n, [&](DF d, VF g, VF u) { return hn::Mul(activated(d, g), u); });
+    });
+}
+
+void Activate(uint32_t act, const float* x, float* out, int64_t n) {
+    WithActivation(act, [&](auto activated) {
+        MapPairs(x, x, out, n, [&](DF d, VF g, VF) { return activated(d, g); });
     });
 }
 
@@ -1246,7 +1260,7 @@ HWY_EXPORT(DotF32);
 HWY_EXPORT(Attend);
 HWY_EXPORT(AttendTransposed);
 HWY_EXPORT(GatedTimes);
-HWY_EXPORT(Gelu);
+HWY_EXPORT(Activate);
 HWY_EXPORT(SoftCap);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(PackRows);
@@ -1286,8 +1300,8 @@ void attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
 void gated_times(uint32_t act, const float* gate, const float* up, float* out, int64_t n) {
     HWY_DYNAMIC_DISPATCH(GatedTimes)(act, gate, up, out, n);
 }
-void gelu(const float* x, float* out, int64_t n) {
-    HWY_DYNAMIC_DISPATCH(Gelu)(x, out, n);
+void activate(uint32_t act, const float* x, float* out, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(Activate)(act, x, out, n);
 }
 void soft_cap(float* x, int64_t n, float cap) {
     HWY_DYNAMIC_DISPATCH(SoftCap)(x, n, cap);

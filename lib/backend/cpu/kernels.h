@@ -161,13 +161,12 @@ void attend_transposed(const float* q, int n_queries, const int* first, const in
                        float soft_cap, float* scores, float* out);
 
 // out[i] = act(gate[i]) * up[i] for device_abi.h's activation `act` (kActivationSilu: gate[i] /
-// (1 + e^-gate[i]) * up[i]; kActivationGeluTanh: gate[i] / (1 + e^(-2z)) * up[i]) (out may be
-// gate).
+// (1 + e^-gate[i]); kActivationGeluTanh: gate[i] / (1 + e^(-2z)); kActivationGeluErf:
+// gate[i] / 2 (1 + erf(gate[i] / sqrt 2)), erf as the kErf* approximation) (out may be gate).
 void gated_times(uint32_t act, const float* gate, const float* up, float* out, int64_t n);
 
-// out[i] = gelu(x[i]) = x[i] / 2 (1 + erf(x[i] / sqrt 2)), erf as device_abi.h's kErf*
-// approximation (out may be x).
-void gelu(const float* x, float* out, int64_t n);
+// out[i] = act(x[i]), the activations of gated_times (out may be x).
+void activate(uint32_t act, const float* x, float* out, int64_t n);
 
 // x[i] = cap * tanh(x[i] / cap), in place: the attention's soft cap of its scores, on any floats
 // (Gemma 2's logits).

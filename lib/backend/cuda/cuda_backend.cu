@@ -323,10 +323,10 @@ class CudaBackend final : public Backend {
         cuda::layer_norm(stream_, dev(x), dev(weight), dev(bias), eps, x.cols, x.rows, dev(out));
         check(cudaGetLastError(), "layer_norm");
     }
-    void gelu(const Tensor& x, const Tensor& out) override {
+    void activate(Activation act, const Tensor& x, const Tensor& out) override {
         select();
-        cuda::gelu(stream_, dev(x), x.cols * x.rows, dev(out));
-        check(cudaGetLastError(), "gelu");
+        cuda::activate(stream_, uint32_t(act), dev(x), x.cols * x.rows, dev(out));
+        check(cudaGetLastError(), "activate");
     }
     void scale(const Tensor& x, float factor) override {
         select();
@@ -345,10 +345,11 @@ class CudaBackend final : public Backend {
                        x.cols * x.rows);
         check(cudaGetLastError(), "add_bias");
     }
-    void im2col3(const Tensor& x, int stride, const Tensor& out) override {
+    void im2col(const Tensor& x, const Convolution& conv, const Tensor& out) override {
         select();
-        cuda::im2col3(stream_, dev(x), x.cols, x.rows, stride, out.cols, out.rows, dev(out));
-        check(cudaGetLastError(), "im2col3");
+        cuda::im2col(stream_, dev(x), x.cols, x.rows, {conv.kernel, conv.stride, conv.padding},
+                     out.cols, out.rows, dev(out));
+        check(cudaGetLastError(), "im2col");
     }
     void expand_columns(const Tensor& src, const Tensor& ids, float fill,
                         const Tensor& out) override {

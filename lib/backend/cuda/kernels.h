@@ -77,13 +77,18 @@ void gated_mul(cudaStream_t s, uint32_t act, const float* gate, const float* up,
                float* out);
 void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, float eps,
                 int64_t cols, int64_t rows, float* out);
-void gelu(cudaStream_t s, const float* x, int64_t n, float* out);
+// out[i] = act(x[i]) (act: device_abi.h's kActivation*).
+void activate(cudaStream_t s, uint32_t act, const float* x, int64_t n, float* out);
 // x[i] += bias[i % period] for i < n.
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n);
 void scale(cudaStream_t s, float* x, float factor, int64_t n);
 void soft_cap(cudaStream_t s, float* x, float cap, int64_t n);
-void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
-             int64_t out_rows, float* out);
+// Backend::im2col over x (T rows of C).
+struct Im2col {
+    int kernel, stride, padding;
+};
+void im2col(cudaStream_t s, const float* x, int64_t C, int64_t T, const Im2col& conv,
+            int64_t out_cols, int64_t out_rows, float* out);
 // out[r][ids[j]] = src[r][j], fill elsewhere (Backend::expand_columns; ids ascending).
 void expand_columns(cudaStream_t s, const float* src, int64_t src_cols, const int32_t* ids,
                     float fill, int64_t cols, int64_t rows, float* out);

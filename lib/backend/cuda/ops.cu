@@ -222,13 +222,20 @@ __device__ void rotate_pair(float a, float b, float c, float s, float* out0, flo
     *out1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
 }
 
-// act(g) * u for device_abi.h's activation `act`.
-__device__ float gated_times(uint32_t act, float g, float u) {
+// act(g) for device_abi.h's activation `act`.
+__device__ float activated(uint32_t act, float g) {
     if (act == shared::kActivationGeluTanh) {
         const float z = shared::kGeluTanhScale * fmaf(shared::kGeluTanhCubic * g, g * g, g);
-        return g / (1.0f + expf(-2.0f * z)) * u;
+        return g / (1.0f + expf(-2.0f * z));
     }
-    return g / (1.0f + expf(-g)) * u;
+    if (act == shared::kActivationGeluErf)
+        return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
+    return g / (1.0f + expf(-g));
+}
+
+// act(g) * u: the feed-forward's gate.
+__device__ float gated_times(uint32_t act, float g, float u) {
+    return activated(act, g) * u;
 }
 
 // A block of kMatmulThreads threads computes R rows for N columns. Thread t takes quarter t % 4
@@ -917,20 +924,20 @@ __global__ void layer_norm_kernel(const float* x, const float* w, const float* b
         out[int64_t(blockIdx.x) * cols + c] = (xr[c] - mean) * scale * w[c] + b[c];
 }
 
-__global__ void gelu_kernel(const float* x, int64_t n, float* out) {
+__global__ void activate_kernel(uint32_t act, const float* x, int64_t n, float* out) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+    if (i < n) out[i] = activated(act, x[i]);
 }
 
-__global__ void im2col3_kernel(const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
-                               int64_t n, float* out) {
+__global__ void im2col_kernel(const float* x, int64_t C, int64_t T, Im2col conv, int64_t out_cols,
+                              int64_t n, float* out) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int64_t t = i / out_cols, j = i % out_cols;
     float v = 0.0f;
-    if (j < 3 * C) {
-        const int64_t src = stride * t + j % 3 - 1;
-        if (src >= 0 && src < T) v = x[src * C + j / 3];
+    if (j < conv.kernel * C) {
+        const int64_t src = conv.stride * t + j % conv.kernel - conv.padding;
+        if (src >= 0 && src < T) v = x[src * C + j / conv.kernel];
     }
     out[i] = v;
 }
@@ -1086,14 +1093,14 @@ void layer_norm(cudaStream_t s, const float* x, const float* w, const float* b, 
     layer_norm_kernel<<<unsigned(rows), 1024, 0, s>>>(x, w, b, eps, cols, out);
 }
 
-void gelu(cudaStream_t s, const float* x, int64_t n, float* out) {
-    gelu_kernel<<<blocks(n, 256), 256, 0, s>>>(x, n, out);
+void activate(cudaStream_t s, uint32_t act, const float* x, int64_t n, float* out) {
+    activate_kernel<<<blocks(n, 256), 256, 0, s>>>(act, x, n, out);
 }
 
-void im2col3(cudaStream_t s, const float* x, int64_t C, int64_t T, int stride, int64_t out_cols,
-             int64_t out_rows, float* out) {
-    im2col3_kernel<<<blocks(out_cols * out_rows, 256), 256, 0, s>>>(x, C, T, stride, out_cols,
-                                                                    out_cols * out_rows, out);
+void im2col(cudaStream_t s, const float* x, int64_t C, int64_t T, const Im2col& conv,
+            int64_t out_cols, int64_t out_rows, float* out) {
+    im2col_kernel<<<blocks(out_cols * out_rows, 256), 256, 0, s>>>(x, C, T, conv, out_cols,
+                                                                   out_cols * out_rows, out);
 }
 
 __global__ void expand_columns_kernel(const float* src, int64_t src_cols, const int32_t* ids,

@@ -954,17 +954,21 @@ class VulkanBackend final : public Backend {
                  {256, 1, 1});
     }
 
-    void gelu(const Tensor& x, const Tensor& out) override { elementwise(3, x, x, out); }
+    void activate(Activation act, const Tensor& x, const Tensor& out) override {
+        elementwise(3, x, x, out, uint32_t(act));
+    }
 
-    void im2col3(const Tensor& x, int stride, const Tensor& out) override {
+    void im2col(const Tensor& x, const Convolution& conv, const Tensor& out) override {
         PushConstants pc;
         const uint64_t n = uint64_t(out.cols) * uint64_t(out.rows);
         pc.u[0] = uint32_t(n);
         pc.u[1] = uint32_t(out.cols);
         pc.u[2] = uint32_t(x.cols);
         pc.u[3] = uint32_t(x.rows);
-        pc.u[4] = uint32_t(stride);
-        dispatch("im2col3", {&x, &out}, kWrites1, pc, uint32_t((n + 255) / 256), {256, 1, 1});
+        pc.u[4] = uint32_t(conv.stride);
+        pc.u[5] = uint32_t(conv.kernel);
+        pc.u[6] = uint32_t(conv.padding);
+        dispatch("im2col", {&x, &out}, kWrites1, pc, uint32_t((n + 255) / 256), {256, 1, 1});
     }
 
     void expand_columns(const Tensor& src, const Tensor& ids, float fill,

@@ -28,22 +28,25 @@ layout(push_constant) uniform PushConstants {
 // The linear index of this workgroup when a large grid is folded into x and y.
 uint group_index() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 
-// The feed-forward's gate: act(g) * u for device_abi.h's activation `act` (elementwise.comp,
-// and the gated matmul's output).
-float gated_times(uint act, float g, float u) {
-    if (act == kActivationGeluTanh) {
-        const float z = kGeluTanhScale * fma(kGeluTanhCubic * g, g * g, g);
-        return g / (1.0 + exp(-2.0 * z)) * u;
-    }
-    return g / (1.0 + exp(-g)) * u;
-}
-
 // erf(x) to 1.5e-7 (device_abi.h's kErf*): GLSL has no erf.
 float erf_approx(float x) {
     const float t = 1.0 / (1.0 + kErfP * abs(x));
     const float poly = t * (kErfA1 + t * (kErfA2 + t * (kErfA3 + t * (kErfA4 + t * kErfA5))));
     return sign(x) * (1.0 - poly * exp(-x * x));
 }
+
+// act(g) for device_abi.h's activation `act` (elementwise.comp).
+float activated(uint act, float g) {
+    if (act == kActivationGeluTanh) {
+        const float z = kGeluTanhScale * fma(kGeluTanhCubic * g, g * g, g);
+        return g / (1.0 + exp(-2.0 * z));
+    }
+    if (act == kActivationGeluErf) return 0.5 * g * (1.0 + erf_approx(g * 0.70710678118654752));
+    return g / (1.0 + exp(-g));
+}
+
+// The feed-forward's gate: act(g) * u (elementwise.comp, and the gated matmul's output).
+float gated_times(uint act, float g, float u) { return activated(act, g) * u; }
 
 // Element `second` of the pair (a, b) rotated by the angle of cosine c and sine s (rope.comp,
 // and the rotating matmul's output). precise: never contracted into fma, so every pipeline

@@ -1,7 +1,7 @@
 #version 450
 // Element-wise ops over u0 floats, chosen by u1:
 //   1: out = act(a) * b (act: u2, device_abi.h's kActivation*)   2: out = a (copy)
-//   3: out = gelu(a)
+//   3: out = act(a) (act: u2)
 //   4: out = a + b[i % u2] (b one row of u2 floats broadcast over a's rows, or all of a's shape)
 //   5: out = a * f0           6: out = f0 * tanh(a / f0)
 //   binding 0: a, 1: b, 2: out
@@ -17,7 +17,7 @@ void main() {
     if (pc.u1 == 1u) {
         r = gated_times(pc.u2, a, uintBitsToFloat(b1[pc.off1 / 4u + i]));
     } else if (pc.u1 == 3u) {
-        r = 0.5 * a * (1.0 + erf_approx(a * 0.70710678118654752));
+        r = activated(pc.u2, a);
     } else if (pc.u1 == 4u) {
         r = a + uintBitsToFloat(b1[pc.off1 / 4u + i % pc.u2]);
     } else if (pc.u1 == 5u) {
