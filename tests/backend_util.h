@@ -27,10 +27,12 @@ inline const char* backend_name(specula_backend_kind kind) {
     return specula_backend_kind_name(kind);
 }
 
-// The backend, or nullptr with *why set when it cannot be created here.
-inline std::unique_ptr<Backend> try_backend(specula_backend_kind kind, std::string* why) {
+// The backend with `options`, or nullptr with *why set when it cannot be created here.
+inline std::unique_ptr<Backend> try_backend(specula_backend_kind kind, std::string* why,
+                                            const specula_backend_options& options = {}) {
     specula_backend_params p = specula_backend_default_params();
     p.kind = kind;
+    p.options = options;
     std::unique_ptr<Backend> b;
     const Status s = create_backend(p, &b);
     if (!s.ok()) *why = std::string("no ") + backend_name(kind) + " device: " + s.message();
@@ -59,12 +61,11 @@ class ScopedEnv {
     std::optional<std::string> saved_;
 };
 
-// try_backend with the environment variable `name` set to `value` while the backend is made
-// (a backend reads its SPECULA_VULKAN_* switches then); the variable is restored afterwards.
-inline std::unique_ptr<Backend> try_backend_with(specula_backend_kind kind, const char* name,
-                                                 const char* value, std::string* why) {
-    const ScopedEnv env(name, value);
-    return try_backend(kind, why);
+// Options with one path forced on or off.
+inline specula_backend_options with_path(specula_path specula_backend_options::*path, bool on,
+                                         specula_backend_options options = {}) {
+    options.*path = on ? SPECULA_PATH_ON : SPECULA_PATH_OFF;
+    return options;
 }
 
 // Has every cpu backend made from now on (unless told otherwise) multiply quantized weights with

@@ -33,7 +33,9 @@ struct Pair {
     // sums, then the same float arithmetic up to its order). It reads cpu's buffers.
     Backend& reference(GgmlType type, int64_t n) {
         if (!gpu->quantizes_inputs(type, n) || cpu->quantizes_inputs(type, n)) return *cpu;
-        if (!cpu_int) cpu_int = create_cpu_backend(2, CpuInputs::kQuantized);
+        if (!cpu_int)
+            cpu_int =
+                create_cpu_backend(2, test::with_path(&specula_backend_options::int8_inputs, true));
         return *cpu_int;
     }
 
@@ -187,7 +189,8 @@ class BackendOps : public ::testing::TestWithParam<specula_backend_kind> {
     void fuse_norms_on_vulkan() {
         if (GetParam() != SPECULA_BACKEND_VULKAN) return;
         std::string why;
-        p.gpu = test::try_backend_with(GetParam(), "SPECULA_VULKAN_FUSED_NORM", "1", &why);
+        p.gpu = test::try_backend(GetParam(), &why,
+                                  test::with_path(&specula_backend_options::fused_norm, true));
         ASSERT_TRUE(p.gpu) << why;
     }
     Pair p;
@@ -256,7 +259,8 @@ TEST_P(BackendOps, MatmulAccumulatesLikeAdd) {
 TEST_P(BackendOps, MatmulOfManyColumns) {
     if (GetParam() == SPECULA_BACKEND_VULKAN) {  // CPU devices take slices unless told
         std::string why;
-        p.gpu = test::try_backend_with(GetParam(), "SPECULA_VULKAN_TILED", "1", &why);
+        p.gpu = test::try_backend(GetParam(), &why,
+                                  test::with_path(&specula_backend_options::tiled, true));
         ASSERT_TRUE(p.gpu) << why;
     }
     for (GgmlType type : weight_types(*p.gpu)) {
@@ -909,10 +913,35 @@ TEST(CpuOps, AttentionOverFixedKeysIsTheSameForARowAloneAndInABlock) {
     }
 }
 
+// A backend's options: what the app sets through specula_backend_params is what the backend
+// does; the environment's hooks fill only the fields left AUTO, each for its own kind. Fails if
+// a backend reads the environment over its options, or the options are not passed on.
+TEST(BackendOptions, TheAppsChoicesHoldAndTheEnvironmentFillsTheRest) {
+    const test::ScopedEnv float_inputs("SPECULA_CPU_FLOAT_INPUTS", "1");
+    const test::ScopedEnv tiled("SPECULA_VULKAN_TILED", "0");
+    EXPECT_EQ(resolve_options(SPECULA_BACKEND_CPU, {}).int8_inputs, SPECULA_PATH_OFF);
+    const specula_backend_options int8 =
+        test::with_path(&specula_backend_options::int8_inputs, true);
+    EXPECT_EQ(resolve_options(SPECULA_BACKEND_CPU, int8).int8_inputs, SPECULA_PATH_ON);
+    EXPECT_EQ(resolve_options(SPECULA_BACKEND_VULKAN, {}).tiled, SPECULA_PATH_OFF);
+    EXPECT_EQ(resolve_options(SPECULA_BACKEND_CUDA, {}).tiled, SPECULA_PATH_AUTO);
+    EXPECT_EQ(resolve_options(SPECULA_BACKEND_VULKAN, {}).int8_inputs, SPECULA_PATH_AUTO);
+    // Through the factory, as specula_backend_create makes them.
+    for (const specula_path path : {SPECULA_PATH_AUTO, SPECULA_PATH_ON, SPECULA_PATH_OFF}) {
+        specula_backend_params params = specula_backend_default_params();
+        params.kind = SPECULA_BACKEND_CPU;
+        params.options.int8_inputs = path;
+        std::unique_ptr<Backend> cpu;
+        ASSERT_TRUE(create_backend(params, &cpu).ok());
+        // AUTO: the environment's float inputs.
+        EXPECT_EQ(cpu->quantizes_inputs(GgmlType::kQ8_0, 1), path == SPECULA_PATH_ON) << path;
+    }
+}
+
 // A prompt's inputs are quantized for the integer kernels by the backend's threads, a share of
 // the blocks each: a row's product is bit for bit what it is alone, however wide the batch.
 TEST(CpuOps, AWideBatchOfQuantizedInputsIsEachRowAlone) {
-    auto cpu = create_cpu_backend(2, CpuInputs::kQuantized);
+    auto cpu = create_cpu_backend(2, test::with_path(&specula_backend_options::int8_inputs, true));
     CpuTensors make(*cpu);
     const int64_t cols = 256, rows = 48, n = 600;  // 4800 blocks of inputs: the threads split
     for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_K}) {
@@ -1038,16 +1067,17 @@ TEST_P(BackendOps, OutOfMemoryIsAStatusAndTheBackendSurvives) {
     EXPECT_EQ(read_floats(*p.gpu, dst.second), values);
 }
 
-// The backend of `kind` created with the switch `name` at "0" and at "1" (both null where
-// there is none, `off` null where there is none at "0"; *why says why).
+// The backend of `kind` created with the path off and on, the other options `base` (both null
+// where there is none, `off` null where there is none with it off; *why says why).
 struct SwitchedBackends {
     std::unique_ptr<Backend> off, on;
 };
-SwitchedBackends backends_with_switch(specula_backend_kind kind, const char* name,
-                                      std::string* why) {
+SwitchedBackends backends_with_switch(specula_backend_kind kind,
+                                      specula_path specula_backend_options::*path, std::string* why,
+                                      specula_backend_options base = {}) {
     SwitchedBackends b;
-    b.off = test::try_backend_with(kind, name, "0", why);
-    if (b.off) b.on = test::try_backend_with(kind, name, "1", why);
+    b.off = test::try_backend(kind, why, test::with_path(path, false, base));
+    if (b.off) b.on = test::try_backend(kind, why, test::with_path(path, true, base));
     return b;
 }
 
@@ -1098,7 +1128,7 @@ void expect_matmul_variants_identical(Pair& p, GgmlType type, int64_t cols, int6
 TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
     std::string why;
     auto [words, small] =
-        backends_with_switch(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_SMALL_STORAGE", &why);
+        backends_with_switch(SPECULA_BACKEND_VULKAN, &specula_backend_options::small_storage, &why);
     if (!words) GTEST_SKIP() << why;
     ASSERT_TRUE(small) << why;
     EXPECT_FALSE(vulkan_reads_small_storage(*words));
@@ -1128,14 +1158,14 @@ TEST(VulkanWeightReads, SmallStorageAndWordReadsAgreeBitForBit) {
 }
 
 // Where a driver may choose among several subgroup sizes, the matmul's pipelines require one
-// (SPECULA_VULKAN_PIN_SUBGROUP). Pinned to the device's own size (=1 on a device of one size),
+// (the pin_subgroup option). Pinned to the device's own size (=1 on a device of one size),
 // the pipelines that require it must sum as the others do, bit for bit: plain, gated, rotated
 // and with the norm applied in the matmul, every batch width, rows long enough for whole
 // subgroups. The validation layer checks the pipelines' creation.
 TEST(VulkanSubgroups, APinnedSizeSumsAsTheDevicesOwn) {
     std::string why;
     auto [own, pinned] =
-        backends_with_switch(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_PIN_SUBGROUP", &why);
+        backends_with_switch(SPECULA_BACKEND_VULKAN, &specula_backend_options::pin_subgroup, &why);
     if (!own) GTEST_SKIP() << why;
     ASSERT_TRUE(pinned) << why;
     bool own_pinned = true, is_pinned = false;
@@ -1158,16 +1188,16 @@ TEST(VulkanSubgroups, APinnedSizeSumsAsTheDevicesOwn) {
 #endif
 
 // CUDA's matmul kernels read their weights themselves or through shared memory in 16-byte loads
-// (SPECULA_CUDA_STAGED, the default where type and row length allow): both must give the same
+// (the staged option, the default where type and row length allow): both must give the same
 // floats, plain, gated and rotated, at every batch width (each with its own rows per block),
 // for the dp4a kernel and for the tensor cores' (Q8_0 and Q4_0, where the device has them).
 TEST(CudaMatmulReads, StagedAndDirectGiveTheSameFloats) {
-    for (const char* tensor_cores : {"0", "1"}) {
-        SCOPED_TRACE(std::string("SPECULA_CUDA_TENSOR_CORES=") + tensor_cores);
-        const test::ScopedEnv env("SPECULA_CUDA_TENSOR_CORES", tensor_cores);
+    for (const bool tensor_cores : {false, true}) {
+        SCOPED_TRACE(tensor_cores ? "tensor cores" : "dp4a");
         std::string why;
-        auto [direct, staged] =
-            backends_with_switch(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_STAGED", &why);
+        auto [direct, staged] = backends_with_switch(
+            SPECULA_BACKEND_CUDA, &specula_backend_options::staged, &why,
+            test::with_path(&specula_backend_options::tensor_cores, tensor_cores));
         if (!direct) GTEST_SKIP() << why;
         ASSERT_TRUE(staged) << why;
         Pair p{std::move(direct), std::move(staged), {}, {}};  // the pair's "cpu" reads directly
@@ -1177,7 +1207,7 @@ TEST(CudaMatmulReads, StagedAndDirectGiveTheSameFloats) {
         // three steps for the first warp and two for the others (each step's loads issued while
         // the last is multiplied); 6144, six steps each. 198 rows: a last block part filled.
         for (GgmlType type : weight_types(*p.gpu)) {
-            if (*tensor_cores == '1' && type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0)
+            if (tensor_cores && type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0)
                 continue;  // the other types took matmul_kernel in the first pass
             for (int64_t cols : {256, 2304, 6144}) {
                 for (int64_t n : {1, 2, 3, 8, 17}) {
@@ -1189,14 +1219,14 @@ TEST(CudaMatmulReads, StagedAndDirectGiveTheSameFloats) {
     }
 }
 
-// On tensor cores (SPECULA_CUDA_TENSOR_CORES=1, sm_80 and later) Q8_0 and Q4_0 times 8-bit
+// On tensor cores (the tensor_cores option, sm_80 and later) Q8_0 and Q4_0 times 8-bit
 // inputs sum in another order than matmul_kernel's dp4a: a column's floats must be the same in
 // every verification batch, alone (1), in one tile of 8 columns (5, 8), in two (9, 16) and past
 // a slice (17), plain, gated and rotated; and the two orders agree within the tolerance.
 TEST(CudaTensorCores, AColumnIsTheSameAloneAndInABatch) {
     std::string why;
     auto [dp4a, mma] =
-        backends_with_switch(SPECULA_BACKEND_CUDA, "SPECULA_CUDA_TENSOR_CORES", &why);
+        backends_with_switch(SPECULA_BACKEND_CUDA, &specula_backend_options::tensor_cores, &why);
     if (!dp4a) GTEST_SKIP() << why;
     ASSERT_TRUE(mma) << why;
     Pair p{std::move(dp4a), std::move(mma), {}, {}};  // the pair's "cpu" multiplies by dp4a

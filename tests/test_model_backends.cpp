@@ -51,7 +51,8 @@ TEST_P(ModelOnBackend, LogitsMatchTheCpu) {
     // rounding boundary can go either way: one quantum of one input (a 127th of its block's
     // largest) moves the logits by ~1e-3 of their largest, hence the wider tolerance.
     const bool int_inputs = gpu->quantizes_inputs(GetParam().type, int64_t(kTokens.size()));
-    auto cpu = create_cpu_backend(2, int_inputs ? CpuInputs::kQuantized : CpuInputs::kFloat);
+    auto cpu =
+        create_cpu_backend(2, test::with_path(&specula_backend_options::int8_inputs, int_inputs));
     const double tolerance = int_inputs ? 4e-3 : 1e-4;
     const std::string path = model_file(GetParam().type);
     auto mg = load(*gpu, path), mc = load(*cpu, path);
@@ -157,8 +158,9 @@ TEST(VulkanWeightParts, AWeightInPartsGivesTheSameLogits) {
     std::string why;
     std::unique_ptr<Backend> whole = test::try_backend(SPECULA_BACKEND_VULKAN, &why);
     if (!whole) GTEST_SKIP() << why;
-    std::unique_ptr<Backend> parts =
-        test::try_backend_with(SPECULA_BACKEND_VULKAN, "SPECULA_VULKAN_MAX_RANGE", "1000000", &why);
+    specula_backend_options small_range{};
+    small_range.max_binding_bytes = 1000000;
+    std::unique_ptr<Backend> parts = test::try_backend(SPECULA_BACKEND_VULKAN, &why, small_range);
     ASSERT_TRUE(parts) << why;
     {
         const std::string path = model_file(GgmlType::kQ8_0);

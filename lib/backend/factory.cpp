@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/options.h"
 #include "core/log.h"
 #ifdef SPECULA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -41,7 +42,8 @@ Status create_backend(const specula_backend_params& params, std::unique_ptr<Back
             try {
                 // More threads than the machine has would only take turns on its cores.
                 const int hardware = int(std::max(1u, std::thread::hardware_concurrency()));
-                *out = create_cpu_backend(std::min<int>(params.n_threads, hardware));
+                *out = create_cpu_backend(std::min<int>(params.n_threads, hardware),
+                                          resolve_options(SPECULA_BACKEND_CPU, params.options));
             } catch (const std::system_error& e) {  // a worker thread could not be started
                 return OutOfMemory(std::string("cannot start the cpu backend's threads: ") +
                                    e.what());
@@ -71,7 +73,8 @@ Status create_backend(const specula_backend_params& params, std::unique_ptr<Back
                                           " unavailable (" + s.message() + ")");
             }
 #endif
-            *out = create_cpu_backend(params.n_threads);
+            *out = create_cpu_backend(params.n_threads,
+                                      resolve_options(SPECULA_BACKEND_CPU, params.options));
             return Status::Ok();
         }
         case SPECULA_BACKEND_VULKAN:

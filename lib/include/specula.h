@@ -106,11 +106,57 @@ typedef struct specula_device_info {
 SPECULA_API specula_status specula_device_count(size_t* count);
 SPECULA_API specula_status specula_device_get(size_t i, specula_device_info* info);
 
+/* A computation path a backend may take: its own choice for the device, or forced on or off. */
+typedef enum specula_path {
+    SPECULA_PATH_AUTO = 0,
+    SPECULA_PATH_ON = 1,
+    SPECULA_PATH_OFF = 2
+} specula_path;
+
+/* How a backend computes (specula_backend_params.options). All zero, as
+ * specula_backend_default_params gives it, is each backend's own choice for its device: what an
+ * app wants. The paths are for benchmarks that compare them and for tests. Every path gives the
+ * same tokens as the others (each is tested against them), except int8_inputs, which rounds a
+ * quantized matmul's inputs to 8 bits as llama.cpp does. Each field names the backends that
+ * read it; the others ignore it. The environment variables of docs/PROGRAMS.md ("Backend
+ * options") fill the fields an app leaves AUTO, false or 0. */
+typedef struct specula_backend_options {
+    specula_path int8_inputs;   /* cpu (default on), CUDA (default on for Q8_0 and Q4_0): quantized
+                                   weights times 8-bit inputs by integer dot products */
+    specula_path tiled;         /* Vulkan, CUDA: the tiled matmul for wide batches (default: on
+                                   GPUs, not on software Vulkan devices) */
+    specula_path fused_norm;    /* Vulkan: matmuls apply their input's RMS norm (default: on
+                                   GPUs) */
+    specula_path fused_rope;    /* Vulkan, CUDA: the q and k matmuls rotate their outputs
+                                   (default on) */
+    specula_path fused_gate;    /* CUDA: the feed-forward's two products and its gate in one
+                                   kernel (default on; Vulkan fuses them always) */
+    specula_path subgroups;     /* Vulkan: subgroup sums where the device has shuffles (default
+                                   on; off: the shared-memory sums) */
+    specula_path pin_subgroup;  /* Vulkan: the matmuls' subgroup size pinned (default: where the
+                                   driver may pick several sizes) */
+    specula_path small_storage; /* Vulkan: weights read through 8/16-bit storage (default: on
+                                   GPUs that have it) */
+    specula_path staged;        /* CUDA: a warp stages the weights through shared memory
+                                   (default on) */
+    specula_path tensor_cores;  /* CUDA: Q8_0 and Q4_0 batches by tensor cores, sm_80 and later
+                                   (default off) */
+    specula_path split_attention; /* CUDA: a long context's attention split over blocks (default
+                                     on) */
+    specula_path host_rules;      /* CUDA: Whisper's token rules on the host (default off) */
+    bool barrier_every_dispatch;  /* Vulkan: a barrier after every dispatch (a baseline) */
+    bool profile;                 /* cpu, Vulkan: each op timed, the table written to stderr
+                                     when the backend is freed */
+    uint64_t max_binding_bytes;   /* Vulkan: bind at most this much of a buffer at once (0: the
+                                     device's storage-buffer range) */
+} specula_backend_options;
+
 typedef struct specula_backend_params {
     specula_backend_kind kind;
     int32_t device_index;    /* within the kind; -1 selects by name or the best one */
     const char* device_name; /* optional substring match; NULL for none */
     int32_t n_threads;       /* cpu backend; 0 = all hardware threads, and at most those */
+    specula_backend_options options;
 } specula_backend_params;
 
 typedef struct specula_backend specula_backend;

@@ -173,7 +173,10 @@ class Backend(_Handle):
     _free = _lib.specula_backend_free
 
     def __init__(self, kind: str = "auto", *, device: int = -1, device_name: Optional[str] = None,
-                 n_threads: int = 0):
+                 n_threads: int = 0, **options):
+        """options: the fields of specula_backend_options (specula.h), a path as True (on) or
+        False (off), e.g. Backend("cpu", int8_inputs=False); those not given are the backend's
+        own choice."""
         super().__init__()
         params = _capi.BackendParams()
         _lib.specula_backend_default_params_by_ref(ctypes.byref(params))
@@ -181,6 +184,14 @@ class Backend(_Handle):
         _check(_lib.specula_backend_kind_from_name(kind.encode(), ctypes.byref(k)))
         params.kind, params.device_index, params.n_threads = k.value, device, n_threads
         params.device_name = device_name.encode() if device_name is not None else None
+        known = {name for name, _ in _capi.BackendOptions._fields_}
+        for name, value in options.items():
+            if name not in known:
+                raise TypeError(f"unknown backend option {name!r} (specula_backend_options: "
+                                f"{', '.join(sorted(known))})")
+            if name in _capi.BACKEND_PATHS:
+                value = _capi.PATH_ON if value else _capi.PATH_OFF
+            setattr(params.options, name, value)
         ptr = ctypes.c_void_p()
         _check(_lib.specula_backend_create(ctypes.byref(params), ctypes.byref(ptr)))
         self._ptr = ptr.value

@@ -25,9 +25,21 @@ class DeviceInfo(Structure):
                 ("is_discrete_gpu", c_bool), ("is_software", c_bool), ("memory_bytes", c_uint64)]
 
 
+PATH_AUTO, PATH_ON, PATH_OFF = 0, 1, 2  # specula_path
+BACKEND_PATHS = ("int8_inputs", "tiled", "fused_norm", "fused_rope", "fused_gate", "subgroups",
+                 "pin_subgroup", "small_storage", "staged", "tensor_cores", "split_attention",
+                 "host_rules")
+
+
+class BackendOptions(Structure):
+    _fields_ = [(name, c_int) for name in BACKEND_PATHS] + [
+                ("barrier_every_dispatch", c_bool), ("profile", c_bool),
+                ("max_binding_bytes", c_uint64)]
+
+
 class BackendParams(Structure):
     _fields_ = [("kind", c_int), ("device_index", c_int32), ("device_name", c_char_p),
-                ("n_threads", c_int32)]
+                ("n_threads", c_int32), ("options", BackendOptions)]
 
 
 class ModelParams(Structure):
@@ -109,7 +121,8 @@ class AsrTimings(Structure):
                 ("verify_seconds", c_double)]
 
 
-STRUCTS = {"specula_device_info": DeviceInfo, "specula_backend_params": BackendParams,
+STRUCTS = {"specula_device_info": DeviceInfo, "specula_backend_options": BackendOptions,
+           "specula_backend_params": BackendParams,
            "specula_model_params": ModelParams, "specula_model_info": ModelInfo,
            "specula_chat_message": ChatMessage, "specula_session_params": SessionParams,
            "specula_generate_params": GenerateParams, "specula_session_stats": SessionStats,

@@ -205,3 +205,17 @@ def test_transcription_of_a_file_samples_and_with_a_draft(backend):
         assert e.value.status == specula.Status.ERR_ABORTED
         draft.close()
         assert t.closed  # it held the draft's caches
+
+
+def test_backend_options_reach_the_backend():
+    # The demo target is quantized: the cpu multiplies it by 8-bit inputs unless told not to,
+    # which rounds its logits otherwise.
+    with pytest.raises(TypeError):
+        specula.Backend("cpu", no_such_option=True)
+    logits = []
+    for int8_inputs in (True, False):
+        with specula.Backend("cpu", n_threads=1, int8_inputs=int8_inputs) as b:
+            with specula.Model(TARGET, backend=b) as m, m.session() as s:
+                s.eval(PROMPT)
+                logits.append(s.logits())
+    assert logits[0] != logits[1]

@@ -22,7 +22,6 @@
 
 #include "backend/cpu/kernels.h"
 #include "core/aligned.h"
-#include "core/env.h"
 #include "core/fp16.h"
 #include "core/log.h"
 #include "format/quant.h"
@@ -182,11 +181,11 @@ const float* row_f32(const Tensor& t, int64_t r) {
     return f32(t) + r * t.cols;
 }
 
-// SPECULA_CPU_PROFILE=1: the host time of each op (by name), printed when the backend is
-// destroyed, as SPECULA_VULKAN_PROFILE does for shaders.
+// The profile option: the host time of each op (by name), printed when the backend is
+// destroyed, as Vulkan's profile does for shaders.
 class OpProfile {
   public:
-    OpProfile() : on_(env_is("SPECULA_CPU_PROFILE", "1")) {}
+    explicit OpProfile(bool on) : on_(on) {}
     ~OpProfile() {
         if (!on_ || ops_.empty()) return;
         std::vector<std::pair<std::string_view, Entry>> rows(ops_.begin(), ops_.end());
@@ -235,7 +234,10 @@ class OpProfile {
 
 class CpuBackend final : public Backend {
   public:
-    CpuBackend(int n_threads, CpuInputs inputs) : pool_(n_threads), inputs_(inputs) {
+    CpuBackend(int n_threads, const specula_backend_options& options)
+        : profile_(options.profile),
+          pool_(n_threads),
+          int8_inputs_(path_on(options.int8_inputs, true)) {
         info_.kind = SPECULA_BACKEND_CPU;
         info_.index = 0;
         std::snprintf(info_.name, sizeof info_.name, "cpu (%d threads, %s)", pool_.size(),
@@ -245,7 +247,7 @@ class CpuBackend final : public Backend {
     const specula_device_info& info() const override { return info_; }
     bool supports_weights(GgmlType type) const override { return is_runnable_weight_type(type); }
     bool quantizes_inputs(GgmlType type, int64_t /*columns*/) const override {
-        return inputs_ == CpuInputs::kQuantized && cpu::has_integer_kernel(type);
+        return int8_inputs_ && cpu::has_integer_kernel(type);
     }
 
     void parallel_for_host(size_t n, const std::function<void(size_t, size_t)>& fn) override {
@@ -299,7 +301,7 @@ class CpuBackend final : public Backend {
             std::memcpy(buffer->data(), host.data(), host.size());
             host = {buffer->data(), host.size()};
         }
-        if (inputs_ == CpuInputs::kQuantized && cpu::has_integer_kernel(type)) {
+        if (int8_inputs_ && cpu::has_integer_kernel(type)) {
             const size_t bytes = cpu::packed_bytes(type, rows, cols);
             uint8_t* packed = buffer->allocate_packed(bytes);
             if (packed == nullptr)
@@ -752,7 +754,7 @@ class CpuBackend final : public Backend {
     // kept until an op writes where it was read from (wrote()) or a buffer is allocated (one may
     // take a freed one's place).
     const cpu::QuantizedInputs* quantized(const Tensor& x, GgmlType type) {
-        if (inputs_ != CpuInputs::kQuantized || !cpu::has_integer_kernel(type)) return nullptr;
+        if (!int8_inputs_ || !cpu::has_integer_kernel(type)) return nullptr;
         if (quantized_from_.buffer == x.buffer && quantized_from_.offset == x.offset &&
             quantized_from_.rows == x.rows && quantized_from_.cols == x.cols)
             return &qx_;
@@ -808,7 +810,7 @@ class CpuBackend final : public Backend {
     specula_device_info info_{};
     OpProfile profile_;
     ThreadPool pool_;
-    CpuInputs inputs_;
+    bool int8_inputs_;       // options.int8_inputs
     std::vector<int8_t> q_;  // quantized(): the inputs of the current matmul
     std::vector<float> d_;
     std::vector<int32_t> sums_, sums_lo_;
@@ -829,8 +831,8 @@ namespace {
 
 const cpu::SimdChoice& simd_choice() {
     static const cpu::SimdChoice choice = [] {
-        const char* name = std::getenv("SPECULA_CPU_SIMD");
-        return name && *name ? cpu::use_simd_target(name) : cpu::SimdChoice::kChosen;
+        const char* name = cpu_simd_requested();
+        return name ? cpu::use_simd_target(name) : cpu::SimdChoice::kChosen;
     }();
     return choice;
 }
@@ -840,7 +842,7 @@ const cpu::SimdChoice& simd_choice() {
 Status cpu_simd_environment() {
     const cpu::SimdChoice choice = simd_choice();
     if (choice == cpu::SimdChoice::kChosen) return Status::Ok();
-    const std::string what = std::string("SPECULA_CPU_SIMD=") + std::getenv("SPECULA_CPU_SIMD") +
+    const std::string what = std::string("SPECULA_CPU_SIMD=") + cpu_simd_requested() +
                              (choice == cpu::SimdChoice::kNotRunnableHere
                                   ? ": not an instruction set this build runs on this CPU"
                                   : ": not an instruction set of this architecture") +
@@ -850,16 +852,11 @@ Status cpu_simd_environment() {
             what};
 }
 
-CpuInputs cpu_inputs_from_environment() {
-    const char* v = std::getenv("SPECULA_CPU_FLOAT_INPUTS");
-    return v && *v && std::string_view(v) != "0" ? CpuInputs::kFloat : CpuInputs::kQuantized;
-}
-
-std::unique_ptr<Backend> create_cpu_backend(int n_threads, CpuInputs inputs) {
+std::unique_ptr<Backend> create_cpu_backend(int n_threads, const specula_backend_options& options) {
     if (simd_choice() != cpu::SimdChoice::kChosen)
         log(SPECULA_LOG_WARN, cpu_simd_environment().message() + "; running the best one");
     if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-    return std::make_unique<CpuBackend>(n_threads, inputs);
+    return std::make_unique<CpuBackend>(n_threads, options);
 }
 
 }  // namespace specula

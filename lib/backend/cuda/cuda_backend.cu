@@ -10,8 +10,8 @@
 #include <string>
 #include <utility>
 
+#include "backend/options.h"
 #include "core/detmath.h"
-#include "core/env.h"
 #include "format/quant.h"
 #include "kernels.h"
 #include "sampling/token_rules.h"
@@ -81,7 +81,8 @@ class CudaBackend final : public Backend {
         }
     }
 
-    Status init(int device, const specula_device_info& info) {
+    Status init(int device, const specula_device_info& info,
+                const specula_backend_options& options) {
         info_ = info;
         device_ = device;
         SPECULA_TRY(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
@@ -92,7 +93,14 @@ class CudaBackend final : public Backend {
         SPECULA_TRY(
             cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
                         "cudaDeviceGetAttribute"));
-        reads_.tensor_cores = major >= 8 && env_is("SPECULA_CUDA_TENSOR_CORES", "1");
+        reads_.tensor_cores = major >= 8 && path_on(options.tensor_cores, false);
+        reads_.staged = path_on(options.staged, true);
+        split_attention_ = path_on(options.split_attention, true);
+        tiled_ = path_on(options.tiled, true);
+        host_rules_ = path_on(options.host_rules, false);
+        fused_gate_ = path_on(options.fused_gate, true);
+        fused_rope_ = path_on(options.fused_rope, true);
+        int8_inputs_ = path_on(options.int8_inputs, true);
         SPECULA_TRY(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                 "cudaStreamCreate"));
         for (cudaEvent_t& e : events_)
@@ -494,31 +502,31 @@ class CudaBackend final : public Backend {
     std::unique_ptr<CudaBuffer> scratch_;
     std::unique_ptr<CudaBuffer> attention_partial_;  // split-K attention's chunk states
     int multiprocessors_ = 1;
-    // SPECULA_CUDA_SPLIT_ATTENTION=0 keeps every row's chunks in one block (the same results;
-    // what split-K is measured against).
-    bool split_attention_ = !env_is("SPECULA_CUDA_SPLIT_ATTENTION", "0");
-    // SPECULA_CUDA_TILED=0 multiplies wide batches in slices of 16 columns too (what the tiled
-    // kernel is measured against).
-    bool tiled_ = !env_is("SPECULA_CUDA_TILED", "0");
-    // SPECULA_CUDA_HOST_RULES=1 runs Whisper's token rules on the host (the base class's read,
-    // mask and write: what the kernel is measured against).
-    bool host_rules_ = env_is("SPECULA_CUDA_HOST_RULES", "1");
-    // SPECULA_CUDA_FUSED_GATE=0 / SPECULA_CUDA_FUSED_ROPE=0: the feed-forward's gate and up
-    // products and gated_mul, and the q and k products and their rotation, as separate kernels
-    // (the same floats; what the fused kernels are measured against).
-    bool fused_gate_ = !env_is("SPECULA_CUDA_FUSED_GATE", "0");
-    bool fused_rope_ = !env_is("SPECULA_CUDA_FUSED_ROPE", "0");
-    // SPECULA_CUDA_STAGED=0: each thread reads its weights from memory itself instead of a warp
-    // reading them into shared memory in 16-byte loads (the same floats; what the staged reads
-    // are measured against). SPECULA_CUDA_TENSOR_CORES=1: Q8_0 and Q4_0 times 8-bit inputs by
-    // mma.sync (matmul_mma_kernel, sm_80 and later; other floats, batch invariant too) rather
-    // than by dp4a in matmul_kernel: faster for wide verification batches, slower for one
-    // column (docs/DESIGN.md). init() settles it.
-    cuda::MatmulReads reads_{.staged = !env_is("SPECULA_CUDA_STAGED", "0"), .tensor_cores = false};
+    // The options (init() sets these). split_attention off keeps every row's chunks in one
+    // block (the same results; what split-K is measured against).
+    bool split_attention_ = true;
+    // tiled off multiplies wide batches in slices of 16 columns too (what the tiled kernel is
+    // measured against).
+    bool tiled_ = true;
+    // host_rules runs Whisper's token rules on the host (the base class's read, mask and write:
+    // what the kernel is measured against).
+    bool host_rules_ = false;
+    // fused_gate / fused_rope off: the feed-forward's gate and up products and gated_mul, and the
+    // q and k products and their rotation, as separate kernels (the same floats; what the fused
+    // kernels are measured against).
+    bool fused_gate_ = true;
+    bool fused_rope_ = true;
+    // staged off: each thread reads its weights from memory itself instead of a warp reading
+    // them into shared memory in 16-byte loads (the same floats; what the staged reads are
+    // measured against). tensor_cores on: Q8_0 and Q4_0 times 8-bit inputs by mma.sync
+    // (matmul_mma_kernel, sm_80 and later; other floats, batch invariant too) rather than by
+    // dp4a in matmul_kernel: faster for wide verification batches, slower for one column
+    // (docs/DESIGN.md).
+    cuda::MatmulReads reads_{.staged = true, .tensor_cores = false};
     // Q8_0 and Q4_0 weights are multiplied by inputs quantized to 8 bits per block of 32 (the
-    // cpu's integer kernels' rounding), by integer dot products; SPECULA_CUDA_INT8_INPUTS=0:
-    // by the floats (what the integer products are measured against).
-    bool int8_inputs_ = !env_is("SPECULA_CUDA_INT8_INPUTS", "0");
+    // cpu's integer kernels' rounding), by integer dot products; int8_inputs off: by the floats
+    // (what the integer products are measured against).
+    bool int8_inputs_ = true;
     std::unique_ptr<CudaBuffer> quantized_buffer_;
     cuda::QuantizedInputs quantized_;
     const float* quantized_from_ = nullptr;  // what quantized_ holds, or null
@@ -563,7 +571,8 @@ Status create_cuda_backend(const specula_backend_params& params, std::unique_ptr
     size_t chosen = 0;
     SPECULA_TRY(choose_device(devices, params, "CUDA", &chosen));
     auto backend = std::make_unique<CudaBackend>();
-    SPECULA_TRY(backend->init(devices[chosen].index, devices[chosen]));
+    SPECULA_TRY(backend->init(devices[chosen].index, devices[chosen],
+                              resolve_options(SPECULA_BACKEND_CUDA, params.options)));
     *out = std::move(backend);
     return Status::Ok();
 }

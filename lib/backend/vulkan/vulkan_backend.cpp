@@ -11,10 +11,10 @@
 #include <mutex>
 #include <string>
 
+#include "backend/options.h"
 #include "backend/vulkan/shaders.h"
 #include "core/detmath.h"
 #include "core/device_abi.h"
-#include "core/env.h"
 #include "core/log.h"
 #include "platform/vulkan_loader.h"
 
@@ -75,7 +75,7 @@ Status instance(const Instance** out) {
             status = {SPECULA_ERR_NO_DEVICE, "no Vulkan loader (libvulkan.so.1) is installed"};
             return;
         }
-        bool want_validation = env_is("SPECULA_VULKAN_VALIDATION", "1");
+        bool want_validation = vulkan_validation_requested();
         if (want_validation) {
             uint32_t n = 0;
             vk::vkEnumerateInstanceLayerProperties(&n, nullptr);
@@ -163,10 +163,11 @@ struct SubgroupChoice {
 // n = γ + 1 pipelines sum in different orders, so there the size is pinned: every pipeline
 // that sums over subgroups requires it, with full subgroups (Vulkan 1.3's subgroupSizeControl
 // and computeFullSubgroups), 32 where the device allows it, else its nearest size.
-// SPECULA_VULKAN_SUBGROUPS=0: none (the shared-memory sums); SPECULA_VULKAN_PIN_SUBGROUP=0: no
-// pinning, =1: pinned even where the device has one size (its own: what the tests check).
-SubgroupChoice matmul_subgroup(VkPhysicalDevice h, uint32_t api_version, uint32_t workgroup) {
-    if (env_is("SPECULA_VULKAN_SUBGROUPS", "0")) return {};  // tests the fallback
+// Options: subgroups off: none (the shared-memory sums); pin_subgroup off: no pinning, on: pinned
+// even where the device has one size (its own: what the tests check).
+SubgroupChoice matmul_subgroup(VkPhysicalDevice h, uint32_t api_version, uint32_t workgroup,
+                               const specula_backend_options& options) {
+    if (options.subgroups == SPECULA_PATH_OFF) return {};  // tests the fallback
     // Before Vulkan 1.3 nothing says that the size is the same in every pipeline.
     if (api_version < VK_API_VERSION_1_3) return {};
     VkPhysicalDeviceSubgroupSizeControlProperties control{
@@ -186,25 +187,24 @@ SubgroupChoice matmul_subgroup(VkPhysicalDevice h, uint32_t api_version, uint32_
     };
     const bool one_size = control.minSubgroupSize == control.maxSubgroupSize &&
                           control.minSubgroupSize == subgroup.subgroupSize;
-    const bool force_pin = env_is("SPECULA_VULKAN_PIN_SUBGROUP", "1");
+    const bool force_pin = options.pin_subgroup == SPECULA_PATH_ON;
     if (one_size && !force_pin)
         return fits(subgroup.subgroupSize) ? SubgroupChoice{subgroup.subgroupSize, false}
                                            : SubgroupChoice{};
     const bool can_pin = v13.subgroupSizeControl && v13.computeFullSubgroups &&
                          (control.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT);
-    if (!can_pin || env_is("SPECULA_VULKAN_PIN_SUBGROUP", "0")) return {};
+    if (!can_pin || options.pin_subgroup == SPECULA_PATH_OFF) return {};
     const uint32_t size = std::clamp(32u, control.minSubgroupSize, control.maxSubgroupSize);
     if (!fits(size) || workgroup / size > control.maxComputeWorkgroupSubgroups) return {};
     return {size, true};
 }
 
-// Whether weights are read through 8/16-bit storage. SPECULA_VULKAN_SMALL_STORAGE=0: never,
-// =1: wherever the device has it; unset: on GPUs that have it, not on CPU devices (on
-// llvmpipe the byte loads made decoding about 10% slower than the word reads).
-bool use_small_storage(VkPhysicalDevice h, const VkPhysicalDeviceProperties& props) {
-    if (env_is("SPECULA_VULKAN_SMALL_STORAGE", "0")) return false;
-    if (!env_is("SPECULA_VULKAN_SMALL_STORAGE", "1") &&
-        props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU)
+// Whether weights are read through 8/16-bit storage (the small_storage option): on GPUs that
+// have it, not on CPU devices (on llvmpipe the byte loads made decoding about 10% slower than
+// the word reads).
+bool use_small_storage(VkPhysicalDevice h, const VkPhysicalDeviceProperties& props,
+                       const specula_backend_options& options) {
+    if (!path_on(options.small_storage, props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU))
         return false;
     if (props.apiVersion < VK_API_VERSION_1_2) return false;
     VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
@@ -215,7 +215,8 @@ bool use_small_storage(VkPhysicalDevice h, const VkPhysicalDeviceProperties& pro
     return v11.storageBuffer16BitAccess && v12.storageBuffer8BitAccess;
 }
 
-std::vector<PhysicalDevice> physical_devices() {
+// The devices, with what `options` chooses for each (the defaults: for enumerating them).
+std::vector<PhysicalDevice> physical_devices(const specula_backend_options& options = {}) {
     const Instance* inst = nullptr;
     if (!instance(&inst).ok()) return {};
     uint32_t n = 0;
@@ -239,10 +240,11 @@ std::vector<PhysicalDevice> physical_devices() {
         d.handle = h;
         d.queue_family = uint32_t(q - queues.begin());
         d.timestamps = q->timestampValidBits > 0 && props.limits.timestampPeriod > 0;
-        const SubgroupChoice subgroup = matmul_subgroup(h, props.apiVersion, kMatmulThreads);
+        const SubgroupChoice subgroup =
+            matmul_subgroup(h, props.apiVersion, kMatmulThreads, options);
         d.fixed_subgroup = subgroup.size;
         d.pin_subgroup = subgroup.pinned;
-        d.small_storage = use_small_storage(h, props);
+        d.small_storage = use_small_storage(h, props, options);
         d.info.kind = SPECULA_BACKEND_VULKAN;
         std::snprintf(d.info.name, sizeof d.info.name, "%s", props.deviceName);
         d.info.is_discrete_gpu = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
@@ -464,7 +466,7 @@ class VulkanBackend final : public Backend {
         if (pool_) vk::vkDestroyCommandPool(d, pool_, nullptr);
     }
 
-    Status init(const PhysicalDevice& phys) {
+    Status init(const PhysicalDevice& phys, const specula_backend_options& options) {
         phys_ = phys;
         info_ = phys.info;
         device_ = std::make_shared<Device>();
@@ -513,19 +515,17 @@ class VulkanBackend final : public Backend {
             vk_check(vk::vkAllocateCommandBuffers(d, &ai, &cmd_), "vkAllocateCommandBuffers"));
         VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
         SPECULA_TRY(vk_check(vk::vkCreateFence(d, &fi, nullptr, &fence_), "vkCreateFence"));
-        // SPECULA_VULKAN_BARRIERS=all: a barrier after every dispatch, as a baseline for
-        // measuring what the dependency-only barriers gain.
-        barrier_every_dispatch_ = env_is("SPECULA_VULKAN_BARRIERS", "all");
+        // barrier_every_dispatch: a baseline for measuring what the dependency-only barriers
+        // gain.
+        barrier_every_dispatch_ = options.barrier_every_dispatch;
         // The matmuls apply the norms (one dispatch and barrier fewer per norm), except on CPU
         // devices: there dispatches cost little and the extra multiplies showed (llvmpipe
-        // decoded about 10% slower). SPECULA_VULKAN_FUSED_NORM=0|1 forces either, as
-        // SPECULA_VULKAN_FUSED_ROPE=0 turns off the rotating matmul; the ops on their own are
-        // the baseline gpu_report measures these against.
-        fuse_norm_ = env_is("SPECULA_VULKAN_FUSED_NORM", "1") ||
-                     (!env_is("SPECULA_VULKAN_FUSED_NORM", "0") && !info_.is_software);
-        fuse_rope_ = !env_is("SPECULA_VULKAN_FUSED_ROPE", "0");
-        if (const char* v = std::getenv("SPECULA_VULKAN_MAX_RANGE"); v && *v)
-            max_range_ = std::max<size_t>(1, std::strtoull(v, nullptr, 10));
+        // decoded about 10% slower). The fused_norm and fused_rope options force either; the
+        // ops on their own are the baseline gpu_report measures these against.
+        fuse_norm_ = path_on(options.fused_norm, !info_.is_software);
+        fuse_rope_ = path_on(options.fused_rope, true);
+        if (options.max_binding_bytes > 0)
+            max_range_ = size_t(std::max<uint64_t>(1, options.max_binding_bytes));
         // The tiled matmul on GPUs; on llvmpipe (which runs a workgroup's barriers as switches
         // between its threads) a tiny-shaped encoder took 1.2x as long as with slices of 16.
         // Its workgroup and shared memory pass what Vulkan guarantees (128 invocations, 16 KiB):
@@ -536,15 +536,14 @@ class VulkanBackend final : public Backend {
             lim.maxComputeWorkGroupSize[0] >= shared::kMatmulTileThreads &&
             lim.maxComputeSharedMemorySize >=
                 2 * shared::kBlockWeights * (shared::kMatmulTile + 1) * sizeof(float);
-        tiled_ = tiles_fit && (env_is("SPECULA_VULKAN_TILED", "1") ||
-                               (!env_is("SPECULA_VULKAN_TILED", "0") && !info_.is_software));
+        tiled_ = tiles_fit && path_on(options.tiled, !info_.is_software);
         if (phys.timestamps) {
             VkQueryPoolCreateInfo qpi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
             qpi.queryType = VK_QUERY_TYPE_TIMESTAMP;
             qpi.queryCount = kTimeSlots;
             SPECULA_TRY(
                 vk_check(vk::vkCreateQueryPool(d, &qpi, nullptr, &queries_), "vkCreateQueryPool"));
-            if (env_is("SPECULA_VULKAN_PROFILE", "1")) {
+            if (options.profile) {
                 qpi.queryCount = kProfileQueries;
                 SPECULA_TRY(vk_check(vk::vkCreateQueryPool(d, &qpi, nullptr, &profile_),
                                      "vkCreateQueryPool"));
@@ -1444,7 +1443,7 @@ class VulkanBackend final : public Backend {
     VkCommandBuffer cmd_ = VK_NULL_HANDLE;
     VkFence fence_ = VK_NULL_HANDLE;
     VkQueryPool queries_ = VK_NULL_HANDLE;    // null when the queue has no timestamps
-    VkQueryPool profile_ = VK_NULL_HANDLE;    // SPECULA_VULKAN_PROFILE=1 only
+    VkQueryPool profile_ = VK_NULL_HANDLE;    // the profile option only
     std::vector<std::string> profile_names_;  // the shader behind each profile query
     std::map<std::string, std::pair<uint64_t, double>> profile_by_shader_;  // dispatches, seconds
     ProfileTotals profile_host_;
@@ -1467,9 +1466,9 @@ class VulkanBackend final : public Backend {
     std::vector<VkBuffer> read_since_barrier_, written_since_barrier_;
     bool barrier_every_dispatch_ = false;
     bool fuse_norm_ = true;
-    bool tiled_ = true;  // the many-column matmul (SPECULA_VULKAN_TILED=0|1 forces)
+    bool tiled_ = true;  // the many-column matmul (the tiled option forces)
     bool fuse_rope_ = true;
-    size_t max_range_ = SIZE_MAX;  // SPECULA_VULKAN_MAX_RANGE
+    size_t max_range_ = SIZE_MAX;  // the max_binding_bytes option
     Status pending_;
     bool lost_ = false;
     uint64_t host_waits_ = 0;
@@ -1498,7 +1497,8 @@ std::vector<specula_device_info> enumerate_vulkan_devices() {
 Status create_vulkan_backend(const specula_backend_params& params, std::unique_ptr<Backend>* out) {
     const Instance* inst = nullptr;
     SPECULA_TRY(instance(&inst));
-    const auto devices = physical_devices();
+    const specula_backend_options options = resolve_options(SPECULA_BACKEND_VULKAN, params.options);
+    const auto devices = physical_devices(options);
     if (devices.empty())
         return {SPECULA_ERR_NO_DEVICE, "no Vulkan 1.1 device with a compute queue was found"};
     std::vector<specula_device_info> infos;
@@ -1507,7 +1507,7 @@ Status create_vulkan_backend(const specula_backend_params& params, std::unique_p
     size_t chosen = 0;
     SPECULA_TRY(choose_device(infos, params, "Vulkan", &chosen));
     auto backend = std::make_unique<VulkanBackend>();
-    SPECULA_TRY(backend->init(devices[chosen]));
+    SPECULA_TRY(backend->init(devices[chosen], options));
     *out = std::move(backend);
     return Status::Ok();
 }
