@@ -9,7 +9,7 @@ namespace {
 // The environment's name of a path for each backend kind (nullptr: that kind has none): 1 forces
 // it on, 0 off.
 struct PathVariable {
-    specula_path specula_backend_options::* field;
+    specula_path specula_backend_options::*field;
     const char* cpu;
     const char* vulkan;
     const char* cuda;
