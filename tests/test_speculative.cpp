@@ -17,12 +17,13 @@
 #include <random>
 #include <thread>
 
+#include "asr/rules.h"
 #include "backend_util.h"
 #include "decode/generator.h"
 #include "decode/ngram_lookup.h"
 #include "format/quant.h"
 #include "models/llama.h"
-#include "sampling/token_rules.h"
+#include "sampling/mask_program.h"
 #include "sampling/verify.h"
 #include "specula.h"
 #include "test_util.h"
@@ -307,27 +308,27 @@ TEST(Verify, PlantedBugsAtLaterPositionsFailTheJointLaw) {
               1.0);
 }
 
-// Whisper-shaped: the rules (sampling/token_rules.h) mask every row from the tokens before it.
+// Whisper-shaped: the rules (asr/rules.h's mask program) mask every row from the tokens before it.
 // Text 0..2, <|endoftext|> 3, a special token 4 (always masked), timestamps 5..7; the first
 // token must be a timestamp of at most 6, pairs of timestamps open and close, timestamps never
 // go back, and timestamps outweighing the text force one.
 constexpr int kRuledV = 8;
 
-TokenRules toy_rules() {
-    TokenRules r;
+MaskProgram toy_rules() {
+    asr::TokenRules r;
     r.eot = 3;
     r.sot = r.translate = r.transcribe = r.solm = r.prev = r.nosp = r.no_timestamps = 4;
     r.timestamp_begin = 5;
     r.max_timestamp = 2;
     r.max_initial_timestamp = 1;
-    return r;
+    return asr::mask_program(r);
 }
 
 // A draft restricted to a subset of the vocabulary (WhisperModel::restrict_output) never
 // proposes text token 1: its logit is -infinity before the rules.
 enum class DraftVocabulary { kWhole, kWithoutToken1 };
 
-std::vector<float> ruled_row(bool draft, int pos, int32_t prev, const RulesState* state,
+std::vector<float> ruled_row(bool draft, int pos, int32_t prev, const MaskState* state,
                              DraftVocabulary vocabulary = DraftVocabulary::kWhole) {
     std::vector<float> row(kRuledV);
     for (int v = 0; v < kRuledV; ++v) {
@@ -336,7 +337,7 @@ std::vector<float> ruled_row(bool draft, int pos, int32_t prev, const RulesState
     }
     if (draft && vocabulary == DraftVocabulary::kWithoutToken1)
         row[1] = -std::numeric_limits<float>::infinity();
-    if (state != nullptr) apply_token_rules(toy_rules(), *state, row);
+    if (state != nullptr) apply_mask_program(toy_rules(), *state, row);
     return row;
 }
 
@@ -344,12 +345,12 @@ enum class RulesBug { kNone, kTargetRowsSeeNoDrafts, kVerifyGetsUnmaskedDraftRow
 
 std::array<int32_t, kToyTokens> ruled_generation(const SamplingParams& p, int gamma, uint32_t trial,
                                                  RulesBug bug, DraftVocabulary vocabulary) {
-    const TokenRules rules = toy_rules();
+    const MaskProgram rules = toy_rules();
     std::vector<int32_t> out;
     for (uint32_t local = 0; out.size() < size_t(kToyTokens); ++local) {
         const uint32_t step = trial * kToyTokens + local;
-        const RulesState before = RulesState::of(rules, out);
-        RulesState seen = before;  // what row c of the step sees
+        const MaskState before = MaskState::of(rules, out);
+        MaskState seen = before;  // what row c of the step sees
         const int pos = int(out.size());
         int32_t prev = out.empty() ? -1 : out.back();
         StepRows s;
@@ -382,12 +383,12 @@ double ruled_joint_statistic(const SamplingParams& p, int gamma, int trials, Rul
         const auto x = ruled_generation(p, gamma, uint32_t(i), bug, vocabulary);
         ++counts[size_t((x[0] * kRuledV + x[1]) * kRuledV + x[2])];
     }
-    const TokenRules rules = toy_rules();
-    const RulesState s0;
+    const MaskProgram rules = toy_rules();
+    const MaskState s0;
     for (const auto& a : processed_distribution(ruled_row(false, 0, -1, &s0), p)) {
-        const RulesState s1 = s0.after(rules, a.token);
+        const MaskState s1 = s0.after(rules, a.token);
         for (const auto& b : processed_distribution(ruled_row(false, 1, a.token, &s1), p)) {
-            const RulesState s2 = s1.after(rules, b.token);
+            const MaskState s2 = s1.after(rules, b.token);
             for (const auto& c : processed_distribution(ruled_row(false, 2, b.token, &s2), p))
                 expected[size_t((a.token * kRuledV + b.token) * kRuledV + c.token)] =
                     double(a.prob) * b.prob * c.prob * trials;

@@ -8,9 +8,10 @@
 #include <cmath>
 #include <random>
 
+#include "asr/rules.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend_util.h"
-#include "sampling/token_rules.h"
+#include "sampling/mask_program.h"
 #include "sampling/verify.h"
 
 using namespace specula;
@@ -168,8 +169,8 @@ TEST_P(VerifyOn, LargeVocabularies) {
 }
 
 // Whisper's rules in the layout of an English model with `n_timestamps` timestamps at the end.
-TokenRules whisper_like_rules(int V, int n_timestamps, bool timestamps) {
-    TokenRules r;
+asr::TokenRules whisper_like_rules(int V, int n_timestamps, bool timestamps) {
+    asr::TokenRules r;
     r.timestamp_begin = V - n_timestamps;
     r.eot = r.timestamp_begin - 108;
     r.sot = r.eot + 1;
@@ -187,9 +188,10 @@ TokenRules whisper_like_rules(int V, int n_timestamps, bool timestamps) {
     return r;
 }
 
-// The device's rules mask a step's rows as sampling/token_rules.cpp does, bit for bit, each row
-// from its own prefix (the state, then the drafts before it), with each row's log-sum-exp.
-TEST_P(VerifyOn, TokenRulesMaskEveryRowAsTheHostDoes) {
+// The device runs a mask program (Whisper's rules, asr::mask_program) on a step's rows as
+// sampling/mask_program.cpp does, bit for bit, each row from its own prefix (the state, then the
+// drafts before it), with each row's log-sum-exp.
+TEST_P(VerifyOn, MaskProgramsMaskEveryRowAsTheHostDoes) {
     struct RulesCase {
         int V, n_timestamps, first_row, rows;
         bool timestamps;
@@ -208,7 +210,8 @@ TEST_P(VerifyOn, TokenRulesMaskEveryRowAsTheHostDoes) {
             SCOPED_TRACE(std::string(c.what) + " seed " + std::to_string(seed));
             std::mt19937 rng(seed);
             std::normal_distribution<float> z(0.0f, 3.0f);
-            const TokenRules rules = whisper_like_rules(c.V, c.n_timestamps, c.timestamps);
+            const asr::TokenRules rules = whisper_like_rules(c.V, c.n_timestamps, c.timestamps);
+            const MaskProgram program = asr::mask_program(rules);
             const int tb = rules.timestamp_begin;
             auto text = [&] { return int(rng() % uint32_t(rules.eot)); };
             auto timestamp = [&] { return tb + int(rng() % 40u); };
@@ -219,7 +222,7 @@ TEST_P(VerifyOn, TokenRulesMaskEveryRowAsTheHostDoes) {
             if (seed % 3 == 2)
                 for (int i = 0; i < 6; ++i)
                     history.push_back(rng() % 2 ? text() : timestamp());
-            const RulesState state = RulesState::of(rules, history);
+            const MaskState state = MaskState::of(program, history);
             std::vector<int32_t> drafts(size_t(c.first_row + c.rows));
             for (int32_t& d : drafts)
                 d = rng() % 3 == 0 ? timestamp() : text();
@@ -233,15 +236,15 @@ TEST_P(VerifyOn, TokenRulesMaskEveryRowAsTheHostDoes) {
                 }
 
             std::vector<float> want = logits, want_lse(size_t(c.rows));
-            apply_token_rules_to_step(rules, state, drafts, c.first_row, want, c.V, want_lse);
+            apply_mask_program_to_step(program, state, drafts, c.first_row, want, c.V, want_lse);
             // Past a window's first token, no rule but the logits' masks all text (the
             // pair-open rule keeps <|endoftext|>).
-            RulesState row_state = RulesState::of(rules, history);
+            MaskState row_state = MaskState::of(program, history);
             for (int i = 0; i < c.first_row; ++i)
-                row_state = row_state.after(rules, drafts[size_t(i)]);
+                row_state = row_state.after(program, drafts[size_t(i)]);
             for (int row = 0; row < c.rows; ++row) {
                 if (row > 0)
-                    row_state = row_state.after(rules, drafts[size_t(c.first_row + row - 1)]);
+                    row_state = row_state.after(program, drafts[size_t(c.first_row + row - 1)]);
                 if (row_state.count == 0 || !c.timestamps) continue;
                 bool text_left = false;
                 for (int x = 0; x < tb && !text_left; ++x)
@@ -259,15 +262,15 @@ TEST_P(VerifyOn, TokenRulesMaskEveryRowAsTheHostDoes) {
                 if (data != nullptr) gpu->upload(t, data);
                 return t;
             };
-            TokenRulesArgs a;
+            MaskArgs a;
             a.logits = tensor(GgmlType::kF32, c.V, c.rows, logits.data());
             a.drafts = tensor(GgmlType::kI32, int64_t(drafts.size()), 1, drafts.data());
             a.first_row = c.first_row;
-            a.rules = rules;
+            a.program = program;
             a.state = state;
             a.log_sum_exp = tensor(GgmlType::kF32, c.rows, 1, nullptr);
             const uint64_t waits = gpu->host_waits();
-            gpu->token_rules(a);
+            gpu->mask_logits(a);
             // On the device: the rules add no wait to a step (the host default reads the rows).
             EXPECT_EQ(gpu->host_waits(), waits);
             std::vector<float> got(logits.size()), got_lse(size_t(c.rows));

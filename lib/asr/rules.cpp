@@ -29,9 +29,55 @@ TokenRules token_rules(const Rules& r) {
     return out;
 }
 
+MaskProgram mask_program(const TokenRules& r) {
+    using B = MaskProgram::Bound;
+    constexpr uint32_t kZero = shared::kMaskBaseZero, kVocab = shared::kMaskBaseVocab,
+                       kLastTimestamp = shared::kMaskBaseLastMarked;
+    constexpr uint32_t kInitial = shared::kMaskIfInitial, kLastTs = shared::kMaskIfLastMarked,
+                       kPairClosed = shared::kMaskIfPairClosed, kAnyTs = shared::kMaskIfAnyMarked;
+    MaskProgram p;
+    p.marked_begin = r.timestamp_begin;
+    const auto mask = [&](int32_t from, int32_t to, uint32_t all = 0, uint32_t none = 0) {
+        p.masks.push_back({all, none, B{kZero, from}, B{kZero, to}});
+    };
+    const int32_t tb = r.timestamp_begin;
+    // SuppressBlank: <|endoftext|> and " " may not come first.
+    if (r.suppress_blank) {
+        mask(r.eot, r.eot + 1, kInitial);
+        if (r.space >= 0) mask(r.space, r.space + 1, kInitial);
+    }
+    // Every special token but <|endoftext|> and the timestamps.
+    for (int32_t id : {r.sot, r.translate, r.transcribe, r.solm, r.prev, r.nosp, r.no_timestamps})
+        mask(id, id + 1);
+    mask(r.language_begin, r.language_end);
+    const B vocab{kVocab, 0};
+    if (!r.timestamps) {
+        p.masks.push_back({0, 0, B{kZero, tb}, vocab});
+        return p;
+    }
+    // ApplyTimestampRules. Past the window's last timestamp, none.
+    p.masks.push_back({0, 0, B{kZero, tb + r.max_timestamp + 1}, vocab});
+    // A pair of timestamps is closed: text (or the end) follows; a pair is open: a timestamp or
+    // the end.
+    p.masks.push_back({kLastTs | kPairClosed, 0, B{kZero, tb}, vocab});
+    mask(0, r.eot, kLastTs, kPairClosed);
+    // Timestamps do not go back, and a segment is not empty: after an open pair's timestamp the
+    // next may repeat it (the pair closes), otherwise it is later than the last.
+    p.masks.push_back({kAnyTs | kLastTs, kPairClosed, B{kZero, tb}, B{kLastTimestamp, 0}});
+    p.masks.push_back({kAnyTs, kLastTs, B{kZero, tb}, B{kLastTimestamp, 1}});
+    p.masks.push_back({kAnyTs | kLastTs | kPairClosed, 0, B{kZero, tb}, B{kLastTimestamp, 1}});
+    // The first token is a timestamp, of at most max_initial_timestamp.
+    mask(0, tb, kInitial);
+    if (r.max_initial_timestamp >= 0)
+        p.masks.push_back({kInitial, 0, B{kZero, tb + r.max_initial_timestamp + 1}, vocab});
+    // Where the timestamps together are likelier than any one text token, a timestamp it is.
+    p.outweigh_begin = tb;
+    return p;
+}
+
 void apply_rules(const Rules& r, std::span<const int32_t> sampled, std::span<float> logits) {
-    const TokenRules rules = token_rules(r);
-    apply_token_rules(rules, RulesState::of(rules, sampled), logits);
+    const MaskProgram program = mask_program(token_rules(r));
+    apply_mask_program(program, MaskState::of(program, sampled), logits);
 }
 
 void log_softmax(std::span<const float> logits, std::span<double> out) {

@@ -5,15 +5,15 @@
 // timestamp may not go back nor repeat the last one (whisper.cpp allows repeating it), and
 // with timestamps the first token must be one (whisper.cpp does not force it). Whether the
 // timestamps together outweigh the text is decided in det:: float arithmetic (OpenAI: float32
-// log-softmax), so that every backend decides alike. The masks themselves are
-// sampling/token_rules.h's, which the backends apply to each row of a speculative step.
+// log-softmax), so that every backend decides alike. They are written as a mask program
+// (sampling/mask_program.h), which the backends apply to each row of a speculative step.
 #pragma once
 
 #include <cstdint>
 #include <span>
 
 #include "models/whisper.h"
-#include "sampling/token_rules.h"
+#include "sampling/mask_program.h"
 
 namespace specula::asr {
 
@@ -29,8 +29,25 @@ struct Rules {
     int max_timestamp = 1500;
 };
 
-// The rules as the backends take them.
+// The ids and settings the rules read, as plain integers (a test writes them for a toy
+// vocabulary).
+struct TokenRules {
+    int32_t eot = 0, sot = 0, translate = 0, transcribe = 0, solm = 0, prev = 0, nosp = 0,
+            no_timestamps = 0;
+    int32_t language_begin = 0, language_end = 0;  // [begin, end): the language tokens
+    int32_t timestamp_begin = 0;                   // every id from here is a timestamp
+    int32_t space = -1;  // the token " " (suppressed first, with <|endoftext|>); -1: none
+    bool timestamps = true;
+    bool suppress_blank = true;
+    // The first timestamp is at most <|max_initial_timestamp * 0.02|>; < 0: no limit.
+    int32_t max_initial_timestamp = 50;
+    // The last timestamp a window has: <|max_timestamp * 0.02|>.
+    int32_t max_timestamp = 1500;
+};
 TokenRules token_rules(const Rules& rules);
+
+// The rules as a mask program, the timestamps its marked tokens (what the backends run).
+MaskProgram mask_program(const TokenRules& rules);
 
 // Masks (sets to -infinity) the logits of the tokens that may not follow `sampled` (the tokens
 // decoded after the prompt), in place. logits: one row of n_vocab.

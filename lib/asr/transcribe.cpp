@@ -214,7 +214,7 @@ class Transcriber {
         // Each attempt draws its own noise (the Generator counts steps from 0 each time).
         sp.seed = p_.seed + 0x9E3779B97F4A7C15ull * ++attempts_;
         generator_.set_sampling(sp);
-        generator_.begin_rules(token_rules(rules_));
+        generator_.begin_masks(mask_program(token_rules(rules_)));
         // The mean log-probability decides a fallback, and whether a window whose no-speech
         // probability is high is silence; without either question it is not computed (a
         // log-sum-exp over the vocabulary for every verified row).

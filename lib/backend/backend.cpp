@@ -55,7 +55,7 @@ void Backend::matmul_gated(Activation act, const Tensor& w_gate, const Tensor& w
     gated_mul(act, out, up, out);
 }
 
-void Backend::token_rules(const TokenRulesArgs& a) {
+void Backend::mask_logits(const MaskArgs& a) {
     const auto V = int(a.logits.cols);
     const auto rows = size_t(a.logits.rows);
     const size_t n_drafts = size_t(a.first_row) + rows - 1;
@@ -67,7 +67,7 @@ void Backend::token_rules(const TokenRulesArgs& a) {
     // A failed read leaves the backend failed: the step's own wait reports it.
     if (n_drafts > 0 && !download(ids, drafts.data()).ok()) return;
     if (!download(a.logits, logits.data()).ok()) return;
-    apply_token_rules_to_step(a.rules, a.state, drafts, a.first_row, logits, V, lse);
+    apply_mask_program_to_step(a.program, a.state, drafts, a.first_row, logits, V, lse);
     upload(a.logits, logits.data());
     if (!lse.empty()) {
         Tensor out = a.log_sum_exp;

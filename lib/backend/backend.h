@@ -20,8 +20,8 @@
 #include "core/device_abi.h"
 #include "core/status.h"
 #include "format/gguf.h"
+#include "sampling/mask_program.h"
 #include "sampling/sampling.h"
-#include "sampling/token_rules.h"
 #include "specula.h"
 
 namespace specula {
@@ -71,14 +71,14 @@ struct VerifyArgs {
     Tensor token;
 };
 
-// Token rules (sampling/token_rules.h) on the rows of a speculative step, in place: row r sees
-// the tokens sampled before the step (state), then drafts[0, first_row + r).
-struct TokenRulesArgs {
+// A mask program (sampling/mask_program.h) on the rows of a speculative step, in place: row r
+// sees the tokens sampled before the step (state), then drafts[0, first_row + r).
+struct MaskArgs {
     Tensor logits;  // rows of n_vocab F32 logits
     Tensor drafts;  // I32: at least first_row + logits.rows - 1 tokens (unused when that is 0)
     int first_row = 0;
-    TokenRules rules;
-    RulesState state;
+    MaskProgram program;
+    MaskState state;
     Tensor log_sum_exp;  // optional (buffer == nullptr): F32, one column per row, of the masked row
 };
 
@@ -253,9 +253,9 @@ class Backend {
                                 const Tensor& out) = 0;
     // See VerifyArgs. The vocabulary size is target.cols (at most det::kMaxVocab).
     virtual void verify(const VerifyArgs& args) = 0;
-    // See TokenRulesArgs. This default runs them on the host: it waits for the device, reads
+    // See MaskArgs. This default runs the program on the host: it waits for the device, reads
     // the rows and writes them back.
-    virtual void token_rules(const TokenRulesArgs& args);
+    virtual void mask_logits(const MaskArgs& args);
 
   protected:
     // x as a plain tensor: a pending norm is computed into its scratch.

@@ -165,31 +165,31 @@ SPECULA_ABI_UINT(kMatmulTile, 64u)
 SPECULA_ABI_UINT(kMatmulTileStep, 16u)
 SPECULA_ABI_UINT(kMatmulTileThreads, 256u)
 
-// Token rules on the device (backend/vulkan/shaders/token_rules.comp): the rules and the state of
-// the tokens sampled before a step as 32-bit words (sampling/token_rules.h: rules_words), ids as
-// int32.
-SPECULA_ABI_UINT(kRulesWordEot, 0u)
-SPECULA_ABI_UINT(kRulesWordSot, 1u)
-SPECULA_ABI_UINT(kRulesWordTranslate, 2u)
-SPECULA_ABI_UINT(kRulesWordTranscribe, 3u)
-SPECULA_ABI_UINT(kRulesWordSolm, 4u)
-SPECULA_ABI_UINT(kRulesWordPrev, 5u)
-SPECULA_ABI_UINT(kRulesWordNosp, 6u)
-SPECULA_ABI_UINT(kRulesWordNoTimestamps, 7u)
-SPECULA_ABI_UINT(kRulesWordLanguageBegin, 8u)
-SPECULA_ABI_UINT(kRulesWordLanguageEnd, 9u)
-SPECULA_ABI_UINT(kRulesWordTimestampBegin, 10u)
-SPECULA_ABI_UINT(kRulesWordSpace, 11u)
-SPECULA_ABI_UINT(kRulesWordFlags, 12u)  // kRulesFlag*
-SPECULA_ABI_UINT(kRulesWordMaxInitialTimestamp, 13u)
-SPECULA_ABI_UINT(kRulesWordMaxTimestamp, 14u)
-SPECULA_ABI_UINT(kRulesWordCount, 15u)  // RulesState
-SPECULA_ABI_UINT(kRulesWordLast, 16u)
-SPECULA_ABI_UINT(kRulesWordPenultimate, 17u)
-SPECULA_ABI_UINT(kRulesWordLastTimestamp, 18u)
-SPECULA_ABI_UINT(kRulesWords, 19u)
-SPECULA_ABI_UINT(kRulesFlagTimestamps, 1u)
-SPECULA_ABI_UINT(kRulesFlagSuppressBlank, 2u)
+// Logit mask programs (sampling/mask_program.h) as the words a device reads
+// (backend/vulkan/shaders/mask_logits.comp; program_words): the program's header, the state of
+// the tokens sampled before a step, then each mask's words.
+SPECULA_ABI_UINT(kMaskWordMarkedBegin, 0u)    // tokens from this id on are marked
+SPECULA_ABI_UINT(kMaskWordOutweighBegin, 1u)  // the outweigh rule's first id, or -1: none
+SPECULA_ABI_UINT(kMaskWordCount, 2u)          // masks in the program
+SPECULA_ABI_UINT(kMaskWordStateCount, 3u)     // MaskState
+SPECULA_ABI_UINT(kMaskWordStateLast, 4u)
+SPECULA_ABI_UINT(kMaskWordStatePenultimate, 5u)
+SPECULA_ABI_UINT(kMaskWordStateLastMarked, 6u)
+SPECULA_ABI_UINT(kMaskWordFirstMask, 7u)
+// A mask's words, from its first: the conditions that must all hold and those that must not,
+// then its range [from, to) as (base, offset) pairs.
+SPECULA_ABI_UINT(kMaskWordsPerMask, 6u)
+SPECULA_ABI_UINT(kMaskMaxMasks, 24u)
+SPECULA_ABI_UINT(kMaskProgramWords, 151u)  // kMaskWordFirstMask + kMaskMaxMasks * kMaskWordsPerMask
+// Conditions on the tokens a row sees (bits).
+SPECULA_ABI_UINT(kMaskIfInitial, 1u)     // none sampled yet
+SPECULA_ABI_UINT(kMaskIfLastMarked, 2u)  // the last one is marked
+SPECULA_ABI_UINT(kMaskIfPairClosed, 4u)  // fewer than two, or the penultimate one is marked
+SPECULA_ABI_UINT(kMaskIfAnyMarked, 8u)   // one of them is marked
+// A bound is base + offset, the base one of these.
+SPECULA_ABI_UINT(kMaskBaseZero, 0u)
+SPECULA_ABI_UINT(kMaskBaseVocab, 1u)       // the vocabulary's size
+SPECULA_ABI_UINT(kMaskBaseLastMarked, 2u)  // the latest marked token seen
 
 #if defined(__cplusplus)
 }  // namespace specula::shared

@@ -135,14 +135,14 @@ void Generator::reset() {
     probe_every_ = kProbeEvery;
     costly_probes_ = 0;
     stats_ = GeneratorStats{};
-    rules_.reset();
-    rules_from_ = 0;
+    masks_.reset();
+    masks_from_ = 0;
     if (lookup_) lookup_->truncate(0);
 }
 
-void Generator::begin_rules(const TokenRules& rules) {
-    rules_ = rules;
-    rules_from_ = committed_.size();
+void Generator::begin_masks(const MaskProgram& program) {
+    masks_ = program;
+    masks_from_ = committed_.size();
 }
 
 Status Generator::catch_up(Decoder& ctx, size_t keep, std::vector<float>* logits) {
@@ -285,10 +285,10 @@ void Generator::adapt_gamma(int n_accepted, int gamma) {
 
 Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<float>* logprobs) {
     if (committed_.empty()) return InvalidArgument("evaluate a prompt before generating");
-    if (logprobs != nullptr && !rules_)
-        return InvalidArgument("log-probabilities come with token rules only");
-    if (rules_ && config_.sigmoid_verify)
-        return InvalidArgument("the sigmoid verification takes no token rules");
+    if (logprobs != nullptr && !masks_)
+        return InvalidArgument("log-probabilities come with a mask program only");
+    if (masks_ && config_.sigmoid_verify)
+        return InvalidArgument("the sigmoid verification takes no mask program");
     if (max_tokens < 1) return InvalidArgument("a step emits at least one token");
     const int L = int(committed_.size());
     if (L > target_.n_ctx())
@@ -434,10 +434,10 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
     // races_ word of draft c's (0, token), after the target's draws
     const auto drafted_word = [&](int c) { return size_t(max_drafts() + 1 + 2 * c); };
     // Rows c of the step (the draft's c-th, the target's c-th) see the drafts before c.
-    TokenRulesArgs rules;
-    if (rules_) {
-        rules.rules = *rules_;
-        rules.state = RulesState::of(*rules_, std::span(committed_).subspan(rules_from_));
+    MaskArgs rules;
+    if (masks_) {
+        rules.program = *masks_;
+        rules.state = MaskState::of(*masks_, std::span(committed_).subspan(masks_from_));
     }
     std::vector<float> unused;
     int draft_first = 0;  // the committed tokens the draft holds when the step's calls start
@@ -467,11 +467,11 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
                   : draft_->input_ids(draft_->n_past() - draft_first, L - draft_->n_past());
         SPECULA_TRY(draft_->record(ids, false));
         const Tensor q = draft_row(c);
-        if (rules_) {
+        if (masks_) {
             rules.logits = q;
             rules.drafts = target_.input_ids(1, std::max(c, 1));
             rules.first_row = c;
-            be.token_rules(rules);
+            be.mask_logits(rules);
         }
         // Leviathan et al.'s test reads q again; the coupled acceptance only compares tokens.
         if (!config_.sampling.greedy() && !coupled && q.buffer != draft_rows_.buffer)
@@ -493,12 +493,12 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
     be.upload(target_.input_ids(0, 1), &committed_.back());
     SPECULA_TRY(target_.record(target_.input_ids(0, gamma + 1), true));
     be.mark_time(kTargetDone);
-    if (rules_) {
+    if (masks_) {
         rules.logits = target_.logits(gamma + 1);
         rules.drafts = target_.input_ids(1, std::max(gamma, 1));
         rules.first_row = 0;
         if (logprobs != nullptr) rules.log_sum_exp = lse_;
-        be.token_rules(rules);
+        be.mask_logits(rules);
     }
     VerifyArgs v;
     v.target = target_.logits(gamma + 1);

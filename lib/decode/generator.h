@@ -16,8 +16,8 @@
 
 #include "decode/decoder.h"
 #include "decode/ngram_lookup.h"
+#include "sampling/mask_program.h"
 #include "sampling/sampling.h"
-#include "sampling/token_rules.h"
 #include "sampling/verify.h"
 
 namespace specula {
@@ -183,10 +183,10 @@ class Generator {
     // rules, `logprobs` (if not null) gets each token's log-probability under the target's
     // masked distribution at temperature 1 (its logit minus log_sum_exp of its row).
     Status step(int max_tokens, std::vector<int32_t>* out, std::vector<float>* logprobs = nullptr);
-    // From now until reset(), every drafted and verified row is masked by `rules` on the device
-    // before it is sampled or judged, each from the tokens committed after this call plus the
-    // drafts before it.
-    void begin_rules(const TokenRules& rules);
+    // From now until reset(), every drafted and verified row is masked by `program` on the
+    // device before it is sampled or judged, each from the tokens committed after this call plus
+    // the drafts before it (Whisper's rules: asr/rules.h).
+    void begin_masks(const MaskProgram& program);
     // The sampling of the next steps (e.g. a temperature fallback).
     void set_sampling(const SamplingParams& sampling) { config_.sampling = sampling; }
     // Drops every committed token and all state but the policy's measurements of the pair.
@@ -253,8 +253,8 @@ class Generator {
     int probe_every_ = kProbeEvery;  // a step with drafts after this many plain ones
     int costly_probes_ = 0;          // costly_probe()s in a row
     GeneratorStats stats_;
-    std::optional<TokenRules> rules_;
-    size_t rules_from_ = 0;  // committed_[rules_from_..] are the tokens the rules see
+    std::optional<MaskProgram> masks_;
+    size_t masks_from_ = 0;  // committed_[masks_from_..] are the tokens the masks see
     std::vector<std::unique_ptr<Buffer>> buffers_;
     Tensor draft_rows_, result_, lse_, races_;  // on the target's backend
     std::vector<int32_t> draft_ids_;            // committed_for()'s

@@ -143,7 +143,8 @@ typedef struct specula_backend_options {
                                    (default off) */
     specula_path split_attention; /* CUDA: a long context's attention split over blocks (default
                                      on) */
-    specula_path host_rules;      /* CUDA: Whisper's token rules on the host (default off) */
+    specula_path host_rules;      /* CUDA: mask programs (Whisper's rules) on the host (default
+                                     off) */
     bool barrier_every_dispatch;  /* Vulkan: a barrier after every dispatch (a baseline) */
     bool profile;                 /* cpu, Vulkan: each op timed, the table written to stderr
                                      when the backend is freed */

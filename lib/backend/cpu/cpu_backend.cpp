@@ -626,8 +626,8 @@ class CpuBackend final : public Backend {
         }
     }
 
-    void token_rules(const TokenRulesArgs& a) override {
-        const OpProfile::Scope timed(profile_, "token_rules");
+    void mask_logits(const MaskArgs& a) override {
+        const OpProfile::Scope timed(profile_, "mask_logits");
         wrote(a.logits);
         if (a.log_sum_exp.buffer != nullptr) wrote(a.log_sum_exp);
         const auto V = size_t(a.logits.cols), rows = size_t(a.logits.rows);
@@ -637,8 +637,8 @@ class CpuBackend final : public Backend {
             n_drafts);
         std::span<float> lse;
         if (a.log_sum_exp.buffer != nullptr) lse = {f32(a.log_sum_exp), rows};
-        apply_token_rules_to_step(a.rules, a.state, drafts, a.first_row, {f32(a.logits), rows * V},
-                                  int(V), lse);
+        apply_mask_program_to_step(a.program, a.state, drafts, a.first_row,
+                                   {f32(a.logits), rows * V}, int(V), lse);
     }
 
   private:

@@ -14,7 +14,7 @@
 #include "core/detmath.h"
 #include "format/quant.h"
 #include "kernels.h"
-#include "sampling/token_rules.h"
+#include "sampling/mask_program.h"
 
 namespace specula {
 
@@ -399,9 +399,9 @@ class CudaBackend final : public Backend {
     }
 
     // On the device, so a speculative Whisper step keeps its one wait.
-    void token_rules(const TokenRulesArgs& a) override {
-        if (host_rules_) return Backend::token_rules(a);
-        cuda::TokenRulesLaunch t;
+    void mask_logits(const MaskArgs& a) override {
+        if (host_rules_) return Backend::mask_logits(a);
+        cuda::MaskLaunch t;
         t.V = uint32_t(a.logits.cols);
         if (t.V > det::kMaxVocab)
             return fail(Unsupported("vocabularies above " + std::to_string(det::kMaxVocab) +
@@ -411,11 +411,11 @@ class CudaBackend final : public Backend {
         t.log_sum_exp = dev(a.log_sum_exp);
         t.rows = uint32_t(a.logits.rows);
         t.first_row = uint32_t(a.first_row);
-        const auto words = rules_words(a.rules, a.state);
+        const auto words = program_words(a.program, a.state);
         std::copy(words.begin(), words.end(), t.words);
         select();
-        cuda::token_rules(stream_, t);
-        check(cudaGetLastError(), "token_rules");
+        cuda::mask_logits(stream_, t);
+        check(cudaGetLastError(), "mask_logits");
     }
 
   private:
@@ -508,8 +508,8 @@ class CudaBackend final : public Backend {
     // tiled off multiplies wide batches in slices of 16 columns too (what the tiled kernel is
     // measured against).
     bool tiled_ = true;
-    // host_rules runs Whisper's token rules on the host (the base class's read, mask and write:
-    // what the kernel is measured against).
+    // host_rules runs the mask programs (Whisper's rules) on the host (the base class's read, mask
+    // and write: what the kernel is measured against).
     bool host_rules_ = false;
     // fused_gate / fused_rope off: the feed-forward's gate and up products and gated_mul, and the
     // q and k products and their rotation, as separate kernels (the same floats; what the fused

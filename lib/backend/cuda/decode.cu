@@ -416,59 +416,59 @@ __global__ void finish_kernel(Ctx c) {
     write_outputs(c, b, *c.accepted(b), a.id != kNone ? a.id : (p.id != kNone ? p.id : 0));
 }
 
-// Whisper's token rules (backend/vulkan/shaders/token_rules.comp, read it for the steps): a block
-// per row; row r sees the state before the step, then drafts[0, first_row + r).
-struct RulesRow {
-    const TokenRulesLaunch& t;
+// A mask program (backend/vulkan/shaders/mask_logits.comp, read it for the steps): a block per
+// row; row r sees the state before the step, then drafts[0, first_row + r).
+struct MaskedRow {
+    const MaskLaunch& t;
     const float* row;
-    int count, last, penultimate, last_timestamp;
-    bool timestamps_win = false;
+    int count, last, penultimate, last_marked;
+    int outweigh_begin = -1;
+    bool outweighed = false;
+    // The ranges of the masks whose conditions hold for this row's state (settle()).
+    int n_ranges = 0;
+    int range_from[kMaskMaxMasks], range_to[kMaskMaxMasks];
 
     __device__ int word(uint32_t i) const { return t.words[i]; }
-    __device__ int ts_begin() const { return word(kRulesWordTimestampBegin); }
-    __device__ bool is_timestamp(int id) const { return id >= ts_begin(); }
+    __device__ bool is_marked(int id) const { return id >= word(kMaskWordMarkedBegin); }
     __device__ void after(int token) {
         ++count;
         penultimate = last;
         last = token;
-        if (is_timestamp(token)) last_timestamp = token;
+        if (is_marked(token)) last_marked = token;
     }
-    // Whether a rule that does not read the logits masks token x (apply_token_rules, in order).
+    __device__ int bound(uint32_t at) const {
+        const auto base = uint32_t(word(at));
+        const int value = base == kMaskBaseVocab        ? int(t.V)
+                          : base == kMaskBaseLastMarked ? last_marked
+                                                        : 0;
+        return value + word(at + 1);
+    }
+    __device__ void settle() {
+        uint32_t holds = 0;
+        if (count == 0) holds |= kMaskIfInitial;
+        if (count >= 1 && is_marked(last)) holds |= kMaskIfLastMarked;
+        if (count < 2 || is_marked(penultimate)) holds |= kMaskIfPairClosed;
+        if (last_marked >= 0) holds |= kMaskIfAnyMarked;
+        const int masks = min(word(kMaskWordCount), int(kMaskMaxMasks));
+        for (int m = 0; m < masks; ++m) {
+            const uint32_t at = kMaskWordFirstMask + uint32_t(m) * kMaskWordsPerMask;
+            const auto all = uint32_t(word(at)), none = uint32_t(word(at + 1));
+            if ((holds & all) != all || (holds & none) != 0) continue;
+            range_from[n_ranges] = bound(at + 2);
+            range_to[n_ranges] = bound(at + 4);
+            ++n_ranges;
+        }
+        outweigh_begin = word(kMaskWordOutweighBegin);
+    }
+    // Whether a mask of the program covers token x.
     __device__ bool ruled_out(int x) const {
-        const auto in_range = [](int v, int from, int to) { return v >= from && v < to; };
-        const auto flags = uint32_t(word(kRulesWordFlags));
-        const bool initial = count == 0;
-        if ((flags & kRulesFlagSuppressBlank) != 0 && initial &&
-            (x == word(kRulesWordEot) || x == word(kRulesWordSpace)))
-            return true;
-        if (x == word(kRulesWordSot) || x == word(kRulesWordTranslate) ||
-            x == word(kRulesWordTranscribe) || x == word(kRulesWordSolm) ||
-            x == word(kRulesWordPrev) || x == word(kRulesWordNosp) ||
-            x == word(kRulesWordNoTimestamps))
-            return true;
-        if (in_range(x, word(kRulesWordLanguageBegin), word(kRulesWordLanguageEnd))) return true;
-        const int tb = ts_begin();
-        if ((flags & kRulesFlagTimestamps) == 0) return x >= tb;
-        if (x >= tb + word(kRulesWordMaxTimestamp) + 1) return true;
-        const bool last_ts = count >= 1 && is_timestamp(last);
-        const bool penultimate_ts = count < 2 || is_timestamp(penultimate);
-        if (last_ts) {
-            if (penultimate_ts && x >= tb) return true;
-            if (!penultimate_ts && x < word(kRulesWordEot)) return true;
-        }
-        if (last_timestamp >= 0 &&
-            in_range(x, tb, last_ts && !penultimate_ts ? last_timestamp : last_timestamp + 1))
-            return true;
-        if (initial) {
-            if (x < tb) return true;
-            const int max_initial = word(kRulesWordMaxInitialTimestamp);
-            if (max_initial >= 0 && x >= tb + max_initial + 1) return true;
-        }
+        for (int m = 0; m < n_ranges; ++m)
+            if (x >= range_from[m] && x < range_to[m]) return true;
         return false;
     }
     __device__ float ruled(int x) const { return ruled_out(x) ? -INFINITY : row[x]; }
     __device__ float masked(int x) const {
-        return timestamps_win && x < ts_begin() ? -INFINITY : ruled(x);
+        return outweighed && x < outweigh_begin ? -INFINITY : ruled(x);
     }
     // det::canonical_sum over i < n of det_exp(value(from + i) - m), value = ruled or masked.
     __device__ float sum_exp(int from, int n, float m, bool final_row, float* sh,
@@ -490,36 +490,38 @@ struct RulesRow {
     }
 };
 
-__global__ void token_rules_kernel(TokenRulesLaunch t) {
+__global__ void mask_logits_kernel(MaskLaunch t) {
     __shared__ float sh[kLanes], sh_tiles[kLanes];
     const uint32_t r = blockIdx.x, l = threadIdx.x;
     const int n = int(t.V);
     float* row = t.logits + size_t(r) * t.V;
-    RulesRow s{t,
-               row,
-               t.words[kRulesWordCount],
-               t.words[kRulesWordLast],
-               t.words[kRulesWordPenultimate],
-               t.words[kRulesWordLastTimestamp]};
+    MaskedRow s{t,
+                row,
+                t.words[kMaskWordStateCount],
+                t.words[kMaskWordStateLast],
+                t.words[kMaskWordStatePenultimate],
+                t.words[kMaskWordStateLastMarked]};
     for (uint32_t i = 0; i < t.first_row + r; ++i)
         s.after(t.drafts[i]);
+    s.settle();
 
-    // Where the timestamps together are likelier than any one text token, a timestamp it is.
-    const int tb = s.ts_begin();
-    if ((uint32_t(s.word(kRulesWordFlags)) & kRulesFlagTimestamps) != 0) {
-        float ts_max = -INFINITY, text_max = -INFINITY;
+    // Where the tokens from outweigh_begin together are likelier than any one below, one of
+    // them it is.
+    if (s.outweigh_begin >= 0) {
+        const int ob = min(s.outweigh_begin, n);
+        float above_max = -INFINITY, below_max = -INFINITY;
         for (int x = int(l); x < n; x += int(kLanes)) {
             const float z = s.ruled(x);
-            if (x >= tb)
-                ts_max = fmaxf(ts_max, z);
+            if (x >= ob)
+                above_max = fmaxf(above_max, z);
             else
-                text_max = fmaxf(text_max, z);
+                below_max = fmaxf(below_max, z);
         }
-        ts_max = block_max(ts_max, sh);
-        text_max = block_max(text_max, sh);
-        if (ts_max != -INFINITY && text_max != -INFINITY) {
-            const float ts_sum = s.sum_exp(tb, n - tb, ts_max, false, sh, sh_tiles);
-            s.timestamps_win = det_log(ts_sum) + ts_max > text_max;
+        above_max = block_max(above_max, sh);
+        below_max = block_max(below_max, sh);
+        if (above_max != -INFINITY && below_max != -INFINITY) {
+            const float above_sum = s.sum_exp(ob, n - ob, above_max, false, sh, sh_tiles);
+            s.outweighed = det_log(above_sum) + above_max > below_max;
         }
     }
 
@@ -570,9 +572,9 @@ void verify(cudaStream_t s, const DecodeLaunch& d) {
     finish_kernel<<<d.batch, 1, 0, s>>>(c);
 }
 
-void token_rules(cudaStream_t s, const TokenRulesLaunch& t) {
+void mask_logits(cudaStream_t s, const MaskLaunch& t) {
     if (t.rows == 0) return;  // an empty grid is a launch error
-    token_rules_kernel<<<t.rows, kLanes, 0, s>>>(t);
+    mask_logits_kernel<<<t.rows, kLanes, 0, s>>>(t);
 }
 
 }  // namespace specula::cuda

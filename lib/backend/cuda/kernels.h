@@ -110,16 +110,16 @@ struct DecodeLaunch {
 size_t decode_scratch_words(const DecodeLaunch& d);
 void verify(cudaStream_t s, const DecodeLaunch& d);
 
-// Whisper's token rules on the rows of a speculative step, in place
-// (backend/vulkan/shaders/token_rules.comp, Backend::token_rules): a block per row. The words
+// A mask program on the rows of a speculative step, in place
+// (backend/vulkan/shaders/mask_logits.comp, Backend::mask_logits): a block per row. The words
 // travel by value, so a launch keeps the words it was given whatever the host does next.
-struct TokenRulesLaunch {
+struct MaskLaunch {
     float* logits = nullptr;          // rows x V, read and written
     const int32_t* drafts = nullptr;  // first_row + rows - 1 tokens
     float* log_sum_exp = nullptr;     // one per row, or null
     uint32_t V = 0, rows = 0, first_row = 0;
-    int32_t words[shared::kRulesWords] = {};  // sampling/token_rules.h: rules_words
+    int32_t words[shared::kMaskProgramWords] = {};  // sampling/mask_program.h: program_words
 };
-void token_rules(cudaStream_t s, const TokenRulesLaunch& t);
+void mask_logits(cudaStream_t s, const MaskLaunch& t);
 
 }  // namespace specula::cuda

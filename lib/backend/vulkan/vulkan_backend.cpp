@@ -448,7 +448,7 @@ class VulkanBackend final : public Backend {
         readback_.reset();
         dummy_.reset();
         verify_scratch_.reset();
-        rules_words_.reset();
+        mask_words_.reset();
         baseline_.clear();
         for (auto& [key, p] : pipelines_)
             vk::vkDestroyPipeline(d, p, nullptr);
@@ -1046,29 +1046,30 @@ class VulkanBackend final : public Backend {
     }
 
     // On the device, so a speculative Whisper step keeps its one wait
-    // (backend/vulkan/shaders/token_rules.comp).
-    void token_rules(const TokenRulesArgs& a) override {
+    // (backend/vulkan/shaders/mask_logits.comp).
+    void mask_logits(const MaskArgs& a) override {
         const auto V = uint32_t(a.logits.cols);
         if (V > det::kMaxVocab)
             return fail(Unsupported("vocabularies above " + std::to_string(det::kMaxVocab) +
                                     " tokens are not supported on the device"));
-        if (!rules_words_) {
-            if (Status s = make_buffer(shared::kRulesWords * sizeof(int32_t), false, &rules_words_);
+        if (!mask_words_) {
+            if (Status s =
+                    make_buffer(shared::kMaskProgramWords * sizeof(int32_t), false, &mask_words_);
                 !s.ok())
                 return fail(std::move(s));
         }
         Tensor words;
-        words.buffer = rules_words_.get();
+        words.buffer = mask_words_.get();
         words.type = GgmlType::kI32;
-        words.cols = shared::kRulesWords;
+        words.cols = shared::kMaskProgramWords;
         words.rows = 1;
         // Recorded in order: a dispatch before this upload still reads the words it was given.
-        upload(words, rules_words(a.rules, a.state).data());
+        upload(words, program_words(a.program, a.state).data());
         PushConstants pc;
         pc.u[0] = V;
         pc.u[1] = uint32_t(a.first_row);
         pc.u[2] = a.log_sum_exp.buffer != nullptr ? 1u : 0u;
-        dispatch("token_rules", {&a.logits, &a.drafts, &words, &a.log_sum_exp}, kWrites0 | kWrites3,
+        dispatch("mask_logits", {&a.logits, &a.drafts, &words, &a.log_sum_exp}, kWrites0 | kWrites3,
                  pc, uint32_t(a.logits.rows), {shared::kDetLanes, 0, 0});
     }
 
@@ -1458,7 +1459,7 @@ class VulkanBackend final : public Backend {
     std::vector<VkDescriptorPool> pools_;
     size_t pool_index_ = 0;
     std::map<BufferSet, VkDescriptorSet> descriptor_sets_;
-    std::unique_ptr<VulkanBuffer> staging_, readback_, dummy_, verify_scratch_, rules_words_;
+    std::unique_ptr<VulkanBuffer> staging_, readback_, dummy_, verify_scratch_, mask_words_;
     std::vector<std::unique_ptr<VulkanBuffer>> baseline_;
     size_t staging_used_ = 0;
     size_t n_recorded_ = 0;

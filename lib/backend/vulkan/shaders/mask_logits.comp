@@ -1,10 +1,10 @@
 #version 450
-// Whisper's token rules on the rows of a speculative step, in place, bit for bit those of
-// lib/sampling/token_rules.cpp (apply_token_rules_to_step): one workgroup per row; row r sees
-// the state of the tokens sampled before the step, then drafts[0, first_row + r).
+// A mask program (sampling/mask_program.h) on the rows of a speculative step, in place, bit for
+// bit lib/sampling/mask_program.cpp's apply_mask_program_to_step: one workgroup per row; row r
+// sees the state of the tokens sampled before the step, then drafts[0, first_row + r).
 //
 //   binding 0: logits, rows of V (F32, read and written)    1: drafts (I32)
-//   binding 2: the rules and the state (kRulesWord*)         3: log-sum-exp, one F32 per row
+//   binding 2: the program and the state (kMaskWord*)        3: log-sum-exp, one F32 per row
 //   u0 V, u1 first_row, u2 1: write the log-sum-exp
 //
 // Every thread reads all of its row's logits it needs before any thread writes (the
@@ -21,11 +21,10 @@ const float kMasked = -1.0 / 0.0;
 
 int word(uint i) { return int(b2[pc.off2 / 4u + i]); }
 int V() { return int(pc.u0); }
-int ts_begin() { return word(kRulesWordTimestampBegin); }
-bool is_timestamp(int id) { return id >= ts_begin(); }
+bool is_marked(int id) { return id >= word(kMaskWordMarkedBegin); }
 
 struct State {
-    int count, last, penultimate, last_timestamp;
+    int count, last, penultimate, last_marked;
 };
 
 State after(State s, int token) {
@@ -33,42 +32,42 @@ State after(State s, int token) {
     t.count = s.count + 1;
     t.last = token;
     t.penultimate = s.last;
-    t.last_timestamp = is_timestamp(token) ? token : s.last_timestamp;
+    t.last_marked = is_marked(token) ? token : s.last_marked;
     return t;
 }
 
-bool in_range(int x, int from, int to) { return x >= from && x < to; }
+// The ranges of the masks whose conditions hold for this row's state, settled once per row.
+int n_ranges = 0;
+int range_from[kMaskMaxMasks];
+int range_to[kMaskMaxMasks];
 
-// Whether a rule that does not read the logits masks token x (apply_token_rules, in order).
-bool ruled_out(int x, State s) {
-    const uint flags = uint(word(kRulesWordFlags));
-    const bool initial = s.count == 0;
-    if ((flags & kRulesFlagSuppressBlank) != 0u && initial &&
-        (x == word(kRulesWordEot) || x == word(kRulesWordSpace)))
-        return true;
-    if (x == word(kRulesWordSot) || x == word(kRulesWordTranslate) ||
-        x == word(kRulesWordTranscribe) || x == word(kRulesWordSolm) ||
-        x == word(kRulesWordPrev) || x == word(kRulesWordNosp) ||
-        x == word(kRulesWordNoTimestamps))
-        return true;
-    if (in_range(x, word(kRulesWordLanguageBegin), word(kRulesWordLanguageEnd))) return true;
-    const int tb = ts_begin();
-    if ((flags & kRulesFlagTimestamps) == 0u) return x >= tb;
-    if (x >= tb + word(kRulesWordMaxTimestamp) + 1) return true;
-    const bool last_ts = s.count >= 1 && is_timestamp(s.last);
-    const bool penultimate_ts = s.count < 2 || is_timestamp(s.penultimate);
-    if (last_ts) {
-        if (penultimate_ts && x >= tb) return true;
-        if (!penultimate_ts && x < word(kRulesWordEot)) return true;
+int bound(uint at, State s) {
+    const uint base = uint(word(at));
+    const int value = base == kMaskBaseVocab ? V() : base == kMaskBaseLastMarked ? s.last_marked : 0;
+    return value + word(at + 1u);
+}
+
+void settle_ranges(State s) {
+    uint holds = 0u;
+    if (s.count == 0) holds |= kMaskIfInitial;
+    if (s.count >= 1 && is_marked(s.last)) holds |= kMaskIfLastMarked;
+    if (s.count < 2 || is_marked(s.penultimate)) holds |= kMaskIfPairClosed;
+    if (s.last_marked >= 0) holds |= kMaskIfAnyMarked;
+    const int count = min(word(kMaskWordCount), int(kMaskMaxMasks));
+    for (int m = 0; m < count; ++m) {
+        const uint at = kMaskWordFirstMask + uint(m) * kMaskWordsPerMask;
+        const uint all = uint(word(at)), none = uint(word(at + 1u));
+        if ((holds & all) != all || (holds & none) != 0u) continue;
+        range_from[n_ranges] = bound(at + 2u, s);
+        range_to[n_ranges] = bound(at + 4u, s);
+        ++n_ranges;
     }
-    if (s.last_timestamp >= 0 &&
-        in_range(x, tb, last_ts && !penultimate_ts ? s.last_timestamp : s.last_timestamp + 1))
-        return true;
-    if (initial) {
-        if (x < tb) return true;
-        const int max_initial = word(kRulesWordMaxInitialTimestamp);
-        if (max_initial >= 0 && x >= tb + max_initial + 1) return true;
-    }
+}
+
+// Whether a mask of the program covers token x.
+bool ruled_out(int x) {
+    for (int m = 0; m < n_ranges; ++m)
+        if (x >= range_from[m] && x < range_to[m]) return true;
     return false;
 }
 
@@ -103,12 +102,12 @@ float lane_tree(float v) {
 }
 
 uint row_at;  // the row's first word in binding 0
-State state;  // the state this row sees
-bool timestamps_win = false;
+int outweigh_begin;
+bool outweighed = false;  // the outweigh rule masks the tokens below outweigh_begin
 
 float logit(int x) { return uintBitsToFloat(b0[row_at + uint(x)]); }
-float ruled(int x) { return ruled_out(x, state) ? kMasked : logit(x); }
-float masked(int x) { return timestamps_win && x < ts_begin() ? kMasked : ruled(x); }
+float ruled(int x) { return ruled_out(x) ? kMasked : logit(x); }
+float masked(int x) { return outweighed && x < outweigh_begin ? kMasked : ruled(x); }
 
 // det::canonical_sum over i < n of det_exp(value(from + i) - m), value = ruled or masked.
 float sum_exp(int from, int n, float m, bool final_row) {
@@ -135,32 +134,35 @@ void main() {
     const uint r = group_index();
     const int n = V();
     row_at = pc.off0 / 4u + r * uint(n);
-    state.count = word(kRulesWordCount);
-    state.last = word(kRulesWordLast);
-    state.penultimate = word(kRulesWordPenultimate);
-    state.last_timestamp = word(kRulesWordLastTimestamp);
+    State state;
+    state.count = word(kMaskWordStateCount);
+    state.last = word(kMaskWordStateLast);
+    state.penultimate = word(kMaskWordStatePenultimate);
+    state.last_marked = word(kMaskWordStateLastMarked);
     const uint drafts_seen = pc.u1 + r;
     for (uint i = 0u; i < drafts_seen; ++i)
         state = after(state, int(b1[pc.off1 / 4u + i]));
+    settle_ranges(state);
 
-    // Where the timestamps together are likelier than any one text token, a timestamp it is.
-    const int tb = ts_begin();
-    const bool rules_timestamps = (uint(word(kRulesWordFlags)) & kRulesFlagTimestamps) != 0u;
-    if (rules_timestamps) {
-        float ts_max = kMasked, text_max = kMasked;
+    // Where the tokens from outweigh_begin together are likelier than any one below, one of
+    // them it is.
+    outweigh_begin = word(kMaskWordOutweighBegin);
+    if (outweigh_begin >= 0) {
+        const int ob = min(outweigh_begin, n);
+        float above_max = kMasked, below_max = kMasked;
         for (int x = int(gl_LocalInvocationID.x); x < n; x += int(WG)) {
             const float z = ruled(x);
-            if (x >= tb)
-                ts_max = max(ts_max, z);
+            if (x >= ob)
+                above_max = max(above_max, z);
             else
-                text_max = max(text_max, z);
+                below_max = max(below_max, z);
         }
-        ts_max = reduce_max(ts_max);
-        text_max = reduce_max(text_max);
-        if (ts_max != kMasked && text_max != kMasked) {
-            const float ts_sum = sum_exp(tb, n - tb, ts_max, false);
-            precise float ts_lse = det_log(ts_sum) + ts_max;
-            timestamps_win = ts_lse > text_max;
+        above_max = reduce_max(above_max);
+        below_max = reduce_max(below_max);
+        if (above_max != kMasked && below_max != kMasked) {
+            const float above_sum = sum_exp(ob, n - ob, above_max, false);
+            precise float above_lse = det_log(above_sum) + above_max;
+            outweighed = above_lse > below_max;
         }
     }
 
