@@ -117,7 +117,7 @@ std::vector<GgmlType> representative_types(const Backend& gpu) {
     std::vector<GgmlType> types;
     for (GgmlType t :
          {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ6_K})
-        if (gpu.supports_weights(t)) types.push_back(t);
+        if (gpu.supports(Backend::Op::kMatmul, t)) types.push_back(t);
     return types;
 }
 
@@ -126,7 +126,7 @@ std::vector<GgmlType> representative_types(const Backend& gpu) {
 std::vector<GgmlType> epilogue_types(const Backend& gpu) {
     std::vector<GgmlType> types;
     for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ6_K})
-        if (gpu.supports_weights(t)) types.push_back(t);
+        if (gpu.supports(Backend::Op::kMatmul, t)) types.push_back(t);
     return types;
 }
 
@@ -141,7 +141,7 @@ std::vector<GgmlType> weight_types(const Backend& gpu) {
     if (few != nullptr && std::string(few) == "1") return representative_types(gpu);
     std::vector<GgmlType> types;
     for (GgmlType t : kWeightTypes)
-        if (gpu.supports_weights(t)) types.push_back(t);
+        if (gpu.supports(Backend::Op::kMatmul, t)) types.push_back(t);
     return types;
 }
 
@@ -296,7 +296,9 @@ TEST_P(BackendOps, MatmulGatedIsTwoMatmulsAndGatedMul) {
                                                               {GgmlType::kQ8_0, GgmlType::kQ4_0},
                                                               {GgmlType::kQ4_K, GgmlType::kQ6_K}};
     for (auto [gate_type, up_type] : types) {
-        if (!p.gpu->supports_weights(gate_type) || !p.gpu->supports_weights(up_type)) continue;
+        if (!p.gpu->supports(Backend::Op::kMatmul, gate_type) ||
+            !p.gpu->supports(Backend::Op::kMatmul, up_type))
+            continue;
         for (int64_t cols : row_lengths(gate_type, {96, 256})) {
             for (int64_t n : {1, 8, 19}) {  // 19: a pass of 16 columns, then one of 3
                 const auto act = n == 8    ? Backend::Activation::kGeluTanh
@@ -936,6 +938,41 @@ TEST(BackendOptions, TheAppsChoicesHoldAndTheEnvironmentFillsTheRest) {
         // AUTO: the environment's float inputs.
         EXPECT_EQ(cpu->quantizes_inputs(GgmlType::kQ8_0, 1), path == SPECULA_PATH_ON) << path;
     }
+}
+
+// supports() tells a model what the backend does: where it says the norm is applied inside the
+// matmuls, normed() leaves it pending for them; where not, normed() computes it. Every backend
+// present, Vulkan with its fused_norm option on and off. Fails if the answer and the path differ.
+TEST(BackendSupports, NormedMatmulIsWhatNormedDoes) {
+    struct Made {
+        specula_backend_kind kind;
+        specula_backend_options options;
+    };
+    std::vector<Made> backends = {
+        {SPECULA_BACKEND_CPU, {}}, {SPECULA_BACKEND_CUDA, {}}, {SPECULA_BACKEND_VULKAN, {}}};
+    for (const bool fused : {false, true})
+        backends.push_back(
+            {SPECULA_BACKEND_VULKAN, test::with_path(&specula_backend_options::fused_norm, fused)});
+    int checked = 0;
+    for (const Made& m : backends) {
+        std::string why;
+        auto be = test::try_backend(m.kind, &why, m.options);
+        if (!be) continue;
+        SCOPED_TRACE(be->info().name);
+        std::vector<std::unique_ptr<Buffer>> keep;
+        auto tensor = [&](int64_t cols, int64_t rows) {
+            std::unique_ptr<Buffer> b;
+            EXPECT_TRUE(be->allocate(size_t(cols * rows) * 4, &b).ok());
+            Tensor t{b.get(), 0, GgmlType::kF32, cols, rows};
+            keep.push_back(std::move(b));
+            return t;
+        };
+        const Tensor x = tensor(256, 2), w = tensor(256, 1), out = tensor(256, 2);
+        const Backend::MatmulInput in = be->normed(x, w, 1e-5f, out);
+        EXPECT_EQ(in.has_norm(), be->supports(Backend::Op::kNormedMatmul, GgmlType::kQ8_0));
+        ++checked;
+    }
+    EXPECT_GE(checked, 1);
 }
 
 // A prompt's inputs are quantized for the integer kernels by the backend's threads, a share of

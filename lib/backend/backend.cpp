@@ -13,15 +13,17 @@ size_t Tensor::row_bytes() const {
     return size_t(cols) / t->block_size * t->block_bytes;
 }
 
-Status check_weight_type(const Backend& backend, const std::string& tensor, GgmlType type) {
-    if (backend.supports_weights(type)) return Status::Ok();
+Status check_weight_type(const Backend& backend, const std::string& tensor, GgmlType type,
+                         Backend::Op op) {
+    if (backend.supports(op, type)) return Status::Ok();
     std::string runs;
     for (GgmlType t : kWeightTypes)
-        if (backend.supports_weights(t))
+        if (backend.supports(op, t))
             runs += (runs.empty() ? "" : ", ") + std::string(ggml_type_name(t));
     return Unsupported("tensor '" + tensor + "' has type " + ggml_type_name(type) + ", which the " +
-                       specula_backend_kind_name(backend.info().kind) +
-                       " backend does not run (it runs " + runs + ")");
+                       specula_backend_kind_name(backend.info().kind) + " backend does not " +
+                       (op == Backend::Op::kGetRows ? "read rows of" : "run") + " (it " +
+                       (op == Backend::Op::kGetRows ? "reads " : "runs ") + runs + ")");
 }
 
 void Backend::parallel_for_host(size_t n, const std::function<void(size_t, size_t)>& fn) {

@@ -87,9 +87,20 @@ class Backend {
     virtual ~Backend() = default;
 
     virtual const specula_device_info& info() const = 0;
-    // Whether this backend computes with weights of `type` (one of kWeightTypes); a model
-    // loader refuses a tensor of another type before anything of it is loaded.
-    virtual bool supports_weights(GgmlType type) const = 0;
+    // What a model may ask before it relies on an op: which weight types an op reads, and which
+    // composite ops the backend computes in one pass (for the batches it fuses) rather than by
+    // the base class's composed default, which every backend has.
+    enum class Op : uint8_t {
+        kMatmul,        // matmul (and matmul_gated, matmul_rope) of weights of the type
+        kGetRows,       // get_rows of a table of the type
+        kMatmulGated,   // matmul_gated in one pass
+        kMatmulRope,    // matmul_rope in one pass
+        kNormedMatmul,  // normed(): the norm applied inside the matmuls that read it
+        kMaskLogits,    // mask_logits on the device, adding no host wait (any type)
+    };
+    // Whether the backend runs `op` on weights of `type` (one of kWeightTypes); a model loader
+    // refuses a tensor of another type before anything of it is loaded.
+    virtual bool supports(Op op, GgmlType type) const = 0;
     // Whether matmul() multiplies weights of `type` by its inputs quantized to 8 bits per block
     // of 32 (as llama.cpp does, with integer dot products) rather than by the floats, in a
     // batch of `columns` columns: tests compare such products with the cpu's integer kernels.
@@ -277,6 +288,7 @@ Status choose_device(std::span<const specula_device_info> devices,
 
 // Ok where `backend` computes with `type`; else SPECULA_ERR_UNSUPPORTED naming the tensor,
 // its type and the types the backend runs.
-Status check_weight_type(const Backend& backend, const std::string& tensor, GgmlType type);
+Status check_weight_type(const Backend& backend, const std::string& tensor, GgmlType type,
+                         Backend::Op op = Backend::Op::kMatmul);
 
 }  // namespace specula

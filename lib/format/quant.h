@@ -94,7 +94,7 @@ SPECULA_ABI_FN void k_scale_min(int j, const uint8_t* s, uint8_t* scale, uint8_t
 }
 
 // Every weight type the runtime computes with, in GGUF's type order: backends say which of
-// them they run (Backend::supports_weights).
+// them they run (Backend::supports).
 inline constexpr GgmlType kWeightTypes[] = {
     GgmlType::kF32,  GgmlType::kF16,  GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
     GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};

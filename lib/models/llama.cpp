@@ -229,6 +229,9 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
             return Unsupported("tensor '" + name + "' has type " + ggml_type_name(info->type) +
                                " (norm weights must be F32)");
         SPECULA_TRY(check_weight_type(backend, name, info->type));
+        // The token table is read by rows too (and by matmul where the head is tied).
+        if (name == "token_embd.weight")
+            SPECULA_TRY(check_weight_type(backend, name, info->type, Backend::Op::kGetRows));
         // A matrix's rows are whole rows of bytes in the file (a vector's elements are its rows).
         const int64_t n_rows = rows == 1 ? cols : rows;
         const size_t row_bytes = info->data.size() / size_t(n_rows);

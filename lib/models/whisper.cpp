@@ -89,6 +89,9 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         const GgufTensorInfo* info = g.find_tensor(name);
         if (info == nullptr) return FormatError("the whisper model lacks tensor '" + name + "'");
         SPECULA_TRY(check_weight_type(backend, name, info->type));
+        // The decoder's tables are read by rows too.
+        if (name == "decoder.token_embedding.weight" || name == "decoder.positional_embedding")
+            SPECULA_TRY(check_weight_type(backend, name, info->type, Backend::Op::kGetRows));
         // Rows are the last dimension (a convolution's output channels), except for the
         // convolutions' biases (1 x width), which are one row.
         const auto n = int64_t(info->n_elements);

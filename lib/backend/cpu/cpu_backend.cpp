@@ -245,7 +245,16 @@ class CpuBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
-    bool supports_weights(GgmlType type) const override { return is_runnable_weight_type(type); }
+    bool supports(Op op, GgmlType type) const override {
+        switch (op) {
+            case Op::kNormedMatmul:  // the norm is computed on its own: the matmuls read it once
+                return false;
+            case Op::kMaskLogits:  // in place, in the host's memory
+                return true;
+            default:  // matmul_gated and matmul_rope are one loop over rows each
+                return is_runnable_weight_type(type);
+        }
+    }
     bool quantizes_inputs(GgmlType type, int64_t /*columns*/) const override {
         return int8_inputs_ && cpu::has_integer_kernel(type);
     }

@@ -109,9 +109,21 @@ class CudaBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
-    bool supports_weights(GgmlType type) const override {
-        return std::find(std::begin(kWeightTypes), std::end(kWeightTypes), type) !=
-               std::end(kWeightTypes);
+    bool supports(Op op, GgmlType type) const override {
+        const bool reads = std::find(std::begin(kWeightTypes), std::end(kWeightTypes), type) !=
+                           std::end(kWeightTypes);
+        switch (op) {
+            case Op::kMatmulGated:
+                return reads && fused_gate_;
+            case Op::kMatmulRope:
+                return reads && fused_rope_;
+            case Op::kNormedMatmul:  // the norm is a kernel of its own (which quantizes the
+                return false;        // matmuls' inputs where they take 8-bit ones)
+            case Op::kMaskLogits:
+                return !host_rules_;
+            default:
+                return reads;
+        }
     }
     bool quantizes_inputs(GgmlType type, int64_t columns) const override {
         return int8_inputs_ && cuda::has_int_kernel(type) && !in_tiles(columns);

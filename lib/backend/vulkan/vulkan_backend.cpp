@@ -580,7 +580,19 @@ class VulkanBackend final : public Backend {
     }
 
     const specula_device_info& info() const override { return info_; }
-    bool supports_weights(GgmlType type) const override { return weight_suffix(type) != nullptr; }
+    bool supports(Op op, GgmlType type) const override {
+        const bool reads = weight_suffix(type) != nullptr;
+        switch (op) {
+            case Op::kMatmulRope:
+                return reads && fuse_rope_;
+            case Op::kNormedMatmul:
+                return fuse_norm_;
+            case Op::kMaskLogits:
+                return true;
+            default:  // the matmul shader's GATED variant runs every type it reads
+                return reads;
+        }
+    }
     // The device-local heaps' size: an upper bound (what others use of them is not known
     // without VK_EXT_memory_budget), enough to refuse a context that can never fit.
     uint64_t available_memory() const override { return info_.memory_bytes; }
