@@ -165,6 +165,55 @@ Status load_file(Backend& backend, const std::string& path, std::unique_ptr<Llam
     return LlamaModel::load(backend, std::move(file), nullptr, out);
 }
 
+// Granite reads its four scales as llama.cpp does (its logits' scale required), and a file with
+// a tensor the forward would not apply (a bias of the attention's output) is refused by name
+// rather than run without it. The scales' effect on the logits: parity_numpy_*_granite_q8_0.
+TEST(Llama, GraniteReadsItsScalesAndRefusesWhatItWouldNotApply) {
+    RandomLlamaSpec spec = test::small_spec(GgmlType::kQ8_0, 1);
+    spec.arch = "granite";
+    const std::string path = test::make_model("granite", spec);
+    std::unique_ptr<Backend> backend = create_cpu_backend(2);
+    std::unique_ptr<LlamaModel> model;
+    Status s = load_file(*backend, path, &model);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(model->config().embedding_scale, spec.embedding_scale);
+    EXPECT_EQ(model->config().residual_scale, spec.residual_scale);
+    EXPECT_EQ(model->config().attention_scale, spec.attention_scale);
+    EXPECT_EQ(model->config().logit_scale, spec.logit_scale);
+
+    const std::string no_logit_scale = (test::temp_dir() / "granite-no-logit-scale.gguf").string();
+    test::GgufEdit drop;
+    drop.metadata = [](std::vector<std::pair<std::string, GgufValue>>* m) {
+        std::erase_if(*m, [](const auto& kv) { return kv.first == "granite.logit_scale"; });
+    };
+    ASSERT_TRUE(test::write_edited_gguf(path, drop, no_logit_scale).ok());
+    s = load_file(*backend, no_logit_scale, &model);
+    EXPECT_EQ(s.code(), SPECULA_ERR_FORMAT) << s.message();
+
+    const std::string with_bias = (test::temp_dir() / "granite-output-bias.gguf").string();
+    // The file with one tensor more: a bias of blk.0's attention output (its norm's bytes).
+    {
+        std::unique_ptr<MappedFile> file;
+        ASSERT_TRUE(MappedFile::open(path, &file).ok());
+        GgufFile g;
+        ASSERT_TRUE(GgufFile::parse(file->bytes(), &g).ok());
+        GgufWriter w;
+        for (const auto& [key, value] : g.metadata())
+            w.set(key, value);
+        for (const GgufTensorInfo& t : g.tensors())
+            ASSERT_TRUE(w.add_tensor(t.name, t.type, t.shape, {t.data.begin(), t.data.end()}).ok());
+        const GgufTensorInfo* norm = g.find_tensor("blk.0.attn_norm.weight");
+        ASSERT_NE(norm, nullptr);
+        ASSERT_TRUE(w.add_tensor("blk.0.attn_output.bias", norm->type, norm->shape,
+                                 {norm->data.begin(), norm->data.end()})
+                        .ok());
+        ASSERT_TRUE(w.write(with_bias).ok());
+    }
+    s = load_file(*backend, with_bias, &model);
+    EXPECT_EQ(s.code(), SPECULA_ERR_UNSUPPORTED) << s.message();
+    EXPECT_NE(s.message().find("blk.0.attn_output.bias"), std::string::npos) << s.message();
+}
+
 // Phi-3 attends over a sliding window: the key is read, and a context longer than the window is
 // a context like any other (the window's mask is the attention op's; parity.py checks its
 // numbers, tests/CMakeLists.txt parity_numpy_*_phi3_*). LongRoPE's factors come in pairs: a

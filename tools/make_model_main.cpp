@@ -30,8 +30,9 @@ int main(int argc, char** argv) {
         "--arch", spec.arch,
         "llama, qwen2 (q/k/v biases, NeoX rotation), qwen3 (q/k head norms, NeoX), phi3 "
         "(fused q/k/v and gate/up tensors, NeoX), gemma3 (GeGLU, post-norms, q/k head norms, "
-        "local and global layers) or gemma2 (GeGLU, post-norms, soft caps, local and global "
-        "layers)");
+        "local and global layers), gemma2 (GeGLU, post-norms, soft caps, local and global "
+        "layers) or granite (Llama's with scaled embeddings, residual updates, attention and "
+        "logits)");
     app.add_option("--head-dim", spec.head_dim, "head width (0: n_embd / n_head)");
     app.add_option("--n-rot", spec.n_rot, "rotated dimensions of a head (0: all)");
     app.add_flag(
@@ -42,6 +43,10 @@ int main(int argc, char** argv) {
                    "(0: 512, 4096)");
     app.add_option("--attn-soft-cap", spec.attn_soft_cap, "gemma2: attention scores' soft cap");
     app.add_option("--final-soft-cap", spec.final_soft_cap, "gemma2: the logits' soft cap");
+    app.add_option("--embedding-scale", spec.embedding_scale, "granite: the embeddings' scale");
+    app.add_option("--residual-scale", spec.residual_scale, "granite: the residual updates' scale");
+    app.add_option("--attention-scale", spec.attention_scale, "granite: q . k's scale");
+    app.add_option("--logit-scale", spec.logit_scale, "granite: the logits are divided by it");
     app.add_option("--rope-scale", spec.rope_scale, "linear rope scaling by this factor");
     app.add_flag("--llama3-rope", spec.llama3_rope,
                  "Llama 3.2's rope scaling, as a rope_freqs tensor of per-pair factors");
@@ -49,7 +54,7 @@ int main(int argc, char** argv) {
     app.add_option("--shape", shape,
                    "a released model's shape, which the other options change: llama3.2-1b, "
                    "llama3.2-3b, llama3.1-8b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, "
-                   "phi3.5-mini, gemma3-270m, gemma3-1b, gemma2-2b");
+                   "phi3.5-mini, gemma3-270m, gemma3-1b, gemma2-2b, granite3.1-2b");
     app.add_option("--head-scale", spec.head_scale,
                    "the output head's logits have about this standard deviation (how peaked "
                    "the distributions are; 0: 4 for a separate head, the embedding's for a tied "

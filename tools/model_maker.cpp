@@ -168,6 +168,12 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
         w.set_f32(a + "attn_logit_softcapping", s.attn_soft_cap);
         w.set_f32(a + "final_logit_softcapping", s.final_soft_cap);
     }
+    if (s.arch == "granite") {  // Granite 3.x's scales (2B's by default)
+        w.set_f32(a + "embedding_scale", s.embedding_scale);
+        w.set_f32(a + "residual_scale", s.residual_scale);
+        w.set_f32(a + "attention.scale", s.attention_scale);
+        w.set_f32(a + "logit_scale", s.logit_scale);
+    }
     if (s.longrope) {
         const int original = s.n_ctx / 4;
         w.set_u32(a + "rope.scaling.original_context_length", uint32_t(original));
@@ -325,6 +331,7 @@ Status apply_released_shape(const std::string& name, RandomLlamaSpec* spec) {
         {"gemma3-270m", "gemma3", 640, 18, 4, 1, 2048, 256, true, false},
         {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 6912, 256, true, false},
         {"gemma2-2b", "gemma2", 2304, 26, 8, 4, 9216, 256, true, false},
+        {"granite3.1-2b", "granite", 2048, 40, 32, 8, 8192, 64, true, false},
     };
     std::string names;
     for (const Shape& sh : kShapes) {

@@ -45,6 +45,9 @@ struct RandomLlamaSpec {
     int sliding_window = 0;  // phi3: the sliding_window key (0: n_ctx); gemma3 (0: 512), gemma2
                              // (0: 4096)
     float attn_soft_cap = 50.0f, final_soft_cap = 30.0f;  // gemma2's keys
+    // granite's keys (Granite 3.1 2B's values)
+    float embedding_scale = 12.0f, residual_scale = 0.22f, attention_scale = 0.015625f,
+          logit_scale = 8.0f;
     // > 0: the output head's weights are drawn with head_scale / sqrt(n_embd), logits with a
     // standard deviation of about head_scale (how peaked the model's distributions are), a tied
     // head's (the embedding's) too. 0: 4 for a separate head; a tied one keeps the embedding's

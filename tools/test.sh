@@ -149,13 +149,13 @@ if [ "$(uname -m)" = x86_64 ] && [ "${SPECULA_SKIP_AARCH64:-0}" != 1 ]; then
   # The tokenizer oracle tests and Whisper's (no SIMD of their own: their matmuls are the Llama
   # parity's) stay with the native runs, as does the NumPy parity of the weight types whose NEON
   # code test_llama already holds to its definitions (the K-quants' parity runs here), and of
-  # Qwen3, Phi-3, Gemma 2 and 3 and rope scaling (host-side tables, splits and ops the other parity tests run on
+  # Qwen3, Phi-3, Gemma 2 and 3, Granite and rope scaling (host-side tables, splits and ops the other parity tests run on
   # NEON), and of the real models' shapes (their kernels are the small models', and qemu is slow
   # at 2048 wide),
   # and the tests of host code that no instruction set changes: thread counts (the cpu
   # backend's, and the random models' drawing, which stalled under qemu-user) and sessions on
   # several threads, the quantizer (about 190 s of emulated time).
   ctest --test-dir build/aarch64 -L cpu -LE 'tokenizer|whisper' -j "$jobs" --timeout 900 --output-on-failure \
-    -E 'parity_numpy_cpu_(q4_1|q5_0|q5_1|q5_k|qwen3_q8_0|rope_scaling|phi3_.*_q8_0|gemma[23]_q8_0)|parity_numpy_cpu_q[456]_k_float_inputs|parity_numpy_cpu_.*_(1b|2b|0_5b|0_6b|mini)_(f16|q4_0)|ThreadCountDoesNotChangeLogits|AreOneStreamOnAnyNumberOfThreads|SessionsOnOneModelFromFourThreads|AQuantizedModelLoadsAndStaysCloseToItsSource'
+    -E 'parity_numpy_cpu_(q4_1|q5_0|q5_1|q5_k|qwen3_q8_0|rope_scaling|phi3_.*_q8_0|gemma[23]_q8_0|granite_q8_0)|parity_numpy_cpu_q[456]_k_float_inputs|parity_numpy_cpu_.*_(1b|2b|0_5b|0_6b|mini)_(f16|q4_0)|ThreadCountDoesNotChangeLogits|AreOneStreamOnAnyNumberOfThreads|SessionsOnOneModelFromFourThreads|AQuantizedModelLoadsAndStaysCloseToItsSource'
 fi
 stage "done"

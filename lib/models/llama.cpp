@@ -74,6 +74,7 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     LlamaConfig& c = m->config_;
     c.architecture = arch;
     const bool phi3 = arch == "phi3", gemma2 = arch == "gemma2", gemma3 = arch == "gemma3";
+    const bool granite = arch == "granite";
     c.qkv_bias = arch == "qwen2";
     c.qk_norm = arch == "qwen3" || gemma3;
     c.post_norms = gemma2 || gemma3;
@@ -186,6 +187,35 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     // 27B is n_embd / n_head (llama.cpp tells them by their 46 and 62 layers).
     const bool gemma_27b = (gemma2 && c.n_layer == 46) || (gemma3 && c.n_layer == 62);
     c.attention_scale = 1.0f / std::sqrt(float(gemma_27b ? c.n_embd / c.n_head : c.head_dim));
+    if (gemma2 || gemma3) c.embedding_scale = std::sqrt(float(c.n_embd));  // as llama.cpp
+    if (granite) {
+        // As llama.cpp reads Granite: the logits' scale is required, the others optional (the
+        // attention's scale 0 or absent: 1 / sqrt(head_dim)).
+        double embedding = 1.0, residual = 0.0, attention = 0.0, logit = 0.0;
+        bool has_logit = false;
+        SPECULA_TRY(gguf.get_float(a + "logit_scale", &logit, &has_logit));
+        SPECULA_TRY(gguf.get_float(a + "embedding_scale", &embedding));
+        SPECULA_TRY(gguf.get_float(a + "residual_scale", &residual));
+        SPECULA_TRY(gguf.get_float(a + "attention.scale", &attention));
+        if (!has_logit) return FormatError("the granite model lacks " + a + "logit_scale");
+        const auto in_range = [](double v) { return v >= 0 && v < 1e6; };
+        if (!(logit > 0) || !in_range(logit) || !(embedding > 0) || !in_range(embedding) ||
+            !in_range(residual) || !in_range(attention))
+            return FormatError("granite scales out of range");
+        c.logit_scale = float(logit);
+        c.embedding_scale = float(embedding);
+        c.residual_scale = float(residual);
+        if (attention > 0) c.attention_scale = float(attention);
+        // Biases on the attention's output or the feed-forward (Granite's optional ones, which
+        // no released dense Granite has) are not applied: refused rather than ignored.
+        for (const char* bias : {"attn_output.bias", "ffn_gate.bias", "ffn_up.bias",
+                                 "ffn_down.bias", "attn_q.bias", "attn_k.bias", "attn_v.bias"})
+            if (gguf.find_tensor("blk.0." + std::string(bias)) != nullptr)
+                return Unsupported("granite tensor 'blk.0." + std::string(bias) +
+                                   "' (biases are not supported)");
+        if (gguf.find_tensor("blk.0.ffn_gate_inp.weight") != nullptr)
+            return Unsupported("granite mixture-of-experts models");
+    }
 
     SPECULA_TRY(Tokenizer::from_gguf(gguf, &m->tokenizer_));
     c.n_vocab = m->tokenizer_->n_vocab();
@@ -341,7 +371,7 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     plan.add(&ctx->up_, GgmlType::kF32, c.n_ff, b);
     plan.add(&ctx->logits_, GgmlType::kF32, c.n_vocab, b);
     if (c.rope_base_local > 0) plan.add(&ctx->rope_table_local_, GgmlType::kF32, c.n_rot, n_ctx);
-    if (c.post_norms) plan.add(&ctx->post_, GgmlType::kF32, c.n_embd, b);
+    if (c.post_norms || c.residual_scale > 0) plan.add(&ctx->post_, GgmlType::kF32, c.n_embd, b);
     SPECULA_TRY(
         plan.check_fits(model.backend_, "a context of " + std::to_string(n_ctx) + " tokens"));
     if (n_ctx > kMaxContext)
@@ -397,10 +427,10 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
     const Tensor x = x_.row_range(0, n), h = norm_.row_range(0, n), q = q_.row_range(0, n);
     const Tensor attn = attn_.row_range(0, n);
     const Tensor gate = gate_.row_range(0, n), up = up_.row_range(0, n);
-    const Tensor post = c.post_norms ? post_.row_range(0, n) : Tensor{};
+    const Tensor post = c.post_norms || c.residual_scale > 0 ? post_.row_range(0, n) : Tensor{};
 
     be.get_rows(model_.token_embd_, ids, x);
-    if (c.post_norms) be.scale(x, std::sqrt(float(c.n_embd)));  // as llama.cpp: sqrtf(n_embd)
+    if (c.embedding_scale != 1.0f) be.scale(x, c.embedding_scale);
     for (int l = 0; l < c.n_layer; ++l) {
         const LlamaModel::Layer& L = model_.layers_[size_t(l)];
         const Tensor& rope_table = c.local_rope(l) ? rope_table_local_ : rope_table_;
@@ -445,12 +475,19 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
                       .pos0 = n_past_,
                       .window = c.window_of(l),
                       .soft_cap = c.attn_soft_cap});
-        // The residual adds: folded into the products, or after the post-norms.
+        // The residual adds: folded into the products, or after the post-norms or the scale.
         const auto add_output = [&](const Tensor& w, const Tensor& in, const Tensor& post_norm) {
-            if (!c.post_norms) return be.matmul(w, in, x, Backend::Accumulate::kYes);
-            be.matmul(w, in, post, Backend::Accumulate::kNo);
-            be.rms_norm(post, post_norm, c.rms_eps, h);
-            be.add_bias(x, h);
+            if (c.post_norms) {
+                be.matmul(w, in, post, Backend::Accumulate::kNo);
+                be.rms_norm(post, post_norm, c.rms_eps, h);
+                be.add_bias(x, h);
+            } else if (c.residual_scale > 0) {
+                be.matmul(w, in, post, Backend::Accumulate::kNo);
+                be.scale(post, c.residual_scale);
+                be.add_bias(x, post);
+            } else {
+                be.matmul(w, in, x, Backend::Accumulate::kYes);
+            }
         };
         add_output(L.wo, attn, L.post_attn_norm);
         be.matmul_gated(c.activation, L.w_gate, L.w_up, be.normed(x, L.ffn_norm, c.rms_eps, h),
@@ -464,6 +501,7 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
         be.normed(x.row_range(first, rows), model_.output_norm_, c.rms_eps, h.row_range(0, rows)),
         logits_.row_range(0, rows), Backend::Accumulate::kNo);
     if (c.final_soft_cap > 0) be.soft_cap(logits_.row_range(0, rows), c.final_soft_cap);
+    if (c.logit_scale > 0) be.scale(logits_.row_range(0, rows), 1.0f / c.logit_scale);
     n_past_ += n;
     ++forward_calls_;
     positions_evaluated_ += uint64_t(n);

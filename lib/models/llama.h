@@ -1,6 +1,6 @@
 // Llama-family decoder (RMSNorm, RoPE, grouped-query attention, a gated FFN, tied or separate
-// output head), written once against the backend interface: Llama, Qwen2/3, Phi-3 and Gemma 3
-// are this one forward with their options.
+// output head), written once against the backend interface: Llama, Qwen2/3, Phi-3, Gemma 2/3
+// and Granite are this one forward with their options.
 #pragma once
 
 #include <algorithm>
@@ -49,9 +49,13 @@ struct LlamaConfig {
     std::string architecture;  // general.architecture (LlamaModel::kArchitectures)
     bool qkv_bias = false;     // qwen2: biases on the q, k and v projections
     bool qk_norm = false;      // qwen3, gemma3: an RMS norm of each head of q and k
-    // gemma2, gemma3: embeddings scaled by sqrt(n_embd), and an RMS norm of the attention's and
-    // the feed-forward's outputs before each residual add (post_attention_norm, post_ffw_norm).
+    // gemma2, gemma3: an RMS norm of the attention's and the feed-forward's outputs before each
+    // residual add (post_attention_norm, post_ffw_norm).
     bool post_norms = false;
+    // The embeddings times this (gemma2, gemma3: sqrt(n_embd); granite: embedding_scale); the
+    // attention's and the feed-forward's outputs times residual_scale before each residual add
+    // (granite; 0: not scaled), and the logits divided by logit_scale (granite; 0: not).
+    float embedding_scale = 1.0f, residual_scale = 0.0f, logit_scale = 0.0f;
     Backend::Activation activation = Backend::Activation::kSilu;  // the feed-forward's gate
     float attention_scale = 0.0f;                                 // of q . k
     // gemma2: attention scores and the logits capped smoothly at ± these (0: not capped).
@@ -73,10 +77,11 @@ class LlamaModel {
     // reordering their rows), Qwen3's (q and k head norms), Phi-3's (q, k and v in one tensor,
     // gate and up in one, read as separate matrices; NeoX's rotation; LongRoPE; a sliding
     // window) and Gemma 3's (GeGLU, scaled embeddings, q/k head norms and post-norms, local
-    // sliding-window layers between global ones) and Gemma 2's (no head norms; soft-capped
-    // attention scores and logits; local and global layers in turn).
-    static constexpr std::array<const char*, 6> kArchitectures = {"llama", "qwen2",  "qwen3",
-                                                                  "phi3",  "gemma2", "gemma3"};
+    // sliding-window layers between global ones), Gemma 2's (no head norms; soft-capped
+    // attention scores and logits; local and global layers in turn) and Granite's (Llama's
+    // forward with its embeddings, residual updates, attention scores and logits scaled).
+    static constexpr std::array<const char*, 7> kArchitectures = {
+        "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite"};
 
     static bool is_architecture(std::string_view arch) {
         return std::find(kArchitectures.begin(), kArchitectures.end(), arch) !=

@@ -227,6 +227,7 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
     gemma3 = arch == "gemma3"
     gemma2 = arch == "gemma2"
     gemma = gemma2 or gemma3
+    granite = arch == "granite"
     neox = qwen2 or qwen3 or phi3 or gemma
     n_embd, n_layer = m[a + "embedding_length"], m[a + "block_count"]
     n_head = m[a + "attention.head_count"]
@@ -253,10 +254,16 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
     x = g.rows("token_embd.weight", tokens)
     if gemma:
         x = x * np.sqrt(n_embd)
+    # granite: the embeddings, each residual update and the logits scaled (llama.cpp's keys)
+    residual = m.get(a + "residual_scale", 0.0) if granite else 0.0
+    if granite:
+        x = x * m.get(a + "embedding_scale", 1.0)
     causal = np.triu(np.full((n, n), -np.inf), k=1)
     window = m.get(a + "attention.sliding_window", 0) if phi3 or gemma else 0
     big = (gemma3 and n_layer == 62) or (gemma2 and n_layer == 46)  # 27B's query_pre_attn_scalar
     scale = 1.0 / np.sqrt(n_embd // n_head if big else head_dim)
+    if granite and m.get(a + "attention.scale", 0.0):
+        scale = m[a + "attention.scale"]
     attn_cap = m.get(a + "attn_logit_softcapping", 50.0) if gemma2 else 0
     final_cap = m.get(a + "final_logit_softcapping", 30.0) if gemma2 else 0
     for l in range(n_layer):
@@ -296,6 +303,8 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
         o = mm(out, p + "attn_output.weight")
         if gemma:
             o = rms_norm(o, g.tensor(p + "post_attention_norm.weight")[0], eps)
+        if residual:
+            o = o * residual
         x = x + o
         h = rms_norm(x, g.tensor(p + "ffn_norm.weight")[0], eps)
         if phi3:
@@ -311,10 +320,14 @@ def forward(path, tokens, quantized_inputs=False, flips=(), n_ctx=256):
         o = mm(act * up, p + "ffn_down.weight")
         if gemma:
             o = rms_norm(o, g.tensor(p + "post_ffw_norm.weight")[0], eps)
+        if residual:
+            o = o * residual
         x = x + o
     h = rms_norm(x, g.tensor("output_norm.weight")[0], eps)
     head = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
     logits = mm(h, head)
     if final_cap:
         logits = final_cap * np.tanh(logits / final_cap)
+    if granite:
+        logits = logits / m[a + "logit_scale"]
     return logits, ambiguous["count"]
