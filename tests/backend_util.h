@@ -11,17 +11,12 @@
 
 #include "backend/backend.h"
 #include "backend/factory.h"
+#include "backend/options.h"
 #ifdef SPECULA_HAVE_VULKAN
 #include "backend/vulkan/vulkan_backend.h"
 #endif
 
 namespace specula::test {
-
-// Whether environment variable `name` is set to `value` (the SPECULA_VULKAN_* switches).
-inline bool env_is(const char* name, const char* value) {
-    const char* env = std::getenv(name);
-    return env != nullptr && std::string(env) == value;
-}
 
 inline const char* backend_name(specula_backend_kind kind) {
     return specula_backend_kind_name(kind);
@@ -87,7 +82,7 @@ inline bool compare_gpus_with_float_inputs_on_the_cpu() {
 class VulkanValidationCheck : public ::testing::Environment {
   public:
     void SetUp() override {
-        if (env_is("SPECULA_VULKAN_VALIDATION", "1") && !enumerate_vulkan_devices().empty()) {
+        if (vulkan_validation_requested() && !enumerate_vulkan_devices().empty()) {
             EXPECT_TRUE(vulkan_validation_enabled())
                 << "validation was requested but the layer did not load";
         }

@@ -371,7 +371,7 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     plan.add(&ctx->up_, GgmlType::kF32, c.n_ff, b);
     plan.add(&ctx->logits_, GgmlType::kF32, c.n_vocab, b);
     if (c.rope_base_local > 0) plan.add(&ctx->rope_table_local_, GgmlType::kF32, c.n_rot, n_ctx);
-    if (c.post_norms || c.residual_scale > 0) plan.add(&ctx->post_, GgmlType::kF32, c.n_embd, b);
+    if (c.residual_through_scratch()) plan.add(&ctx->post_, GgmlType::kF32, c.n_embd, b);
     SPECULA_TRY(
         plan.check_fits(model.backend_, "a context of " + std::to_string(n_ctx) + " tokens"));
     if (n_ctx > kMaxContext)
@@ -427,7 +427,7 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
     const Tensor x = x_.row_range(0, n), h = norm_.row_range(0, n), q = q_.row_range(0, n);
     const Tensor attn = attn_.row_range(0, n);
     const Tensor gate = gate_.row_range(0, n), up = up_.row_range(0, n);
-    const Tensor post = c.post_norms || c.residual_scale > 0 ? post_.row_range(0, n) : Tensor{};
+    const Tensor post = c.residual_through_scratch() ? post_.row_range(0, n) : Tensor{};
 
     be.get_rows(model_.token_embd_, ids, x);
     if (c.embedding_scale != 1.0f) be.scale(x, c.embedding_scale);

@@ -60,6 +60,9 @@ struct LlamaConfig {
     float attention_scale = 0.0f;                                 // of q . k
     // gemma2: attention scores and the logits capped smoothly at ± these (0: not capped).
     float attn_soft_cap = 0.0f, final_soft_cap = 0.0f;
+    // Whether a layer's outputs go through scratch before the residual add (post-norms or a
+    // residual scale); else each add is folded into its product.
+    bool residual_through_scratch() const { return post_norms || residual_scale > 0; }
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
     // Layer l's sliding window (0: it sees every key before it).
