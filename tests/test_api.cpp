@@ -272,6 +272,46 @@ TEST_F(Api, GreedyAndSeededGenerationAreDeterministic) {
     EXPECT_NE(a, generate(sp, "Once upon a time", 12));
 }
 
+// A server's slot changes the sampling per request: what follows is what a new session with
+// those settings generates (with a draft too), and values out of range leave it as it was.
+TEST_F(Api, SetSamplingGeneratesWhatANewSessionWould) {
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    sp.draft = model;  // a draft that is the target: every path of the pair runs
+    specula_session* s = nullptr;
+    ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
+    const auto run = [&](const std::string& prompt) {
+        const auto ids = tokenize(prompt);
+        EXPECT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
+        specula_generate_params gp = specula_generate_default_params();
+        gp.max_tokens = 12;
+        gp.stop_at_eos = false;
+        std::vector<int32_t> out(12);
+        size_t got = 0;
+        EXPECT_EQ(specula_generate(s, &gp, out.data(), out.size(), &got), SPECULA_OK);
+        out.resize(got);
+        return out;
+    };
+    const auto greedy = generate(sp, "Once upon a time", 12);
+    EXPECT_EQ(run("Once upon a time"), greedy);
+    for (uint64_t seed : {7u, 8u}) {
+        specula_session_params sampled = sp;
+        sampled.temperature = 1.0f;
+        sampled.top_k = 20;
+        sampled.top_p = 0.9f;
+        sampled.seed = seed;
+        ASSERT_EQ(specula_session_set_sampling(s, 1.0f, 20, 0.9f, seed), SPECULA_OK);
+        EXPECT_EQ(run("Once upon a time"), generate(sampled, "Once upon a time", 12));
+    }
+    EXPECT_EQ(specula_session_set_sampling(s, 1.0f, 20, 1.5f, 1), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(specula_session_set_sampling(s, -1.0f, 0, 1.0f, 1), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(specula_session_set_sampling(nullptr, 0.0f, 0, 1.0f, 1),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    ASSERT_EQ(specula_session_set_sampling(s, 0.0f, 0, 1.0f, 0), SPECULA_OK);
+    EXPECT_EQ(run("Once upon a time"), greedy);
+    specula_session_free(s);
+}
+
 // specula.h: a model may be shared by several sessions. Four threads, each with its own
 // sessions on one model and backend (plain and speculative, greedy and sampled), get the
 // tokens a single thread gets.

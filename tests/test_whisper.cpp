@@ -862,6 +862,21 @@ TEST(AsrApi, TranscribesAFileAndRefusesBadRequests) {
     EXPECT_STREQ(t.language, "en");
     specula_asr_segment seg{};
     EXPECT_EQ(specula_asr_get_segment(ctx, 1000, &seg), SPECULA_ERR_INVALID_ARGUMENT);
+    // The same bytes from memory (a server's upload): the same segments.
+    std::vector<std::string> from_file;
+    for (size_t i = 0; i < specula_asr_segment_count(ctx); ++i) {
+        ASSERT_EQ(specula_asr_get_segment(ctx, i, &seg), SPECULA_OK);
+        from_file.push_back(std::to_string(seg.t0_ms) + seg.text);
+    }
+    ASSERT_EQ(specula_asr_transcribe_memory(ctx, wav.data(), wav.size(), &p), SPECULA_OK)
+        << specula_last_error();
+    ASSERT_EQ(specula_asr_segment_count(ctx), from_file.size());
+    for (size_t i = 0; i < from_file.size(); ++i) {
+        ASSERT_EQ(specula_asr_get_segment(ctx, i, &seg), SPECULA_OK);
+        EXPECT_EQ(std::to_string(seg.t0_ms) + seg.text, from_file[i]);
+    }
+    EXPECT_EQ(specula_asr_transcribe_memory(ctx, wav.data(), 30, &p), SPECULA_ERR_FORMAT);
+    EXPECT_EQ(specula_asr_transcribe_memory(ctx, nullptr, 10, &p), SPECULA_ERR_INVALID_ARGUMENT);
 
     // Requests the model cannot serve, and malformed audio.
     p.language = "de";

@@ -13,6 +13,7 @@ packages=(
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes
   clang-format                        # the style check (.clang-format)
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
+  libcpp-httplib-dev                  # cpp-httplib: specula-server's HTTP
   libhwy-dev                          # Google Highway: portable SIMD for the cpu backend
   libpcre2-dev                        # PCRE2: the tokenizers' pre-split regexes
   libsamplerate0-dev                  # libsamplerate: speech input resampled to 16 kHz

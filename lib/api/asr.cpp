@@ -113,6 +113,17 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
     return s;
 }
 
+// A WAV file's bytes (`name` for the messages), decoded, resampled and transcribed.
+Status transcribe_wav(specula_asr_context* ctx, std::span<const uint8_t> bytes,
+                      const std::string& name, const specula_asr_params& p, Clock::time_point t0) {
+    audio::Wav wav;
+    Status s = audio::decode_wav(bytes, &wav);
+    if (!s.ok()) return Status(s.code(), name + ": " + s.message());
+    std::vector<float> samples;
+    SPECULA_TRY(audio::resample(wav.mono, wav.sample_rate, audio::kWhisperSampleRate, &samples));
+    return transcribe(ctx, samples, p, seconds_since(t0));
+}
+
 }  // namespace
 
 extern "C" {
@@ -249,13 +260,19 @@ specula_status specula_asr_transcribe_file(specula_asr_context* ctx, const char*
         const auto t0 = Clock::now();
         std::unique_ptr<MappedFile> file;
         SPECULA_TRY(MappedFile::open(path, &file, true));
-        audio::Wav wav;
-        Status s = audio::decode_wav(file->bytes(), &wav);
-        if (!s.ok()) return Status(s.code(), std::string(path) + ": " + s.message());
-        std::vector<float> samples;
-        SPECULA_TRY(
-            audio::resample(wav.mono, wav.sample_rate, audio::kWhisperSampleRate, &samples));
-        return transcribe(ctx, samples, p, seconds_since(t0));
+        return transcribe_wav(ctx, file->bytes(), path, p, t0);
+    });
+}
+
+specula_status specula_asr_transcribe_memory(specula_asr_context* ctx, const void* data,
+                                             size_t size, const specula_asr_params* params) {
+    return guarded([&] {
+        SPECULA_TRY(need(ctx, "ctx"));
+        if (data == nullptr && size > 0) return InvalidArgument("data is NULL");
+        const specula_asr_params p = params ? *params : specula_asr_default_params();
+        const auto t0 = Clock::now();
+        return transcribe_wav(ctx, {static_cast<const uint8_t*>(data), size}, "the WAV data", p,
+                              t0);
     });
 }
 

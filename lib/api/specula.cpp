@@ -33,7 +33,11 @@ struct specula_model {
 
 struct specula_session {
     specula_model* model = nullptr;
+    specula_session_params params{};  // as created, with the sampling last set
     std::unique_ptr<LlamaContext> target, draft;
+    // What the γ policy measured of the pair: kept when the generator is rebuilt for new
+    // sampling settings (specula_session_set_sampling).
+    PairMeasurements measurements;
     std::unique_ptr<Generator> generator;
     specula_session_stats stats{};  // the prompt and timing part; the rest comes from the generator
     // Tokens of the last step that were committed but not reported because generation ended
@@ -77,6 +81,34 @@ Status load_model(specula_backend* backend, std::unique_ptr<MappedFile> file,
     s = LlamaModel::load(*backend->impl, std::move(file), progress, &m->impl);
     if (!s.ok()) return Status(s.code(), what + ": " + s.message());
     *out = m.release();
+    return Status::Ok();
+}
+
+// The generator's settings from a session's parameters, or why they are refused.
+Status generator_config(const specula_session_params& p, Generator::Config* config) {
+    if (!(p.temperature >= 0.0f) || !(p.top_p > 0.0f) || p.top_p > 1.0f || p.top_k < 0)
+        return InvalidArgument("temperature must be >= 0, top_p in (0, 1], top_k >= 0");
+    const bool greedy = !(p.temperature >= SPECULA_MIN_TEMPERATURE);
+    SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max, greedy || p.coupled_acceptance,
+                               config));
+    if (p.sigmoid_verify && p.coupled_acceptance)
+        return InvalidArgument(
+            "the sigmoid verification and the coupled acceptance are two "
+            "different tests: choose one");
+    if (p.sigmoid_verify && !(p.sigmoid_alpha < 0.0f && p.sigmoid_beta > 0.0f))
+        return InvalidArgument("the sigmoid scale needs alpha < 0 < beta");
+    if (p.lookup_ngram < 0 || p.lookup_ngram > SPECULA_MAX_LOOKUP_NGRAM)
+        return InvalidArgument("lookup_ngram must lie in 0.." +
+                               std::to_string(SPECULA_MAX_LOOKUP_NGRAM));
+    if (p.lookup_ngram > 0 && p.sigmoid_verify)
+        return InvalidArgument(
+            "the lookup's drafts are judged exactly: not with the "
+            "sigmoid verification");
+    config->sampling = {p.temperature, p.top_k, p.top_p, p.seed};
+    config->sigmoid_verify = p.sigmoid_verify;
+    config->sigmoid_scale = {p.sigmoid_alpha, p.sigmoid_beta};
+    config->coupled = p.coupled_acceptance;
+    config->lookup_ngram = p.lookup_ngram;
     return Status::Ok();
 }
 
@@ -466,28 +498,12 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         *out = nullptr;
         SPECULA_TRY(need(model, "model"));
         const specula_session_params p = params ? *params : specula_session_default_params();
-        if (!(p.temperature >= 0.0f) || !(p.top_p > 0.0f) || p.top_p > 1.0f || p.top_k < 0)
-            return InvalidArgument("temperature must be >= 0, top_p in (0, 1], top_k >= 0");
         Generator::Config config;
-        const bool greedy = !(p.temperature >= SPECULA_MIN_TEMPERATURE);
-        SPECULA_TRY(gamma_settings(p.gamma_policy, p.gamma, p.gamma_max,
-                                   greedy || p.coupled_acceptance, &config));
-        if (p.sigmoid_verify && p.coupled_acceptance)
-            return InvalidArgument(
-                "the sigmoid verification and the coupled acceptance are two "
-                "different tests: choose one");
-        if (p.sigmoid_verify && !(p.sigmoid_alpha < 0.0f && p.sigmoid_beta > 0.0f))
-            return InvalidArgument("the sigmoid scale needs alpha < 0 < beta");
-        if (p.lookup_ngram < 0 || p.lookup_ngram > SPECULA_MAX_LOOKUP_NGRAM)
-            return InvalidArgument("lookup_ngram must lie in 0.." +
-                                   std::to_string(SPECULA_MAX_LOOKUP_NGRAM));
-        if (p.lookup_ngram > 0 && p.sigmoid_verify)
-            return InvalidArgument(
-                "the lookup's drafts are judged exactly: not with the "
-                "sigmoid verification");
+        SPECULA_TRY(generator_config(p, &config));
         std::lock_guard turn(model->backend->turn);
         auto s = std::make_unique<specula_session>();
         s->model = model;
+        s->params = p;
         const int64_t n_ctx = p.n_ctx > 0 ? int64_t(p.n_ctx) : model->impl->config().n_ctx_train;
         constexpr int kMaxBatch = 64;
         SPECULA_TRY(LlamaContext::create(*model->impl, n_ctx, kMaxBatch, &s->target));
@@ -498,13 +514,31 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
             SPECULA_TRY(model->impl->tokenizer().check_draft(draft.tokenizer()));
             SPECULA_TRY(LlamaContext::create(draft, n_ctx, kMaxBatch, &s->draft));
         }
-        config.sampling = {p.temperature, p.top_k, p.top_p, p.seed};
-        config.sigmoid_verify = p.sigmoid_verify;
-        config.sigmoid_scale = {p.sigmoid_alpha, p.sigmoid_beta};
-        config.coupled = p.coupled_acceptance;
-        config.lookup_ngram = p.lookup_ngram;
-        s->generator = std::make_unique<Generator>(*s->target, s->draft.get(), config);
+        s->generator =
+            std::make_unique<Generator>(*s->target, s->draft.get(), config, &s->measurements);
         *out = s.release();
+        return Status::Ok();
+    });
+}
+
+specula_status specula_session_set_sampling(specula_session* session, float temperature,
+                                            int32_t top_k, float top_p, uint64_t seed) {
+    return guarded([&] {
+        SPECULA_TRY(need(session, "session"));
+        specula_session_params p = session->params;
+        p.temperature = temperature;
+        p.top_k = top_k;
+        p.top_p = top_p;
+        p.seed = seed;
+        Generator::Config config;
+        SPECULA_TRY(generator_config(p, &config));  // refused: the session is as it was
+        std::lock_guard turn(session->model->backend->turn);
+        session->generator->reset();  // empties both contexts, as a new generator needs
+        session->generator = std::make_unique<Generator>(*session->target, session->draft.get(),
+                                                         config, &session->measurements);
+        session->params = p;
+        session->unreported.clear();
+        session->stats = specula_session_stats{};
         return Status::Ok();
     });
 }

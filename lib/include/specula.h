@@ -439,6 +439,13 @@ SPECULA_API void specula_session_free(specula_session* session);
 /* Forgets the context (the KV cache) and the random step counter; keeps what the analytic γ
  * policy has measured of the pair (its costs and acceptance rate). */
 SPECULA_API specula_status specula_session_reset(specula_session* session);
+/* Changes the sampling settings of what follows (specula_session_params' meaning of each),
+ * e.g. per request of a server's slot, without allocating the context again; forgets the
+ * context as specula_session_reset does and keeps what the γ policy measured. What follows
+ * is what a new session with these settings generates. Values out of range:
+ * SPECULA_ERR_INVALID_ARGUMENT, and the session is as it was. */
+SPECULA_API specula_status specula_session_set_sampling(specula_session* session, float temperature,
+                                                        int32_t top_k, float top_p, uint64_t seed);
 
 /* Appends tokens to the context and evaluates them in one batched forward per chunk.
  * SPECULA_ERR_CONTEXT_FULL: they do not fit (nothing is evaluated); SPECULA_ERR_INVALID_ARGUMENT:
@@ -577,6 +584,10 @@ SPECULA_API specula_status specula_asr_transcribe(specula_asr_context* ctx, cons
  * SPECULA_ERR_IO: it cannot be read; SPECULA_ERR_FORMAT: not a WAV file specula decodes. */
 SPECULA_API specula_status specula_asr_transcribe_file(specula_asr_context* ctx, const char* path,
                                                        const specula_asr_params* params);
+/* The same for a WAV file's bytes in memory (an upload, an app's asset). */
+SPECULA_API specula_status specula_asr_transcribe_memory(specula_asr_context* ctx, const void* data,
+                                                         size_t size,
+                                                         const specula_asr_params* params);
 /* The last transcription's segments (0 for NULL); a segment's text stays valid until the next
  * transcription. */
 SPECULA_API size_t specula_asr_segment_count(const specula_asr_context* ctx);

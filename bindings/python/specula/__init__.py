@@ -417,6 +417,12 @@ class Session(_Handle):
         """Forgets the context; keeps what the γ policy measured."""
         _check(_lib.specula_session_reset(self._handle))
 
+    def set_sampling(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                     seed: int = 0) -> None:
+        """New sampling settings for what follows (a server's request): forgets the context,
+        keeps the caches' memory and what the γ policy measured."""
+        _check(_lib.specula_session_set_sampling(self._handle, temperature, top_k, top_p, seed))
+
     def eval(self, prompt: Union[str, Sequence[int]]) -> None:
         """Appends a prompt (text, tokenized with BOS when the context is empty, or token ids)."""
         if isinstance(prompt, str):
@@ -624,8 +630,8 @@ class Transcriber(_Handle):
                    draft: Optional[AsrModel] = None, gamma_policy: Optional[str] = None,
                    gamma: Optional[int] = None, gamma_max: Optional[int] = None,
                    on_segment=None, progress=None) -> List[Segment]:
-        """Transcribes a WAV file (a path) or 16 kHz mono samples (a NumPy array or any sequence
-        of floats). With `draft` (an `AsrModel` on the same backend) decoding is speculative and
+        """Transcribes a WAV file (a path, or its bytes) or 16 kHz mono samples (a NumPy array or
+        any sequence of floats). With `draft` (an `AsrModel` on the same backend) decoding is speculative and
         the transcript stays the target's. on_segment(Segment) sees each segment as it is
         decoded; progress(fraction) returning False aborts."""
         p = _capi.AsrParams()
@@ -656,6 +662,10 @@ class Transcriber(_Handle):
         if isinstance(audio, (str, os.PathLike)):
             _check(_lib.specula_asr_transcribe_file(self._handle, os.fsencode(audio),
                                                     ctypes.byref(p)))
+        elif isinstance(audio, (bytes, bytearray)):
+            data = ctypes.create_string_buffer(bytes(audio), len(audio))
+            _check(_lib.specula_asr_transcribe_memory(self._handle, data, len(audio),
+                                                      ctypes.byref(p)))
         else:
             ptr, n, _owner = _samples(audio)
             _check(_lib.specula_asr_transcribe(self._handle, ptr, n, ctypes.byref(p)))

@@ -93,6 +93,15 @@ def test_speculative_output_is_the_targets(target, draft, sampling):
     assert lookup_stats.n_lookup_drafted == lookup_stats.n_drafted
 
 
+def test_set_sampling_generates_what_a_new_session_would(target, draft):
+    sampled, _ = generate(target, draft=draft, temperature=0.8, top_k=40, top_p=0.95, seed=7)
+    with target.session(draft=draft) as s:
+        s.set_sampling(temperature=0.8, top_k=40, top_p=0.95, seed=7)
+        assert list(s.tokens(PROMPT, max_tokens=64, stop_at_eos=False)) == sampled
+        with pytest.raises(specula.SpeculaError):
+            s.set_sampling(temperature=-1.0)
+
+
 def test_text_pieces_make_the_detokenized_text(target, draft):
     with target.session(draft=draft) as s:
         text = "".join(s.generate(PROMPT, max_tokens=40, stop_at_eos=False))
@@ -192,6 +201,8 @@ def test_transcription_of_a_file_samples_and_with_a_draft(backend):
         assert 0 <= from_file[0].start < from_file[-1].end <= 4.0
         samples = read_wav(SPEECH)
         assert t.transcribe(samples) == from_file
+        with open(SPEECH, "rb") as f:
+            assert t.transcribe(f.read()) == from_file
         try:
             import numpy as np
             assert t.transcribe(np.array(samples, dtype=np.float64)) == from_file
