@@ -715,6 +715,40 @@ TEST(WhisperTranscribe, ADialledDraftAtScaleZeroIsTheTarget) {
     }
 }
 
+// --position-scale: the decoder's positional embedding drawn P wide (P times a block's output),
+// nothing else changed. Fails if the scale misses the tensor or reaches another.
+TEST(WhisperTranscribe, ThePositionScaleDrawsOnlyThePositionalEmbeddingWider) {
+    std::vector<std::vector<char>> files;
+    for (const float scale : {0.0f, 5.0f}) {
+        RandomWhisperSpec spec = small_whisper_spec(5, true, GgmlType::kF16);
+        spec.position_scale = scale;
+        const std::string path =
+            (test::temp_dir() / ("positions-" + std::to_string(int(scale)) + ".bin")).string();
+        ASSERT_TRUE(write_random_whisper(spec, path).ok());
+        files.push_back(test::read_file_bytes(path));
+    }
+    WhisperGgmlFile plain, scaled;
+    const auto bytes = [&](size_t i) {
+        return std::span(reinterpret_cast<const uint8_t*>(files[i].data()), files[i].size());
+    };
+    ASSERT_TRUE(WhisperGgmlFile::parse(bytes(0), &plain).ok());
+    ASSERT_TRUE(WhisperGgmlFile::parse(bytes(1), &scaled).ok());
+    for (const GgufTensorInfo& t : plain.tensors()) {
+        const GgufTensorInfo* u = scaled.find_tensor(t.name);
+        ASSERT_NE(u, nullptr) << t.name;
+        const bool positions = t.name == "decoder.positional_embedding";
+        EXPECT_EQ(std::equal(t.data.begin(), t.data.end(), u->data.begin(), u->data.end()),
+                  !positions)
+            << t.name;
+        if (!positions) continue;
+        const auto* v = reinterpret_cast<const float*>(u->data.data());
+        double sum2 = 0.0;
+        for (uint64_t i = 0; i < u->n_elements; ++i)
+            sum2 += double(v[i]) * v[i];
+        EXPECT_NEAR(std::sqrt(sum2 / double(u->n_elements)), 5.0, 0.25);
+    }
+}
+
 // ------------------------------------------------------------------ C API
 
 namespace {

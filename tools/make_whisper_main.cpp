@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
     app.add_option("--late-scale", spec.late_scale,
                    "the target's other decoder blocks add their outputs scaled by this (0: the "
                    "draft is the target's function; larger: they agree less)");
+    app.add_option("--position-scale", spec.position_scale,
+                   "the decoder's positional embedding this many times a block's output: the "
+                   "text follows the positions and does not fall into loops (0: as trained "
+                   "models are initialized)");
     CLI11_PARSE(app, argc, argv);
     specula::Status s = specula::whisper_shape(shape, english, &spec.hparams);
     specula::WhisperHparams& h = spec.hparams;

@@ -516,6 +516,8 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
                         pe[size_t(p * cols + half + c)] = float(std::cos(double(p) * inv));
                     }
                 *data = float_bytes(pe);
+            } else if (spec.name == "decoder.positional_embedding" && s.position_scale > 0) {
+                *data = random_matrix(g, type, cols, rows, s.position_scale);
             } else if (spec.kind == K::kF32Only) {
                 *data = random_matrix(g, type, cols, rows, scale * (norm_weight ? 0.1f : 0.02f),
                                       norm_weight ? 1.0f : 0.0f);

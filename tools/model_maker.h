@@ -99,6 +99,11 @@ struct RandomWhisperSpec : WhisperFileSpec {
     // logits are about S wide, as a trained model's are peaked; 0: 1 wide (over 51,864 tokens,
     // any change of the decoder moves the argmax).
     float head_scale = 0.0f;
+    // > 0: the decoder's positional embedding rows drawn position_scale * sqrt(n_text_state)
+    // long, position_scale times a decoder block's output: the residual stream, and so the
+    // argmax, follows the position, and the greedy text does not fall into the loops that a
+    // random decoder's self-attention makes (a benchmark device's text, not speech).
+    float position_scale = 0.0f;
 };
 // The data of one tensor in the type the file gives it (whisper_tensor_specs' order).
 using WhisperTensorSource =

@@ -27,6 +27,7 @@
 
 #include "openai.h"
 #include "specula.h"
+#include "token_list.h"
 
 using specula::server::ApiError;
 using specula::server::Json;
@@ -34,7 +35,7 @@ using specula::server::Json;
 namespace {
 
 struct Options {
-    std::string model, draft, asr_model, asr_draft, alias, chat_template, api_key;
+    std::string model, draft, asr_model, asr_draft, asr_draft_tokens, alias, chat_template, api_key;
     std::string host = "127.0.0.1", backend = "auto";
     int port = 8080, slots = 1, queue = 16, threads = 0, lookup = 0;
     uint32_t ctx = 0;
@@ -215,9 +216,15 @@ int Server::load() {
         if ((s = specula_asr_model_load(backend_, o_.asr_model.c_str(), nullptr, &asr_)) !=
             SPECULA_OK)
             return fail(o_.asr_model.c_str(), s);
+        std::vector<int32_t> tokens;  // a restricted draft's (specula_asr_draft_load)
+        if (!o_.asr_draft_tokens.empty() && !read_token_list(o_.asr_draft_tokens, &tokens)) {
+            std::fprintf(stderr, "specula-server: %s: not a list of token ids\n",
+                         o_.asr_draft_tokens.c_str());
+            return 1;
+        }
         if (!o_.asr_draft.empty() &&
-            (s = specula_asr_model_load(backend_, o_.asr_draft.c_str(), nullptr, &asr_draft_)) !=
-                SPECULA_OK)
+            (s = specula_asr_draft_load(backend_, o_.asr_draft.c_str(), nullptr, tokens.data(),
+                                        tokens.size(), &asr_draft_)) != SPECULA_OK)
             return fail(o_.asr_draft.c_str(), s);
         if ((s = specula_asr_context_create(asr_, &asr_context_)) != SPECULA_OK)
             return fail("asr context", s);
@@ -541,6 +548,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0, SPECULA_MAX_LOOKUP_NGRAM));
     app.add_option("--asr-model", o.asr_model, "a Whisper model (whisper.cpp's .bin)");
     app.add_option("--asr-draft", o.asr_draft, "its draft (Distil-Whisper-shaped)");
+    app.add_option("--asr-draft-tokens", o.asr_draft_tokens,
+                   "the token ids the speech draft may propose (a file, as specula-asr's "
+                   "--draft-tokens)")
+        ->needs("--asr-draft");
     app.add_option("--host", o.host, "the address to listen on (loopback by default)");
     app.add_option("--port", o.port, "the port (0: any free one, printed)")
         ->check(CLI::Range(0, 65535));

@@ -28,6 +28,7 @@ const target = join(args.models, "specula-demo-target.gguf");
 const draft = join(args.models, "specula-demo-draft.gguf");
 const asrTarget = join(args.models, "specula-whisper-target.bin");
 const asrDraft = join(args.models, "specula-whisper-draft.bin");
+const asrTokens = join(args.models, "specula-whisper-draft.tokens");
 const emulator = args.emulator ? args.emulator.split(" ").filter((s) => s) : [];
 
 const servers = [];
@@ -75,7 +76,7 @@ function cliChat(message, n) {
 }
 
 async function main() {
-  const server = await startServer(["-md", draft, "--asr-model", asrTarget, "--asr-draft", asrDraft, "-np", "4", "--api-key", "test-key"]);
+  const server = await startServer(["-md", draft, "--asr-model", asrTarget, "--asr-draft", asrDraft, "--asr-draft-tokens", asrTokens, "-np", "4", "--api-key", "test-key"]);
   const api = client(server.port);
 
   // The key is checked; /health is open.
@@ -127,7 +128,9 @@ async function main() {
   assert.equal((await sampled(7)).choices[0].text, (await sampled(7)).choices[0].text);
 
   // Transcriptions: specula-asr's text for the same clip with the same pair, in every format.
-  const asrOut = execFileSync(args.asr, ["-m", asrTarget, "--md", asrDraft, "--backend", "cpu", "-f", args.wav], { stdio: ["ignore", "pipe", "ignore"] }).toString();
+  const asrOut = execFileSync(args.asr, ["-m", asrTarget, "--md", asrDraft, "--draft-tokens", asrTokens, "--backend", "cpu", "-f", args.wav], {
+    stdio: ["ignore", "pipe", "ignore"],
+  }).toString();
   const asrText = asrOut
     .split("\n")
     .filter((l) => l.startsWith("["))
