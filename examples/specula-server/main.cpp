@@ -118,7 +118,6 @@ class Lease {
     ~Lease() { slots_.release(slot_); }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
-    int slot() const { return slot_; }
 
   private:
     Slots& slots_;
@@ -289,8 +288,9 @@ bool Server::prompt_tokens(const specula::server::TextRequest& r, std::vector<in
     return true;
 }
 
-// One generation on a slot's session: its text goes through `stop` and out through `emit`
-// (false from emit: the client is gone, and generation stops).
+// One generation on a slot's session: its text goes through `stop` and, when streamed, out
+// through `emit` as it may be sent (false from emit: the client is gone, and generation stops);
+// a response written whole reads `stop.text()` at the end.
 struct Outcome {
     specula_status status = SPECULA_OK;
     std::string finish = "length";
@@ -319,7 +319,7 @@ Outcome generate(specula_session* session, const std::vector<int32_t>& prompt, i
         auto& st = *static_cast<State*>(user);
         ++st.counter;
         const bool stopped = st.stop.add(std::string_view(piece, length));
-        if (!st.emit(st.stop.release())) st.gone = true;
+        if (st.emit && !st.emit(st.stop.release())) st.gone = true;
         return !stopped && !st.gone;
     };
     size_t n = 0;
@@ -375,9 +375,7 @@ void Server::text(const httplib::Request& req, httplib::Response& res, bool chat
     auto r = std::make_shared<specula::server::TextRequest>(std::move(*request));
     if (!r->stream) {
         specula::server::StopText stop(r->stop);
-        Outcome out = generate(
-            session, prompt, max_tokens, stop, [](const std::string&) { return true; },
-            tokens_generated_);
+        Outcome out = generate(session, prompt, max_tokens, stop, nullptr, tokens_generated_);
         if (out.status != SPECULA_OK)
             return send_error(res, library_error(out.status, "generation"));
         const std::string text =
