@@ -1,6 +1,8 @@
 // Speech input (lib/audio): WAV decoding of every sample format against values written here,
-// chunk walking and malformed files as status values; resampling against tones.
+// chunk walking and malformed files as status values; FLAC, Ogg and MP3 files that libsndfile
+// writes here, decoded; resampling against tones, whole and streamed; voice detection.
 #include <gtest/gtest.h>
+#include <sndfile.h>
 
 #include <cmath>
 #include <cstring>
@@ -12,6 +14,8 @@
 
 #include "audio/mel.h"
 #include "audio/resample.h"
+#include "audio/sound_file.h"
+#include "audio/vad.h"
 #include "audio/wav.h"
 #include "core/thread_pool.h"
 
@@ -254,6 +258,145 @@ TEST(Resample, SameRateCopiesAndBadRatesAreStatuses) {
         const Status s = audio::resample(in, from, to, &out);
         EXPECT_EQ(s.code(), SPECULA_ERR_INVALID_ARGUMENT) << from << " -> " << to;
     }
+}
+
+TEST(Resample, AStreamInPiecesGivesTheWholeConversion) {
+    const std::vector<float> in = tone(440.0, 44100, 1.0);
+    std::vector<float> whole;
+    ASSERT_TRUE(audio::resample(in, 44100, 16000, &whole).ok());
+    std::unique_ptr<audio::StreamResampler> r;
+    ASSERT_TRUE(audio::StreamResampler::create(44100, 16000, &r).ok());
+    std::vector<float> streamed;
+    // Pieces of awkward sizes, one of them empty.
+    for (size_t at = 0, piece = 1; at < in.size(); at += piece, piece = piece * 7 % 1013)
+        ASSERT_TRUE(
+            r->push(std::span(in).subspan(at, std::min(piece, in.size() - at)), false, &streamed)
+                .ok());
+    ASSERT_TRUE(r->push({}, true, &streamed).ok());
+    EXPECT_NEAR(double(streamed.size()), double(whole.size()), 2.0);
+    EXPECT_LT(middle_error(streamed, whole), 1e-4);
+    std::unique_ptr<audio::StreamResampler> bad;
+    EXPECT_EQ(audio::StreamResampler::create(0, 16000, &bad).code(), SPECULA_ERR_INVALID_ARGUMENT);
+}
+
+std::vector<float> bundled_clip() {
+    std::ifstream f(SPECULA_MODELS_DIR "/../audio/held-out-sentence.wav", std::ios::binary);
+    const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(f), {}};
+    Wav w;
+    EXPECT_TRUE(decode_wav(bytes, &w).ok());
+    return w.mono;
+}
+
+TEST(VoiceDetector, HearsTheSentenceAndNotSilenceOrHum) {
+    const std::vector<float> clip = bundled_clip();
+    ASSERT_GT(clip.size(), 16000u);
+    const auto voiced_share = [](const std::vector<float>& x, int aggressiveness) {
+        std::unique_ptr<audio::VoiceDetector> v;
+        EXPECT_TRUE(audio::VoiceDetector::create(aggressiveness, &v).ok());
+        int voiced = 0, frames = 0;
+        for (size_t at = 0; at + 160 <= x.size(); at += 160, ++frames) {
+            bool b = false;
+            EXPECT_TRUE(v->voiced(std::span<const float, 160>(x.data() + at, 160), &b).ok());
+            voiced += b;
+        }
+        return double(voiced) / frames;
+    };
+    for (int a = 0; a <= 3; ++a) {
+        EXPECT_GT(voiced_share(clip, a), 0.6) << a;
+        EXPECT_EQ(voiced_share(std::vector<float>(32000, 0.0f), a), 0.0) << a;
+        // A steady 50 Hz hum is not a voice.
+        EXPECT_LT(voiced_share(tone(50.0, 16000, 2.0, 0.05), a), 0.1) << a;
+    }
+    std::unique_ptr<audio::VoiceDetector> v;
+    EXPECT_EQ(audio::VoiceDetector::create(4, &v).code(), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(audio::VoiceDetector::create(-1, &v).code(), SPECULA_ERR_INVALID_ARGUMENT);
+}
+
+// The bundled clip written by libsndfile in `format` (a temporary file's bytes).
+std::vector<uint8_t> encoded_clip(int format, const std::string& name) {
+    const std::vector<float> clip = bundled_clip();
+    std::filesystem::create_directories(SPECULA_TEST_TMP_DIR);
+    const std::string path = std::string(SPECULA_TEST_TMP_DIR) + "/" + name;
+    SF_INFO info{};
+    info.samplerate = 16000;
+    info.channels = 1;
+    info.format = format;
+    SNDFILE* f = sf_open(path.c_str(), SFM_WRITE, &info);
+    if (f == nullptr) {
+        ADD_FAILURE() << name << ": " << sf_strerror(nullptr);
+        return {};
+    }
+    EXPECT_EQ(sf_writef_float(f, clip.data(), sf_count_t(clip.size())), sf_count_t(clip.size()));
+    sf_close(f);
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Correlation of two signals over their common length (1: the same shape).
+double correlation(const std::vector<float>& a, const std::vector<float>& b, size_t shift) {
+    double ab = 0, aa = 0, bb = 0;
+    for (size_t i = 0; i + shift < b.size() && i < a.size(); ++i) {
+        ab += double(a[i]) * b[i + shift];
+        aa += double(a[i]) * a[i];
+        bb += double(b[i + shift]) * b[i + shift];
+    }
+    return ab / std::sqrt(aa * bb + 1e-30);
+}
+
+TEST(SoundFile, FlacOggAndMp3DecodeToTheClip) {
+    const std::vector<float> clip = bundled_clip();
+    struct Case {
+        int format;
+        const char* name;
+        bool lossless;
+    };
+    for (const Case& c : {Case{SF_FORMAT_FLAC | SF_FORMAT_PCM_16, "clip.flac", true},
+                          Case{SF_FORMAT_OGG | SF_FORMAT_VORBIS, "clip.ogg", false},
+                          Case{SF_FORMAT_OGG | SF_FORMAT_OPUS, "clip.opus", false},
+                          Case{SF_FORMAT_MPEG | SF_FORMAT_MPEG_LAYER_III, "clip.mp3", false}}) {
+        const std::vector<uint8_t> bytes = encoded_clip(c.format, c.name);
+        ASSERT_FALSE(bytes.empty()) << c.name;
+        Wav w;
+        const Status s = audio::decode_audio(bytes, &w);
+        ASSERT_TRUE(s.ok()) << c.name << ": " << s.message();
+        EXPECT_EQ(w.channels, 1) << c.name;
+        std::vector<float> at16k;
+        ASSERT_TRUE(audio::resample(w.mono, w.sample_rate, 16000, &at16k).ok());
+        if (c.lossless) {
+            ASSERT_EQ(at16k.size(), clip.size());
+            for (size_t i = 0; i < clip.size(); ++i)
+                ASSERT_NEAR(at16k[i], clip[i], 1.0f / 32768) << i;
+            continue;
+        }
+        // A lossy decoder delays the signal by its frame overlap (MP3 ~1105 samples, Opus 312):
+        // the best alignment within 100 ms keeps the waveform's shape.
+        double best = 0;
+        for (size_t shift = 0; shift < 1600; ++shift)
+            best = std::max(best, correlation(clip, at16k, shift));
+        EXPECT_GT(best, 0.9) << c.name;
+        EXPECT_NEAR(double(at16k.size()), double(clip.size()), 4000.0) << c.name;
+    }
+}
+
+TEST(SoundFile, TruncatedAndForeignBytesAreStatuses) {
+    const std::vector<uint8_t> flac = encoded_clip(SF_FORMAT_FLAC | SF_FORMAT_PCM_16, "cut.flac");
+    ASSERT_GT(flac.size(), 1000u);
+    // Every cut is a status or the frames before it, never a crash (the sanitizer build).
+    for (size_t n : {size_t(0), size_t(3), size_t(4), size_t(40), size_t(200), flac.size() / 2,
+                     flac.size() - 1}) {
+        Wav w;
+        const Status s = audio::decode_audio(std::span(flac).first(n), &w);
+        if (s.ok())
+            EXPECT_LT(w.mono.size(), bundled_clip().size()) << n;
+        else
+            EXPECT_EQ(s.code(), SPECULA_ERR_FORMAT) << n << ": " << s.message();
+    }
+    const std::string text = "this is a text file, not a sound";
+    Wav w;
+    const Status s = audio::decode_audio(
+        std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()), &w);
+    EXPECT_EQ(s.code(), SPECULA_ERR_FORMAT);
+    EXPECT_NE(s.message().find("libsndfile"), std::string::npos) << s.message();
 }
 
 // Filters that pass one frequency bin each: band m of the log-mel is bin m's power.

@@ -18,6 +18,9 @@ packages=(
   libpcre2-dev                        # PCRE2: the tokenizers' pre-split regexes
   libsamplerate0-dev                  # libsamplerate: speech input resampled to 16 kHz
   libkissfft-dev                      # KissFFT: the log-mel spectrogram of speech input
+  libsndfile1-dev                     # libsndfile: FLAC, MP3 and Ogg speech input
+  libwebrtc-audio-processing-dev      # WebRTC's voice activity detection: live transcription
+  espeak-ng                           # the synthetic speech of the live transcription test
   python3 python3-numpy               # the NumPy reference
   python3-jinja2                      # Jinja2: the chat templates' oracle (tests/reference/chat_oracle.py)
   python3-pytest python3-venv python3-pip python3-setuptools python3-wheel  # the Python bindings' tests and install
@@ -29,7 +32,7 @@ if [ "${1:-}" = aarch64 ]; then
     $sudo dpkg --add-architecture arm64
     $sudo apt-get update -qq
   fi
-  packages+=(crossbuild-essential-arm64 qemu-user-static libhwy-dev:arm64 libpcre2-dev:arm64 libsamplerate0-dev:arm64 libkissfft-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64)
+  packages+=(crossbuild-essential-arm64 qemu-user-static libhwy-dev:arm64 libpcre2-dev:arm64 libsamplerate0-dev:arm64 libkissfft-dev:arm64 libsndfile1-dev:arm64 libwebrtc-audio-processing-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64)
 fi
 case "${1:-}" in
   train | train-asr)

@@ -1,12 +1,16 @@
-// specula-asr: transcribes a WAV file with a whisper.cpp model file, printing segments as they
-// are decoded, and writes .txt / .srt / .vtt / .json beside the audio when asked.
+// specula-asr: transcribes an audio file with a whisper.cpp model file, printing segments as
+// they are decoded, and writes .txt / .srt / .vtt / .json beside the audio when asked. With
+// --stream it transcribes live: audio from a file (paced in real time with --realtime) or raw
+// 16-bit PCM from standard input (-f -), partial text rewritten in place, final segments printed.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "specula.h"
@@ -65,18 +69,116 @@ int fail(const char* what) {
     return 1;
 }
 
+struct StreamOptions {
+    bool realtime = false;
+    int rate = 16000;  // of raw PCM on standard input
+    int step_ms = 1000, end_silence_ms = 600, vad = 2;
+};
+
+struct StreamOutput {
+    bool tty = false;
+    std::vector<Segment>* finals = nullptr;
+    size_t partial_shown = 0;  // bytes of the partial line on screen
+};
+
+void on_stream_event(const specula_asr_stream_event* e, void* user) {
+    auto* out = static_cast<StreamOutput*>(user);
+    if (!e->is_final) {
+        if (!out->tty) return;
+        // The committed words plain, the rest dim: the rest may still change.
+        const std::string text(e->text);
+        std::printf("\r\033[K%s\033[2m%s\033[0m", text.substr(0, e->stable_bytes).c_str(),
+                    text.substr(e->stable_bytes).c_str());
+        std::fflush(stdout);
+        out->partial_shown = text.size();
+        return;
+    }
+    if (out->tty) std::printf("\r\033[K");
+    std::printf("[%s --> %s]  %s\n", clock(e->t0_ms, '.').c_str(), clock(e->t1_ms, '.').c_str(),
+                e->text);
+    std::fflush(stdout);
+    out->partial_shown = 0;
+    out->finals->push_back({e->t0_ms, e->t1_ms, e->text});
+}
+
+// Pushes the audio into `stream` in 20 ms pieces, paced by the wall clock with `realtime`.
+int run_stream(specula_asr_stream* stream, const std::string& path, const StreamOptions& o) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    double pushed_s = 0;
+    const auto pace = [&](double seconds) {
+        pushed_s += seconds;
+        if (o.realtime)
+            std::this_thread::sleep_until(start + std::chrono::duration<double>(pushed_s));
+    };
+    if (path == "-") {
+        std::vector<char> bytes(size_t(o.rate / 50) * 2);
+        size_t held = 0;  // a read may end within a sample: its byte waits for the next
+        for (;;) {
+            const size_t n = std::fread(bytes.data() + held, 1, bytes.size() - held, stdin);
+            if (n == 0) break;
+            const size_t whole = (held + n) & ~size_t(1);
+            if (specula_asr_stream_push_pcm16(stream, bytes.data(), whole, o.rate) != SPECULA_OK)
+                return fail("stream");
+            held = held + n - whole;
+            if (held) bytes[0] = bytes[whole];
+            pace(double(whole / 2) / o.rate);
+        }
+    } else {
+        float* samples = nullptr;
+        size_t n = 0;
+        int32_t rate = 0;
+        if (specula_audio_load(path.c_str(), &samples, &n, &rate) != SPECULA_OK)
+            return fail("audio");
+        const size_t piece = size_t(std::max(1, rate / 50));
+        for (size_t at = 0; at < n; at += piece) {
+            const size_t k = std::min(piece, n - at);
+            if (specula_asr_stream_push(stream, samples + at, k, rate) != SPECULA_OK) {
+                specula_audio_free(samples);
+                return fail("stream");
+            }
+            pace(double(k) / rate);
+        }
+        specula_audio_free(samples);
+    }
+    if (specula_asr_stream_finish(stream) != SPECULA_OK) return fail("stream");
+    const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+    specula_asr_timings t{};
+    specula_asr_stream_get_timings(stream, &t);
+    const double work = t.mel_seconds + t.encode_seconds + t.decode_seconds;
+    std::fprintf(stderr,
+                 "specula-asr: streamed %.2f s of audio in %.2f s; %d decodings (%d tokens): "
+                 "%.2f s of work, %.3f of the audio's duration\n",
+                 t.audio_seconds, wall, t.windows, t.tokens, work,
+                 t.audio_seconds > 0 ? work / t.audio_seconds : 0.0);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     std::string model_path, draft_path, tokens_path, audio_path, output_path,
         language = "en", backend_name = "auto", policy = "auto";
     bool translate = false, no_timestamps = false, otxt = false, osrt = false, ovtt = false,
-         ojson = false, no_fallback = false, no_context = false, compare = false;
+         ojson = false, no_fallback = false, no_context = false, compare = false, stream = false;
+    StreamOptions so;
     int threads = 0, gamma = 4, gamma_max = 8;
     float temperature = 0.0f;
     CLI::App app{"specula-asr: speech to text with a whisper.cpp model file"};
     app.add_option("-m,--model", model_path, "whisper.cpp model (ggml-*.bin)")->required();
-    app.add_option("-f,--file", audio_path, "WAV file (any rate, mono or stereo)")->required();
+    app.add_option("-f,--file", audio_path,
+                   "audio file: WAV, FLAC, MP3, Ogg (any rate and channels); with --stream, - "
+                   "reads raw 16-bit little-endian mono PCM from standard input")
+        ->required();
+    app.add_flag("--stream", stream,
+                 "live: partial text as the audio arrives, final segments at each pause");
+    app.add_flag("--realtime", so.realtime, "--stream: push the file's audio at its own pace");
+    app.add_option("--rate", so.rate, "--stream: the sample rate of standard input (16000)");
+    app.add_option("--step-ms", so.step_ms,
+                   "--stream: new speech between partials (1000; 0: none)");
+    app.add_option("--end-silence-ms", so.end_silence_ms,
+                   "--stream: silence that ends an utterance (600)");
+    app.add_option("--vad", so.vad, "--stream: voice detection aggressiveness 0..3 (2)");
     auto* draft_option = app.add_option("--md,--model-draft", draft_path,
                                         "draft Whisper (same vocabulary): speculative decoding");
     app.add_option("--draft-tokens", tokens_path,
@@ -201,6 +303,20 @@ int main(int argc, char** argv) {
     };
     if (specula_asr_context_create(model, &ctx) != SPECULA_OK) {
         rc = fail("context");
+    } else if (stream) {
+        StreamOutput out{isatty(fileno(stdout)) != 0, &segments};
+        specula_asr_stream_params sp = specula_asr_stream_default_params();
+        sp.asr = p;
+        sp.step_ms = so.step_ms;
+        sp.end_silence_ms = so.end_silence_ms;
+        sp.vad_aggressiveness = so.vad;
+        sp.on_event = on_stream_event;
+        sp.event_user_data = &out;
+        specula_asr_stream* live = nullptr;
+        rc = specula_asr_stream_create(ctx, &sp, &live) != SPECULA_OK
+                 ? fail("stream")
+                 : run_stream(live, audio_path, so);
+        specula_asr_stream_free(live);
     } else if (compare && draft != nullptr &&
                (!quietly(draft, &warm_up) || !quietly(nullptr, &quiet) ||
                 specula_asr_get_timings(ctx, &alone) != SPECULA_OK)) {

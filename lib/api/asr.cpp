@@ -1,13 +1,16 @@
 // The C ABI of speech recognition: Whisper models, transcription contexts, segments.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <vector>
 
 #include "api/internal.h"
+#include "asr/stream.h"
 #include "asr/transcribe.h"
 #include "audio/resample.h"
-#include "audio/wav.h"
+#include "audio/sound_file.h"
 #include "format/gguf.h"
 #include "models/registry.h"
 #include "models/whisper.h"
@@ -28,12 +31,19 @@ struct specula_asr_context {
     PairMeasurements measured;  // of the target and draft_impl
     std::vector<asr::Segment> segments;
     specula_asr_timings timings{};
+    int streams = 0;  // open over it (they decode with impl: no batch transcription meanwhile)
+};
+
+struct specula_asr_stream {
+    specula_asr_context* ctx = nullptr;
+    std::unique_ptr<asr::Stream> impl;
 };
 
 namespace {
 
-Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
-                  const specula_asr_params& p, double read_seconds) {
+// The batch parameters as the transcription loop takes them (callbacks aside), checked.
+Status transcribe_params(const specula_asr_context* ctx, const specula_asr_params& p,
+                         asr::TranscribeParams* out) {
     asr::TranscribeParams t;
     const std::string language = p.language ? p.language : "en";
     const WhisperTokens& tokens = ctx->model->impl->tokens();
@@ -69,30 +79,29 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
     t.logprob_threshold = p.logprob_threshold;
     t.no_speech_threshold = p.no_speech_threshold;
     t.seed = p.seed;
-    if (p.on_segment != nullptr)
-        t.on_segment = [&p](const asr::Segment& s) {
-            const specula_asr_segment out{s.t0_ms, s.t1_ms, s.text.c_str()};
-            p.on_segment(&out, p.segment_user_data);
-        };
-    if (p.progress != nullptr)
-        t.progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
+    *out = std::move(t);
+    return Status::Ok();
+}
 
-    ctx->segments.clear();
-    ctx->timings = {};
-    asr::TranscribeStats stats;
-    std::lock_guard turn(ctx->model->backend->turn);
-    if (p.draft != nullptr && p.draft != ctx->draft) {  // the draft's caches, made once
+// The draft's context and measurements for `draft` (made once per draft, kept between
+// transcriptions), set in `t`. Called with the backend's turn held.
+Status use_draft(specula_asr_context* ctx, specula_asr_model* draft, asr::TranscribeParams* t) {
+    if (draft != nullptr && draft != ctx->draft) {
         ctx->draft_impl.reset();
         ctx->draft = nullptr;
         ctx->measured = {};
-        SPECULA_TRY(WhisperContext::create(*p.draft->impl, 1, &ctx->draft_impl));
-        ctx->draft = p.draft;
+        SPECULA_TRY(WhisperContext::create(*draft->impl, 1, &ctx->draft_impl));
+        ctx->draft = draft;
     }
-    t.draft = p.draft != nullptr ? ctx->draft_impl.get() : nullptr;
-    t.measurements = p.draft != nullptr ? &ctx->measured : nullptr;
-    const Status s = asr::transcribe(*ctx->impl, samples, t, &ctx->segments, &stats);
-    specula_asr_timings& tm = ctx->timings;
-    tm.audio_seconds = double(samples.size()) / audio::kWhisperSampleRate;
+    t->draft = draft != nullptr ? ctx->draft_impl.get() : nullptr;
+    t->measurements = draft != nullptr ? &ctx->measured : nullptr;
+    return Status::Ok();
+}
+
+void copy_timings(const asr::TranscribeStats& stats, double audio_seconds, double read_seconds,
+                  specula_asr_timings* out) {
+    specula_asr_timings tm{};
+    tm.audio_seconds = audio_seconds;
     tm.mel_seconds = read_seconds + stats.mel_seconds;
     tm.encode_seconds = stats.encode_seconds;
     tm.decode_seconds = stats.decode_seconds;
@@ -110,14 +119,40 @@ Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
     tm.verify_seconds = g.verify_seconds;
     if (stats.language >= 0)
         copy_string(tm.language, std::string(kWhisperLanguages[size_t(stats.language)]));
+    *out = tm;
+}
+
+Status transcribe(specula_asr_context* ctx, std::span<const float> samples,
+                  const specula_asr_params& p, double read_seconds) {
+    if (ctx->streams > 0)
+        return InvalidArgument("a stream is open over this context: transcribe after freeing it");
+    asr::TranscribeParams t;
+    SPECULA_TRY(transcribe_params(ctx, p, &t));
+    if (p.on_segment != nullptr)
+        t.on_segment = [&p](const asr::Segment& s) {
+            const specula_asr_segment out{s.t0_ms, s.t1_ms, s.text.c_str()};
+            p.on_segment(&out, p.segment_user_data);
+        };
+    if (p.progress != nullptr)
+        t.progress = [&p](float f) { return p.progress(f, p.progress_user_data); };
+
+    ctx->segments.clear();
+    ctx->timings = {};
+    asr::TranscribeStats stats;
+    std::lock_guard turn(ctx->model->backend->turn);
+    SPECULA_TRY(use_draft(ctx, p.draft, &t));
+    const Status s = asr::transcribe(*ctx->impl, samples, t, &ctx->segments, &stats);
+    copy_timings(stats, double(samples.size()) / audio::kWhisperSampleRate, read_seconds,
+                 &ctx->timings);
     return s;
 }
 
-// A WAV file's bytes (`name` for the messages), decoded, resampled and transcribed.
-Status transcribe_wav(specula_asr_context* ctx, std::span<const uint8_t> bytes,
-                      const std::string& name, const specula_asr_params& p, Clock::time_point t0) {
+// An audio file's bytes (`name` for the messages), decoded, resampled and transcribed.
+Status transcribe_bytes(specula_asr_context* ctx, std::span<const uint8_t> bytes,
+                        const std::string& name, const specula_asr_params& p,
+                        Clock::time_point t0) {
     audio::Wav wav;
-    Status s = audio::decode_wav(bytes, &wav);
+    Status s = audio::decode_audio(bytes, &wav);
     if (!s.ok()) return Status(s.code(), name + ": " + s.message());
     std::vector<float> samples;
     SPECULA_TRY(audio::resample(wav.mono, wav.sample_rate, audio::kWhisperSampleRate, &samples));
@@ -260,7 +295,7 @@ specula_status specula_asr_transcribe_file(specula_asr_context* ctx, const char*
         const auto t0 = Clock::now();
         std::unique_ptr<MappedFile> file;
         SPECULA_TRY(MappedFile::open(path, &file, true));
-        return transcribe_wav(ctx, file->bytes(), path, p, t0);
+        return transcribe_bytes(ctx, file->bytes(), path, p, t0);
     });
 }
 
@@ -271,8 +306,8 @@ specula_status specula_asr_transcribe_memory(specula_asr_context* ctx, const voi
         if (data == nullptr && size > 0) return InvalidArgument("data is NULL");
         const specula_asr_params p = params ? *params : specula_asr_default_params();
         const auto t0 = Clock::now();
-        return transcribe_wav(ctx, {static_cast<const uint8_t*>(data), size}, "the WAV data", p,
-                              t0);
+        return transcribe_bytes(ctx, {static_cast<const uint8_t*>(data), size}, "the audio data", p,
+                                t0);
     });
 }
 
@@ -302,6 +337,136 @@ specula_status specula_asr_get_timings(const specula_asr_context* ctx,
         *timings = ctx->timings;
         return Status::Ok();
     });
+}
+
+specula_status specula_audio_load(const char* path, float** samples, size_t* n_samples,
+                                  int32_t* sample_rate) {
+    return guarded([&] {
+        SPECULA_TRY(need(samples, "samples"));
+        *samples = nullptr;
+        SPECULA_TRY(need(n_samples, "n_samples"));
+        SPECULA_TRY(need(sample_rate, "sample_rate"));
+        SPECULA_TRY(need(path, "path"));
+        std::unique_ptr<MappedFile> file;
+        SPECULA_TRY(MappedFile::open(path, &file, true));
+        audio::Wav wav;
+        const Status s = audio::decode_audio(file->bytes(), &wav);
+        if (!s.ok()) return Status(s.code(), std::string(path) + ": " + s.message());
+        auto* out = static_cast<float*>(std::malloc(std::max<size_t>(1, wav.mono.size()) * 4));
+        if (out == nullptr) return OutOfMemory("the samples of " + std::string(path));
+        std::copy(wav.mono.begin(), wav.mono.end(), out);
+        *samples = out;
+        *n_samples = wav.mono.size();
+        *sample_rate = wav.sample_rate;
+        return Status::Ok();
+    });
+}
+
+void specula_audio_free(float* samples) {
+    std::free(samples);
+}
+
+specula_asr_stream_params specula_asr_stream_default_params(void) {
+    specula_asr_stream_params p{};
+    p.asr = specula_asr_default_params();
+    const asr::StreamParams d;
+    p.vad_aggressiveness = d.vad_aggressiveness;
+    p.step_ms = d.step_ms;
+    p.end_silence_ms = d.end_silence_ms;
+    p.pre_roll_ms = d.pre_roll_ms;
+    p.max_utterance_ms = d.max_utterance_ms;
+    return p;
+}
+
+void specula_asr_stream_default_params_by_ref(specula_asr_stream_params* params) {
+    if (params != nullptr) *params = specula_asr_stream_default_params();
+}
+
+specula_status specula_asr_stream_create(specula_asr_context* ctx,
+                                         const specula_asr_stream_params* params,
+                                         specula_asr_stream** out) {
+    return guarded([&] {
+        SPECULA_TRY(need(out, "out"));
+        *out = nullptr;
+        SPECULA_TRY(need(ctx, "ctx"));
+        const specula_asr_stream_params p = params ? *params : specula_asr_stream_default_params();
+        asr::StreamParams sp;
+        SPECULA_TRY(transcribe_params(ctx, p.asr, &sp.transcribe));
+        sp.vad_aggressiveness = p.vad_aggressiveness;
+        sp.step_ms = p.step_ms;
+        sp.end_silence_ms = p.end_silence_ms;
+        sp.pre_roll_ms = p.pre_roll_ms;
+        sp.max_utterance_ms = p.max_utterance_ms;
+        if (p.on_event != nullptr)
+            sp.on_event = [fn = p.on_event, user = p.event_user_data](const asr::StreamEvent& e) {
+                const specula_asr_stream_event out{e.final, e.t0_ms, e.t1_ms, e.text.c_str(),
+                                                   e.stable_bytes};
+                fn(&out, user);
+            };
+        auto s = std::make_unique<specula_asr_stream>();
+        s->ctx = ctx;
+        std::lock_guard turn(ctx->model->backend->turn);
+        SPECULA_TRY(use_draft(ctx, p.asr.draft, &sp.transcribe));
+        SPECULA_TRY(asr::Stream::create(*ctx->impl, sp, &s->impl));
+        ++ctx->streams;
+        *out = s.release();
+        return Status::Ok();
+    });
+}
+
+specula_status specula_asr_stream_push(specula_asr_stream* stream, const float* samples,
+                                       size_t n_samples, int32_t sample_rate) {
+    return guarded([&] {
+        SPECULA_TRY(need(stream, "stream"));
+        if (n_samples > 0) SPECULA_TRY(need(samples, "samples"));
+        std::lock_guard turn(stream->ctx->model->backend->turn);
+        return stream->impl->push(std::span(samples, n_samples), sample_rate);
+    });
+}
+
+specula_status specula_asr_stream_push_pcm16(specula_asr_stream* stream, const void* data,
+                                             size_t n_bytes, int32_t sample_rate) {
+    return guarded([&] {
+        SPECULA_TRY(need(stream, "stream"));
+        if (n_bytes > 0) SPECULA_TRY(need(data, "data"));
+        if (n_bytes % 2 != 0)
+            return InvalidArgument("an odd byte count (" + std::to_string(n_bytes) +
+                                   ") is not whole 16-bit samples: keep the last byte for the "
+                                   "next push");
+        const auto* bytes = static_cast<const uint8_t*>(data);
+        std::vector<float> samples(n_bytes / 2);
+        for (size_t i = 0; i < samples.size(); ++i)
+            samples[i] =
+                float(int16_t(uint16_t(bytes[2 * i] | (bytes[2 * i + 1] << 8)))) / 32768.0f;
+        std::lock_guard turn(stream->ctx->model->backend->turn);
+        return stream->impl->push(samples, sample_rate);
+    });
+}
+
+specula_status specula_asr_stream_finish(specula_asr_stream* stream) {
+    return guarded([&] {
+        SPECULA_TRY(need(stream, "stream"));
+        std::lock_guard turn(stream->ctx->model->backend->turn);
+        return stream->impl->finish();
+    });
+}
+
+specula_status specula_asr_stream_get_timings(const specula_asr_stream* stream,
+                                              specula_asr_timings* timings) {
+    return guarded([&] {
+        SPECULA_TRY(need(stream, "stream"));
+        SPECULA_TRY(need(timings, "timings"));
+        const asr::StreamStats& s = stream->impl->stats();
+        copy_timings(s.transcription, s.audio_seconds, 0.0, timings);
+        return Status::Ok();
+    });
+}
+
+void specula_asr_stream_free(specula_asr_stream* stream) {
+    if (stream == nullptr) return;
+    std::lock_guard turn(stream->ctx->model->backend->turn);
+    --stream->ctx->streams;
+    delete stream;
 }
 
 }  // extern "C"

@@ -130,7 +130,9 @@ class Transcriber {
                 language_ = int(std::max_element(probs.begin(), probs.end()) - probs.begin());
             }
             Attempt a;
+            forced_ = seek == 0 ? p_.forced : std::span<const int32_t>();
             SPECULA_TRY(decode_with_fallback(history, &a));
+            if (p_.on_window) p_.on_window(seek, a.tokens);
             stats_.decode_seconds += seconds_since(t0);
             const bool silent =
                 a.no_speech_prob > p_.no_speech_threshold && a.avg_logprob < p_.logprob_threshold;
@@ -150,6 +152,7 @@ class Transcriber {
             }
             // A window that ends on a timestamp at its start would not move: it moves whole.
             seek += advance > 0 ? std::min(advance, count) : count;
+            if (p_.one_window) break;
             if (p_.progress && !p_.progress(float(std::min(seek, content)) / float(content)))
                 return {SPECULA_ERR_ABORTED,
                         "transcription was cancelled by the progress callback"};
@@ -215,6 +218,13 @@ class Transcriber {
         sp.seed = p_.seed + 0x9E3779B97F4A7C15ull * ++attempts_;
         generator_.set_sampling(sp);
         generator_.begin_masks(mask_program(token_rules(rules_)));
+        if (!forced_.empty()) {
+            for (int32_t id : forced_)
+                if (id < 0 || id >= m_.hparams().n_vocab || (id >= t_.eot && !t_.is_timestamp(id)))
+                    return InvalidArgument("a forced token is neither text nor a timestamp");
+            SPECULA_TRY(generator_.append(forced_));
+            a.tokens.assign(forced_.begin(), forced_.end());
+        }
         // The mean log-probability decides a fallback, and whether a window whose no-speech
         // probability is high is silence; without either question it is not computed (a
         // log-sum-exp over the vocabulary for every verified row).
@@ -278,7 +288,8 @@ class Transcriber {
     Rules rules_;
     int language_ = 0;
     uint64_t attempts_ = 0;
-    bool shared_encoder_ = false;  // the draft decodes from the target's encoder output
+    bool shared_encoder_ = false;      // the draft decodes from the target's encoder output
+    std::span<const int32_t> forced_;  // the window's transcript begins with these
     Generator generator_;
 };
 

@@ -43,7 +43,13 @@ struct TranscribeParams {
     PairMeasurements* measurements = nullptr;
     GammaPolicy gamma_policy = GammaPolicy::kAnalytic;
     int gamma = 4, gamma_max = 8;
+    // The first window's transcript begins with these tokens, timestamps included (a live
+    // stream's words that consecutive hypotheses agreed on); the model continues after them.
+    std::span<const int32_t> forced;
+    bool one_window = false;  // the first window only (a stream's utterance fits in one)
     std::function<void(const Segment&)> on_segment;
+    // Each window's tokens as sampled (timestamps included, <|endoftext|> not), with its start.
+    std::function<void(int seek, std::span<const int32_t> tokens)> on_window;
     std::function<bool(float)> progress;  // fraction done; false aborts
 };
 

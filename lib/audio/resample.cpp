@@ -47,3 +47,60 @@ Status resample(std::span<const float> in, int from_rate, int to_rate, std::vect
 }
 
 }  // namespace specula::audio
+
+namespace specula::audio {
+
+Status StreamResampler::create(int from_rate, int to_rate, std::unique_ptr<StreamResampler>* out) {
+    std::vector<float> none;
+    SPECULA_TRY(resample({}, from_rate, to_rate, &none));  // the rates' checks
+    std::unique_ptr<StreamResampler> r(new (std::nothrow) StreamResampler);
+    if (r == nullptr) return OutOfMemory("a resampler");
+    r->from_ = from_rate;
+    r->to_ = to_rate;
+    if (from_rate != to_rate) {
+        int e = 0;
+        r->state_ = src_new(SRC_SINC_BEST_QUALITY, 1, &e);
+        if (r->state_ == nullptr) return OutOfMemory("resampling: " + std::string(src_strerror(e)));
+    }
+    *out = std::move(r);
+    return Status::Ok();
+}
+
+StreamResampler::~StreamResampler() {
+    if (state_ != nullptr) src_delete(static_cast<SRC_STATE*>(state_));
+}
+
+Status StreamResampler::push(std::span<const float> in, bool last, std::vector<float>* out) {
+    try {
+        if (state_ == nullptr) {
+            out->insert(out->end(), in.begin(), in.end());
+            return Status::Ok();
+        }
+        const double ratio = double(to_) / double(from_);
+        std::vector<float> buffer(size_t(std::ceil(double(in.size()) * ratio)) + 4096);
+        SRC_DATA data{};
+        // libsamplerate flushes nothing from a null input pointer, even at the end.
+        static constexpr float kNothing = 0.0f;
+        data.data_in = in.empty() ? &kNothing : in.data();
+        data.input_frames = long(in.size());
+        data.src_ratio = ratio;
+        data.end_of_input = last ? 1 : 0;
+        // libsamplerate may hold input back or, at the end, emit more than one buffer holds.
+        for (;;) {
+            data.data_out = buffer.data();
+            data.output_frames = long(buffer.size());
+            if (const int e = src_process(static_cast<SRC_STATE*>(state_), &data); e != 0)
+                return InvalidArgument("resampling: " + std::string(src_strerror(e)));
+            out->insert(out->end(), buffer.begin(), buffer.begin() + data.output_frames_gen);
+            if (data.input_frames_used == 0 && data.output_frames_gen == 0) break;
+            data.data_in += data.input_frames_used;
+            data.input_frames -= data.input_frames_used;
+            if (data.input_frames == 0 && (!last || data.output_frames_gen == 0)) break;
+        }
+    } catch (const std::bad_alloc&) {
+        return OutOfMemory("resampling " + std::to_string(in.size()) + " samples");
+    }
+    return Status::Ok();
+}
+
+}  // namespace specula::audio

@@ -580,11 +580,13 @@ SPECULA_API void specula_asr_context_free(specula_asr_context* ctx);
 SPECULA_API specula_status specula_asr_transcribe(specula_asr_context* ctx, const float* samples,
                                                   size_t n_samples,
                                                   const specula_asr_params* params);
-/* The same for a WAV file (PCM 8/16/24/32-bit or float, any rate and channel count).
- * SPECULA_ERR_IO: it cannot be read; SPECULA_ERR_FORMAT: not a WAV file specula decodes. */
+/* The same for an audio file: WAV (PCM 8/16/24/32-bit or float), FLAC, MP3, Ogg Vorbis or Opus
+ * (and the other formats libsndfile reads), any rate and channel count. SPECULA_ERR_IO: it
+ * cannot be read; SPECULA_ERR_FORMAT: not audio specula decodes; SPECULA_ERR_UNSUPPORTED: more
+ * than four hours, 64 channels or 768 kHz. */
 SPECULA_API specula_status specula_asr_transcribe_file(specula_asr_context* ctx, const char* path,
                                                        const specula_asr_params* params);
-/* The same for a WAV file's bytes in memory (an upload, an app's asset). */
+/* The same for an audio file's bytes in memory (an upload, an app's asset). */
 SPECULA_API specula_status specula_asr_transcribe_memory(specula_asr_context* ctx, const void* data,
                                                          size_t size,
                                                          const specula_asr_params* params);
@@ -595,6 +597,66 @@ SPECULA_API specula_status specula_asr_get_segment(const specula_asr_context* ct
                                                    specula_asr_segment* segment);
 SPECULA_API specula_status specula_asr_get_timings(const specula_asr_context* ctx,
                                                    specula_asr_timings* timings);
+
+/* Decodes an audio file (any format specula_asr_transcribe_file reads) to mono float samples at
+ * the file's own rate, in memory that specula_audio_free releases. Statuses as that call's. */
+SPECULA_API specula_status specula_audio_load(const char* path, float** samples, size_t* n_samples,
+                                              int32_t* sample_rate);
+SPECULA_API void specula_audio_free(float* samples);
+
+/* ---- Live transcription ----
+ * Audio pushed as it arrives (a microphone, a call), cut into utterances by voice activity
+ * detection (WebRTC's VAD), each transcribed again every step_ms as it grows: the tokens two
+ * consecutive hypotheses agree on are committed (they never change), and when the speaker
+ * pauses for end_silence_ms the utterance is transcribed a last time and its segments are final.
+ * Events come through on_event, in the thread that pushes, during the push that made them. */
+typedef struct specula_asr_stream specula_asr_stream;
+
+typedef struct specula_asr_stream_event {
+    bool is_final;        /* a final segment (never changes), or the utterance's partial text */
+    int64_t t0_ms, t1_ms; /* from the start of the stream */
+    const char* text;     /* UTF-8, NUL-terminated; valid during the callback */
+    size_t stable_bytes;  /* the first bytes of text that later partials and the finals keep
+                           * (a final: all of it) */
+} specula_asr_stream_event;
+typedef void (*specula_asr_stream_fn)(const specula_asr_stream_event* event, void* user_data);
+
+typedef struct specula_asr_stream_params {
+    specula_asr_params asr;     /* language, thresholds, draft and gamma as for a transcription
+                                 * (its on_segment and progress are not called) */
+    int32_t vad_aggressiveness; /* 0 (keeps the most audio as speech) .. 3 (the least); 2 */
+    int32_t step_ms;            /* new speech between partial hypotheses (1000); 0: finals only */
+    int32_t end_silence_ms;     /* silence that ends an utterance (600; 100 .. 10000) */
+    int32_t pre_roll_ms;        /* audio kept before an utterance's first voiced frame (30) */
+    int32_t max_utterance_ms;   /* longer: its finished segments become final (20000; <= 28000) */
+    specula_asr_stream_fn on_event;
+    void* event_user_data;
+} specula_asr_stream_params;
+
+SPECULA_API specula_asr_stream_params specula_asr_stream_default_params(void);
+SPECULA_API void specula_asr_stream_default_params_by_ref(specula_asr_stream_params* params);
+/* A stream over a context (which must outlive it, and transcribes nothing else while it is open:
+ * SPECULA_ERR_INVALID_ARGUMENT). Parameters out of range: SPECULA_ERR_INVALID_ARGUMENT naming
+ * the field. Memory stays bounded however long the stream. */
+SPECULA_API specula_status specula_asr_stream_create(specula_asr_context* ctx,
+                                                     const specula_asr_stream_params* params,
+                                                     specula_asr_stream** out);
+/* Mono float samples in [-1, 1] at sample_rate Hz (resampled to 16 kHz as they come). Every
+ * push of a stream has the rate of its first; another rate, more than 600 s at once, or a push
+ * after finish: SPECULA_ERR_INVALID_ARGUMENT, and nothing is consumed. */
+SPECULA_API specula_status specula_asr_stream_push(specula_asr_stream* stream, const float* samples,
+                                                   size_t n_samples, int32_t sample_rate);
+/* The same for 16-bit little-endian PCM bytes (an odd n_bytes: SPECULA_ERR_INVALID_ARGUMENT; the
+ * caller keeps the odd byte for its next push). */
+SPECULA_API specula_status specula_asr_stream_push_pcm16(specula_asr_stream* stream,
+                                                         const void* data, size_t n_bytes,
+                                                         int32_t sample_rate);
+/* The end of the audio: the utterance under way becomes final. */
+SPECULA_API specula_status specula_asr_stream_finish(specula_asr_stream* stream);
+/* The audio pushed and every decoding's timings and speculation counters so far. */
+SPECULA_API specula_status specula_asr_stream_get_timings(const specula_asr_stream* stream,
+                                                          specula_asr_timings* timings);
+SPECULA_API void specula_asr_stream_free(specula_asr_stream* stream);
 
 #ifdef __cplusplus
 }

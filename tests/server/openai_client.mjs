@@ -146,6 +146,9 @@ async function main() {
   assert.match(srt, /^1\n00:00:00,000 --> \d\d:\d\d:\d\d,\d\d\d\n/);
   const vtt = await api.audio.transcriptions.create({ file: createReadStream(args.wav), model: "whisper-1", response_format: "vtt" });
   assert.match(vtt, /^WEBVTT\n\n00:00:00\.000 --> /);
+  // The same clip as MP3 (beside the WAV): decoded by libsndfile, the same words.
+  const mp3 = await api.audio.transcriptions.create({ file: createReadStream(args.wav.replace(/\.wav$/, ".mp3")), model: "whisper-1" });
+  assert.equal(mp3.text, asrText);
 
   // Errors in OpenAI's shape, never a crash.
   const post = (path, body, type = "application/json") =>
