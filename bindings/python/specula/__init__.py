@@ -29,7 +29,8 @@ from . import _capi
 from ._capi import lib as _lib
 
 __all__ = ["AsrModel", "Backend", "Device", "Model", "Segment", "Session", "SessionStats",
-           "SpeculaError", "Status", "Transcriber", "TranscriptionTimings", "devices",
+           "SpeculaError", "Status", "Stream", "StreamEvent", "Transcriber",
+           "TranscriptionTimings", "devices",
            "set_log_callback", "version"]
 
 
@@ -565,6 +566,15 @@ class TranscriptionTimings:
     n_accepted: int
 
 
+@dataclass(frozen=True)
+class StreamEvent:
+    final: bool   # a final segment (never changes), or the utterance's partial text
+    start: float  # seconds from the start of the stream
+    end: float
+    text: str
+    stable: str   # the beginning of text that later partials and the finals keep
+
+
 class AsrModel(_Loaded):
     """A Whisper model in whisper.cpp's format (ggml-*.bin) on a backend (as for `Model`). With
     `tokens`, a draft that proposes only those ids (and the special and timestamp tokens)."""
@@ -630,25 +640,15 @@ class Transcriber(_Handle):
                    draft: Optional[AsrModel] = None, gamma_policy: Optional[str] = None,
                    gamma: Optional[int] = None, gamma_max: Optional[int] = None,
                    on_segment=None, progress=None) -> List[Segment]:
-        """Transcribes a WAV file (a path, or its bytes) or 16 kHz mono samples (a NumPy array or
-        any sequence of floats). With `draft` (an `AsrModel` on the same backend) decoding is speculative and
-        the transcript stays the target's. on_segment(Segment) sees each segment as it is
-        decoded; progress(fraction) returning False aborts."""
+        """Transcribes an audio file (a path, or its bytes: WAV, FLAC, MP3, Ogg) or 16 kHz mono
+        samples (a NumPy array or any sequence of floats). With `draft` (an `AsrModel` on the
+        same backend) decoding is speculative and the transcript stays the target's.
+        on_segment(Segment) sees each segment as it is decoded; progress(fraction) returning
+        False aborts."""
         p = _capi.AsrParams()
         _lib.specula_asr_default_params_by_ref(ctypes.byref(p))
-        lang = language.encode() if language is not None else None
-        p.language, p.translate, p.timestamps = lang, translate, timestamps
-        for name, value in (("temperature", temperature),
-                            ("temperature_increment", temperature_increment), ("seed", seed),
-                            ("condition_on_previous_text", condition_on_previous_text),
-                            ("gamma", gamma), ("gamma_max", gamma_max)):
-            if value is not None:
-                setattr(p, name, value)
-        if gamma_policy is not None:
-            p.gamma_policy = _policy(gamma_policy)
-        if draft is not None:
-            p.draft = draft._handle
-            self._adopt(draft)  # the context keeps the draft's caches
+        self._set_params(p, language, translate, timestamps, temperature, temperature_increment,
+                         seed, condition_on_previous_text, draft, gamma_policy, gamma, gamma_max)
         keep = []
         if on_segment is not None:
             def segment(s, _):
@@ -671,6 +671,44 @@ class Transcriber(_Handle):
             _check(_lib.specula_asr_transcribe(self._handle, ptr, n, ctypes.byref(p)))
         return self.segments
 
+    def _set_params(self, p, language, translate, timestamps, temperature, temperature_increment,
+                    seed, condition_on_previous_text, draft, gamma_policy, gamma, gamma_max):
+        self._language = language.encode() if language is not None else None  # kept alive
+        p.language, p.translate, p.timestamps = self._language, translate, timestamps
+        for name, value in (("temperature", temperature),
+                            ("temperature_increment", temperature_increment), ("seed", seed),
+                            ("condition_on_previous_text", condition_on_previous_text),
+                            ("gamma", gamma), ("gamma_max", gamma_max)):
+            if value is not None:
+                setattr(p, name, value)
+        if gamma_policy is not None:
+            p.gamma_policy = _policy(gamma_policy)
+        if draft is not None:
+            p.draft = draft._handle
+            self._adopt(draft)  # the context keeps the draft's caches
+
+    def stream(self, on_event, *, step_ms: Optional[int] = None,
+               end_silence_ms: Optional[int] = None, vad_aggressiveness: Optional[int] = None,
+               pre_roll_ms: Optional[int] = None, max_utterance_ms: Optional[int] = None,
+               language: Optional[str] = None, translate: bool = False, timestamps: bool = True,
+               temperature: Optional[float] = None, temperature_increment: Optional[float] = None,
+               seed: Optional[int] = None, draft: Optional[AsrModel] = None,
+               gamma_policy: Optional[str] = None, gamma: Optional[int] = None,
+               gamma_max: Optional[int] = None) -> "Stream":
+        """Live transcription: a `Stream` that takes audio as it arrives and calls
+        on_event(StreamEvent) with each utterance's partial text and its final segments. While
+        it is open this transcriber transcribes nothing else."""
+        p = _capi.AsrStreamParams()
+        _lib.specula_asr_stream_default_params_by_ref(ctypes.byref(p))
+        self._set_params(p.asr, language, translate, timestamps, temperature,
+                         temperature_increment, seed, None, draft, gamma_policy, gamma, gamma_max)
+        for name, value in (("step_ms", step_ms), ("end_silence_ms", end_silence_ms),
+                            ("vad_aggressiveness", vad_aggressiveness),
+                            ("pre_roll_ms", pre_roll_ms), ("max_utterance_ms", max_utterance_ms)):
+            if value is not None:
+                setattr(p, name, value)
+        return Stream(self, p, on_event)
+
     @property
     def segments(self) -> List[Segment]:
         out = []
@@ -684,7 +722,55 @@ class Transcriber(_Handle):
     def timings(self) -> TranscriptionTimings:
         t = _capi.AsrTimings()
         _check(_lib.specula_asr_get_timings(self._handle, ctypes.byref(t)))
-        return TranscriptionTimings(t.audio_seconds, t.mel_seconds, t.encode_seconds,
-                                    t.decode_seconds, t.windows, t.fallbacks, t.tokens,
-                                    t.language.decode(), t.n_steps, t.n_emitted, t.n_drafted,
-                                    t.n_evaluated, t.n_accepted)
+        return _timings(t)
+
+
+def _timings(t) -> TranscriptionTimings:
+    return TranscriptionTimings(t.audio_seconds, t.mel_seconds, t.encode_seconds,
+                                t.decode_seconds, t.windows, t.fallbacks, t.tokens,
+                                t.language.decode(), t.n_steps, t.n_emitted, t.n_drafted,
+                                t.n_evaluated, t.n_accepted)
+
+
+class Stream(_Handle):
+    """A live transcription (`Transcriber.stream`): push audio as it arrives, finish at its end.
+    Events come during push() and finish(), in the calling thread."""
+
+    _free = _lib.specula_asr_stream_free
+
+    def __init__(self, transcriber: Transcriber, params, on_event):
+        super().__init__([transcriber])
+
+        def event(e, _):
+            text = e.contents.text
+            on_event(StreamEvent(bool(e.contents.is_final), e.contents.t0_ms / 1000,
+                                 e.contents.t1_ms / 1000, text.decode("utf-8", "replace"),
+                                 text[:e.contents.stable_bytes].decode("utf-8", "replace")))
+        self._callback = _capi.stream_event_fn(event)  # kept alive while the stream is
+        params.on_event = self._callback
+        self._params = params
+        ptr = ctypes.c_void_p()
+        _check(_lib.specula_asr_stream_create(transcriber._handle, ctypes.byref(params),
+                                              ctypes.byref(ptr)))
+        self._ptr = ptr.value
+
+    def push(self, samples, sample_rate: int = 16000) -> None:
+        """Mono samples in [-1, 1] (a NumPy array or any sequence of floats) at sample_rate, or
+        16-bit little-endian PCM bytes."""
+        if isinstance(samples, (bytes, bytearray, memoryview)):
+            data = bytes(samples)
+            _check(_lib.specula_asr_stream_push_pcm16(self._handle, data, len(data),
+                                                      sample_rate))
+            return
+        ptr, n, _owner = _samples(samples)
+        _check(_lib.specula_asr_stream_push(self._handle, ptr, n, sample_rate))
+
+    def finish(self) -> None:
+        """The end of the audio: the utterance under way becomes final."""
+        _check(_lib.specula_asr_stream_finish(self._handle))
+
+    @property
+    def timings(self) -> TranscriptionTimings:
+        t = _capi.AsrTimings()
+        _check(_lib.specula_asr_stream_get_timings(self._handle, ctypes.byref(t)))
+        return _timings(t)

@@ -121,13 +121,30 @@ class AsrTimings(Structure):
                 ("verify_seconds", c_double)]
 
 
+class AsrStreamEvent(Structure):
+    _fields_ = [("is_final", c_bool), ("t0_ms", c_int64), ("t1_ms", c_int64),
+                ("text", c_char_p), ("stable_bytes", c_size_t)]
+
+
+stream_event_fn = CFUNCTYPE(None, POINTER(AsrStreamEvent), c_void_p)
+
+
+class AsrStreamParams(Structure):
+    _fields_ = [("asr", AsrParams), ("vad_aggressiveness", c_int32), ("step_ms", c_int32),
+                ("end_silence_ms", c_int32), ("pre_roll_ms", c_int32),
+                ("max_utterance_ms", c_int32), ("on_event", stream_event_fn),
+                ("event_user_data", c_void_p)]
+
+
 STRUCTS = {"specula_device_info": DeviceInfo, "specula_backend_options": BackendOptions,
            "specula_backend_params": BackendParams,
            "specula_model_params": ModelParams, "specula_model_info": ModelInfo,
            "specula_chat_message": ChatMessage, "specula_session_params": SessionParams,
            "specula_generate_params": GenerateParams, "specula_session_stats": SessionStats,
            "specula_asr_model_info": AsrModelInfo, "specula_asr_segment": AsrSegment,
-           "specula_asr_params": AsrParams, "specula_asr_timings": AsrTimings}
+           "specula_asr_params": AsrParams, "specula_asr_timings": AsrTimings,
+           "specula_asr_stream_event": AsrStreamEvent,
+           "specula_asr_stream_params": AsrStreamParams}
 
 _p = c_void_p
 _FUNCTIONS = {
@@ -185,6 +202,13 @@ _FUNCTIONS = {
     "specula_asr_segment_count": (c_size_t, [_p]),
     "specula_asr_get_segment": (status_t, [_p, c_size_t, POINTER(AsrSegment)]),
     "specula_asr_get_timings": (status_t, [_p, POINTER(AsrTimings)]),
+    "specula_asr_stream_default_params_by_ref": (None, [POINTER(AsrStreamParams)]),
+    "specula_asr_stream_create": (status_t, [_p, POINTER(AsrStreamParams), POINTER(_p)]),
+    "specula_asr_stream_push": (status_t, [_p, POINTER(c_float), c_size_t, c_int32]),
+    "specula_asr_stream_push_pcm16": (status_t, [_p, c_void_p, c_size_t, c_int32]),
+    "specula_asr_stream_finish": (status_t, [_p]),
+    "specula_asr_stream_get_timings": (status_t, [_p, POINTER(AsrTimings)]),
+    "specula_asr_stream_free": (None, [_p]),
 }
 
 

@@ -157,5 +157,20 @@ int main(void) {
     FIELD(specula_asr_timings, draft_seconds);
     FIELD(specula_asr_timings, target_seconds);
     FIELD(specula_asr_timings, verify_seconds);
+    STRUCT(specula_asr_stream_event);
+    FIELD(specula_asr_stream_event, is_final);
+    FIELD(specula_asr_stream_event, t0_ms);
+    FIELD(specula_asr_stream_event, t1_ms);
+    FIELD(specula_asr_stream_event, text);
+    FIELD(specula_asr_stream_event, stable_bytes);
+    STRUCT(specula_asr_stream_params);
+    FIELD(specula_asr_stream_params, asr);
+    FIELD(specula_asr_stream_params, vad_aggressiveness);
+    FIELD(specula_asr_stream_params, step_ms);
+    FIELD(specula_asr_stream_params, end_silence_ms);
+    FIELD(specula_asr_stream_params, pre_roll_ms);
+    FIELD(specula_asr_stream_params, max_utterance_ms);
+    FIELD(specula_asr_stream_params, on_event);
+    FIELD(specula_asr_stream_params, event_user_data);
     return 0;
 }

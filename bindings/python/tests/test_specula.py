@@ -218,6 +218,38 @@ def test_transcription_of_a_file_samples_and_with_a_draft(backend):
         assert t.closed  # it held the draft's caches
 
 
+def test_a_stream_of_the_clip_between_silences(backend):
+    with specula.AsrModel(WHISPER, backend=backend) as model, model.transcriber() as t:
+        alone = "".join(s.text for s in t.transcribe(SPEECH))
+        events = []
+        silence = [0.0] * 16000
+        samples = silence + read_wav(SPEECH) + silence
+        with t.stream(events.append) as stream:
+            with pytest.raises(specula.SpeculaError) as e:
+                t.transcribe(SPEECH)  # the stream holds the transcriber
+            assert e.value.status == specula.Status.ERR_INVALID_ARGUMENT
+            for i in range(0, len(samples), 320):
+                stream.push(samples[i:i + 320])
+            stream.finish()
+            assert stream.timings.audio_seconds == pytest.approx(len(samples) / 16000)
+            with pytest.raises(specula.SpeculaError):
+                stream.push(silence)  # after finish
+        finals = [e for e in events if e.final]
+        assert finals and any(not e.final for e in events)
+        assert 0.9 < finals[0].start and finals[-1].end < len(samples) / 16000
+        heard = "".join(e.text for e in finals)
+        assert set(heard.lower().split()) & set(alone.lower().split())
+        for e in events:
+            assert e.text.startswith(e.stable)
+        # 16-bit bytes at another rate, resampled as they come: the same number of utterances.
+        events.clear()
+        with t.stream(events.append) as stream:
+            pcm = b"".join(int(x * 32767).to_bytes(2, "little", signed=True) for x in samples)
+            stream.push(pcm, 16000)
+            stream.finish()
+        assert "".join(e.text for e in events if e.final) == heard
+
+
 def test_backend_options_reach_the_backend():
     # The demo target is quantized: the cpu multiplies it by 8-bit inputs unless told not to,
     # which rounds its logits otherwise.
