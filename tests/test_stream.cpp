@@ -313,7 +313,10 @@ TEST(Stream, BadPushesAndParametersAreStatuses) {
     EXPECT_EQ(specula_asr_stream_create(pair.ctx, &p, &s), SPECULA_ERR_INVALID_ARGUMENT);
 
     ASSERT_EQ(specula_asr_stream_create(pair.ctx, nullptr, &s), SPECULA_OK);
-    // While the stream is open its context transcribes nothing else.
+    // While the stream is open its context transcribes nothing else, nor opens another.
+    specula_asr_stream* second = nullptr;
+    EXPECT_EQ(specula_asr_stream_create(pair.ctx, nullptr, &second), SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(second, nullptr);
     const std::vector<float> c = clip();
     specula_asr_params batch = specula_asr_default_params();
     EXPECT_EQ(specula_asr_transcribe(pair.ctx, c.data(), c.size(), &batch),

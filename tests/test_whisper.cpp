@@ -560,6 +560,34 @@ TEST(WhisperContext, ASharedWindowTakenLaterIsTheSameAndNotAReplacedOne) {
     EXPECT_NE(got, expected);  // the second window's
 }
 
+// A window encoded later (a draft whose encoder is its own, which the γ policy may leave idle in
+// a window) is computed at the first forward and is the window encoded at once.
+TEST(WhisperContext, AWindowEncodedLaterIsTheSameAndCostsNothingUnused) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_TRUE(backend) << why;
+    std::unique_ptr<WhisperModel> model;
+    ASSERT_TRUE(load_whisper(*backend, small_whisper(10), &model).ok());
+    std::unique_ptr<WhisperContext> eager, lazy;
+    for (auto* ctx : {&eager, &lazy})
+        ASSERT_TRUE(WhisperContext::create(*model, 1, ctx).ok());
+    audio::LogMel mel;
+    ASSERT_TRUE(audio::log_mel(chirp(1.0), model->mel_filters(), &mel).ok());
+    ASSERT_TRUE(eager->encode(mel, 0).ok());
+    const uint64_t waits = backend->host_waits();
+    ASSERT_TRUE(lazy->encode_later(mel, 0).ok());
+    EXPECT_EQ(backend->host_waits(), waits);  // nothing computed yet
+    const std::vector<int32_t> prompt = {kEn.sot, kEn.no_timestamps, 300};
+    std::vector<float> expected, got;
+    ASSERT_TRUE(eager->forward(prompt, false, &expected).ok());
+    ASSERT_TRUE(lazy->forward(prompt, false, &got).ok());
+    EXPECT_EQ(got, expected);
+    // Dropped before its use (its mel is going): no window to decode.
+    ASSERT_TRUE(lazy->encode_later(mel, 0).ok());
+    lazy->forget_later();
+    EXPECT_EQ(lazy->forward(prompt, false, &got).code(), SPECULA_ERR_INVALID_ARGUMENT);
+}
+
 namespace {
 
 // More than 10 drafts in a transcription, every one accepted (a draft that is the target's

@@ -389,6 +389,8 @@ specula_status specula_asr_stream_create(specula_asr_context* ctx,
         SPECULA_TRY(need(out, "out"));
         *out = nullptr;
         SPECULA_TRY(need(ctx, "ctx"));
+        // Its decodings and its draft's caches are the context's: one stream at a time.
+        if (ctx->streams > 0) return InvalidArgument("a stream is already open over this context");
         const specula_asr_stream_params p = params ? *params : specula_asr_stream_default_params();
         asr::StreamParams sp;
         SPECULA_TRY(transcribe_params(ctx, p.asr, &sp.transcribe));

@@ -102,6 +102,14 @@ class Transcriber {
             return InvalidArgument("language index " + std::to_string(p_.language) +
                                    " is out of range");
         audio::LogMel mel;
+        // The draft encodes a window from `mel` only when it first drafts there: never after
+        // this loop.
+        struct ForgetLater {
+            WhisperContext* draft;
+            ~ForgetLater() {
+                if (draft != nullptr) draft->forget_later();
+            }
+        } forget_later{p_.draft};
         const auto mel_start = std::chrono::steady_clock::now();
         Backend& be = ctx_.backend();
         SPECULA_TRY(
@@ -120,7 +128,7 @@ class Transcriber {
             SPECULA_TRY(ctx_.encode(mel, seek));
             if (p_.draft != nullptr)
                 SPECULA_TRY(shared_encoder_ ? p_.draft->encode_shared_later(ctx_)
-                                            : p_.draft->encode(mel, seek));
+                                            : p_.draft->encode_later(mel, seek));
             stats_.encode_seconds += seconds_since(t0);
             ++stats_.windows;
             t0 = std::chrono::steady_clock::now();

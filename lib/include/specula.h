@@ -635,9 +635,9 @@ typedef struct specula_asr_stream_params {
 
 SPECULA_API specula_asr_stream_params specula_asr_stream_default_params(void);
 SPECULA_API void specula_asr_stream_default_params_by_ref(specula_asr_stream_params* params);
-/* A stream over a context (which must outlive it, and transcribes nothing else while it is open:
- * SPECULA_ERR_INVALID_ARGUMENT). Parameters out of range: SPECULA_ERR_INVALID_ARGUMENT naming
- * the field. Memory stays bounded however long the stream. */
+/* A stream over a context (which must outlive it, and transcribes nothing else while it is open,
+ * not even a second stream: SPECULA_ERR_INVALID_ARGUMENT). Parameters out of range:
+ * SPECULA_ERR_INVALID_ARGUMENT naming the field. Memory stays bounded however long the stream. */
 SPECULA_API specula_status specula_asr_stream_create(specula_asr_context* ctx,
                                                      const specula_asr_stream_params* params,
                                                      specula_asr_stream** out);

@@ -323,6 +323,7 @@ Status WhisperContext::encode(const audio::LogMel& mel, int first) {
         return InvalidArgument("mel frames out of range");
     const int count = std::min(frames, mel.n_frames - first);
     shared_source_ = nullptr;  // this window is its own
+    later_mel_ = nullptr;
     ++windows_encoded_;
     Backend& be = model_.backend_;
     using A = Backend::Accumulate;
@@ -367,10 +368,22 @@ Status WhisperContext::encode_shared(const WhisperContext& source) {
     return prepare();
 }
 
+Status WhisperContext::encode_later(const audio::LogMel& mel, int first) {
+    if (mel.n_mel != model_.hparams().n_mels || first < 0 || first > mel.n_frames)
+        return encode(mel, first);  // its checks, now
+    shared_source_ = nullptr;
+    later_mel_ = &mel;
+    later_first_ = first;
+    n_past_ = 0;
+    encoded_ = false;
+    return Status::Ok();
+}
+
 Status WhisperContext::encode_shared_later(const WhisperContext& source) {
     if (&source.backend() != &backend() || !source.encoded_ || !shares_encoder_with(source.model_))
         return InvalidArgument(
             "a shared encoding needs an encoded window of the same encoder on the same backend");
+    later_mel_ = nullptr;
     shared_source_ = &source;
     shared_window_ = source.windows_encoded_;
     n_past_ = 0;
@@ -379,6 +392,10 @@ Status WhisperContext::encode_shared_later(const WhisperContext& source) {
 }
 
 Status WhisperContext::prepare() {
+    if (later_mel_ != nullptr) {
+        const audio::LogMel& mel = *later_mel_;
+        return encode(mel, later_first_);  // which forgets later_mel_
+    }
     if (shared_source_ == nullptr) return Status::Ok();
     const WhisperContext& source = *shared_source_;
     shared_source_ = nullptr;

@@ -138,6 +138,12 @@ class WhisperContext final : public Decoder {
     // mel with 0 instead); frames past the mel's end are 0. Forgets the decoder's cache.
     // detect_language() needs an encoded window.
     Status encode(const audio::LogMel& mel, int first);
+    // The same, run only when this decoder is first used (prepare() or record()) on that
+    // window: a draft that the γ policy leaves idle in a window costs nothing there. `mel`
+    // must outlive that use, or this context's next encode.
+    Status encode_later(const audio::LogMel& mel, int first);
+    // Drops a window encode_later() left pending (its mel is about to go).
+    void forget_later() { later_mel_ = nullptr; }
     // Whether `target`'s encoder is this model's (WhisperModel::same_encoder), compared once per
     // target model (its encoder's bytes, up to gigabytes for large models) and then remembered.
     bool shares_encoder_with(const WhisperModel& target) const;
@@ -178,6 +184,9 @@ class WhisperContext final : public Decoder {
     // encode_shared_later(): the context whose window this one decodes next, and that window
     const WhisperContext* shared_source_ = nullptr;
     uint64_t shared_window_ = 0;
+    // encode_later(): the mel and first frame of the window to encode when first used
+    const audio::LogMel* later_mel_ = nullptr;
+    int later_first_ = 0;
     uint64_t forward_calls_ = 0;
     mutable const WhisperModel* encoder_compared_with_ = nullptr;
     mutable bool shares_encoder_ = false;

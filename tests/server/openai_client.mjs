@@ -53,8 +53,10 @@ function startServer(extra) {
 function stopAll() {
   for (const s of servers) s.kill("SIGKILL");
 }
+// A request may wait behind 15 others on a machine the rest of the suite also loads (2 cores, two
+// tests at once): the client waits as long as the test may run.
 const client = (port, opts = {}) =>
-  new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: "test-key", maxRetries: 0, timeout: 120000, ...opts });
+  new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: "test-key", maxRetries: 0, timeout: 540000, ...opts });
 const rssKiB = (pid) => Number(readFileSync(`/proc/${pid}/status`, "utf8").match(/VmRSS:\s+(\d+)/)[1]);
 const health = async (port) => (await fetch(`http://127.0.0.1:${port}/health`)).json();
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));

@@ -1,8 +1,8 @@
 """A live transcription test's audio: held-out-style sentences (sentences.txt, written for this
 test, not in the bundled pair's training text) spoken by espeak-ng voice variants that the pair
 never heard (tools/train/asr_data.py holds them out), one after another with pauses between
-them, as one mono 16-bit WAV at espeak-ng's own rate (22,050 Hz: the stream resamples it), and
-the truth: each sentence's start and end (the first and last sample above 2% of its peak) and
+them, as one mono 16-bit WAV at espeak-ng's own rate (22,050 Hz: the stream resamples it) and
+another at 16 kHz, and the truth: each sentence's start and end (the first and last sample above 2% of its peak) and
 text, as truth.tsv (start_ms, end_ms, text).
 
     /usr/bin/python3 make_stream.py OUT_DIR [--repeat N] [--silence-s S]
@@ -70,6 +70,16 @@ def main():
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    # The same audio at 16 kHz (a band-limited resampling through the FFT): a stream that
+    # pushes it resamples nothing (the long-run test, where the resampler would be most of
+    # the work).
+    n16 = len(audio) * 16000 // rate
+    at16k = np.fft.irfft(np.fft.rfft(audio)[: n16 // 2 + 1], n16) * (n16 / len(audio))
+    with wave.open(os.path.join(a.out, "stream16k.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(at16k, -1, 1) * 32767).astype("<i2").tobytes())
     with open(os.path.join(a.out, "truth.tsv"), "w") as f:
         for s, e, text in truth:
             f.write(f"{1000 * s // rate}\t{1000 * e // rate}\t{text}\n")
