@@ -12,26 +12,6 @@ constexpr int kSamplesPerMs = audio::kWhisperSampleRate / 1000;
 // Hypotheses of a shorter utterance (pre-roll included) are not agreed on (docs/DESIGN.md).
 constexpr int kAgreeAfterMs = 2500;
 
-void add(const TranscribeStats& from, TranscribeStats* to) {
-    to->mel_seconds += from.mel_seconds;
-    to->encode_seconds += from.encode_seconds;
-    to->decode_seconds += from.decode_seconds;
-    to->windows += from.windows;
-    to->fallbacks += from.fallbacks;
-    to->tokens += from.tokens;
-    to->language = from.language;
-    GeneratorStats& s = to->decoding;
-    const GeneratorStats& g = from.decoding;
-    s.steps += g.steps;
-    s.drafted += g.drafted;
-    s.evaluated += g.evaluated;
-    s.accepted += g.accepted;
-    s.emitted += g.emitted;
-    s.draft_seconds += g.draft_seconds;
-    s.target_seconds += g.target_seconds;
-    s.verify_seconds += g.verify_seconds;
-}
-
 }  // namespace
 
 Status Stream::create(WhisperContext& ctx, const StreamParams& p, std::unique_ptr<Stream>* out) {
@@ -139,7 +119,7 @@ Status Stream::decode(bool last, std::vector<int32_t>* tokens, std::vector<Segme
     if (!last) t.temperature_increment = 0;
     TranscribeStats s;
     const Status st = transcribe(ctx_, utterance_, t, segments, &s);
-    add(s, &stats_.transcription);
+    add_stats(s, &stats_.transcription);
     return st;
 }
 

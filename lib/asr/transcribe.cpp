@@ -276,22 +276,7 @@ class Transcriber {
     const WhisperTokens& t_;
     const TranscribeParams& p_;
     TranscribeStats& stats_;
-    void add(const GeneratorStats& g) {
-        GeneratorStats& s = stats_.decoding;
-        s.steps += g.steps;
-        s.drafted += g.drafted;
-        s.evaluated += g.evaluated;
-        s.accepted += g.accepted;
-        s.emitted += g.emitted;
-        for (size_t i = 0; i < s.evaluated_at.size(); ++i) {
-            s.evaluated_at[i] += g.evaluated_at[i];
-            s.accepted_at[i] += g.accepted_at[i];
-        }
-        s.draft_seconds += g.draft_seconds;
-        s.target_seconds += g.target_seconds;
-        s.verify_seconds += g.verify_seconds;
-        s.last_gamma = g.last_gamma;
-    }
+    void add(const GeneratorStats& g) { add_decoding(g, &stats_.decoding); }
 
     Rules rules_;
     int language_ = 0;
@@ -361,6 +346,34 @@ Status transcribe(WhisperContext& ctx, std::span<const float> samples, const Tra
     TranscribeStats local;
     Transcriber t(ctx, p, stats ? stats : &local);
     return t.run(samples, segments);
+}
+
+void add_decoding(const GeneratorStats& g, GeneratorStats* to) {
+    GeneratorStats& s = *to;
+    s.steps += g.steps;
+    s.drafted += g.drafted;
+    s.evaluated += g.evaluated;
+    s.accepted += g.accepted;
+    s.emitted += g.emitted;
+    for (size_t i = 0; i < s.evaluated_at.size(); ++i) {
+        s.evaluated_at[i] += g.evaluated_at[i];
+        s.accepted_at[i] += g.accepted_at[i];
+    }
+    s.draft_seconds += g.draft_seconds;
+    s.target_seconds += g.target_seconds;
+    s.verify_seconds += g.verify_seconds;
+    s.last_gamma = g.last_gamma;
+}
+
+void add_stats(const TranscribeStats& from, TranscribeStats* to) {
+    to->mel_seconds += from.mel_seconds;
+    to->encode_seconds += from.encode_seconds;
+    to->decode_seconds += from.decode_seconds;
+    to->windows += from.windows;
+    to->fallbacks += from.fallbacks;
+    to->tokens += from.tokens;
+    to->language = from.language;
+    add_decoding(from.decoding, &to->decoding);
 }
 
 Status detect_language(WhisperContext& ctx, std::vector<float>* probs) {

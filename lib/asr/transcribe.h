@@ -76,6 +76,10 @@ Status transcribe(WhisperContext& ctx, std::span<const float> samples, const Tra
 int split_segments(const WhisperModel& model, std::span<const int32_t> tokens, int seek, int count,
                    std::vector<Segment>* out);
 
+// Sums of a transcription's (or a decoding's) figures, for callers that run several.
+void add_decoding(const GeneratorStats& from, GeneratorStats* to);
+void add_stats(const TranscribeStats& from, TranscribeStats* to);
+
 // The probability of each language at the first window of mel (multilingual models).
 Status detect_language(WhisperContext& ctx, std::vector<float>* probs);
 
