@@ -5,9 +5,9 @@
 //                  [--host 127.0.0.1] [--port 8080] [-np SLOTS] [-c CTX] [--api-key KEY]
 //
 // Each slot is a session on the shared model (with the draft, where there is one); a request
-// takes a free slot or waits in a bounded queue (429 when it is full). Sessions on one backend
-// take turns step by step (specula.h), so concurrent requests interleave. docs/PROGRAMS.md
-// lists the endpoints and flags.
+// takes a free slot or waits in a bounded queue (429 when it is full). The busy slots' generation
+// steps share one forward each round (specula.h), so throughput grows with the clients.
+// docs/PROGRAMS.md lists the endpoints and flags.
 #include <httplib.h>
 
 #include <CLI/CLI.hpp>

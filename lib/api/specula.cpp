@@ -3,9 +3,11 @@
 #include "specula.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,9 +28,44 @@ std::string& specula::api::last_error() {
     return message;
 }
 
+namespace {
+
+// Generation steps that sessions of one model ask for at the same time (each from its own
+// thread) are run together: a waiting step, when none is running, takes every waiting step (up
+// to a batch) and runs them under the backend's turn while the others wait, then wakes them.
+// Several steps are one plain step each in one forward (LlamaBatch), which reads each weight
+// once for all of them; a step alone is the session's own (with its drafts). A group starts
+// once every generating session has asked for its step, or kGather after the first asked:
+// the sessions a group woke ask again within microseconds (after their token callbacks), and a
+// group that left one of them out would make it step alone next, splitting every later round
+// in two.
+struct StepQueue {
+    static constexpr std::chrono::milliseconds kGather{5};
+    struct Request {
+        specula_session* session;
+        int max_tokens;
+        std::vector<int32_t>* out;
+        Status status;
+        std::chrono::steady_clock::time_point asked;
+        bool done = false;
+    };
+    std::mutex mutex;
+    std::condition_variable woken;
+    std::vector<Request*> waiting;
+    int generating = 0;  // threads in specula_generate on the model's sessions
+    bool running = false;
+    // Created at the first shared step, under the backend's turn; null while none fits (the
+    // steps then run one after another).
+    std::unique_ptr<LlamaBatch> batch;
+    bool batch_tried = false;
+};
+
+}  // namespace
+
 struct specula_model {
     std::unique_ptr<LlamaModel> impl;
     specula_backend* backend = nullptr;
+    StepQueue steps;  // after impl: its batch goes first
 };
 
 struct specula_session {
@@ -49,15 +86,114 @@ struct specula_session {
 
 namespace {
 
-// Runs `body` and charges the host waits and target forwards it caused to the session.
+// Runs `body` and charges the host waits it caused to the session (the caller holds the turn).
 template <typename F>
-Status counted(specula_session* s, F&& body) {
-    std::lock_guard turn(s->model->backend->turn);
+Status charged(specula_session* s, F&& body) {
     Backend& be = s->model->impl->backend();
     const uint64_t waits0 = be.host_waits();
     Status st = body();
     s->stats.n_host_waits += be.host_waits() - waits0;
     return st;
+}
+
+// charged() under the backend's turn.
+template <typename F>
+Status counted(specula_session* s, F&& body) {
+    std::lock_guard turn(s->model->backend->turn);
+    return charged(s, std::forward<F>(body));
+}
+
+// Runs a group of StepQueue's requests under the backend's turn and sets their statuses.
+void run_steps(specula_model& model, std::span<StepQueue::Request* const> group) {
+    using Request = StepQueue::Request;
+    std::lock_guard turn(model.backend->turn);
+    StepQueue& q = model.steps;
+    const auto alone = [](Request* r) {
+        r->status =
+            charged(r->session, [&] { return r->session->generator->step(r->max_tokens, r->out); });
+    };
+    if (group.size() > 1 && !q.batch_tried) {
+        q.batch_tried = true;
+        if (!LlamaBatch::create(*model.impl, int(kVerificationColumns), &q.batch).ok())
+            log(SPECULA_LOG_WARN, "no memory for a batch of sessions: their steps take turns");
+    }
+    if (group.size() == 1 || q.batch == nullptr) {
+        for (Request* r : group)
+            alone(r);
+        return;
+    }
+    // One context length per forward (the contexts share the first one's rotation tables).
+    std::vector<Request*> shared;
+    std::vector<LlamaContext*> contexts;
+    std::vector<int32_t> tokens;
+    for (Request* r : group) {
+        specula_session& s = *r->session;
+        if (s.target->n_ctx() != group.front()->session->target->n_ctx()) {
+            alone(r);
+            continue;
+        }
+        int32_t token = 0;
+        r->status = charged(&s, [&] { return s.generator->prepare_plain_step(&token); });
+        if (!r->status.ok()) continue;
+        shared.push_back(r);
+        contexts.push_back(s.target.get());
+        tokens.push_back(token);
+    }
+    if (shared.size() == 1) return alone(shared.front());
+    if (shared.empty()) return;
+    const Status forward = q.batch->record(contexts, tokens);
+    for (Request* r : shared) {
+        specula_session& s = *r->session;
+        r->status = forward.ok()
+                        ? charged(&s, [&] { return s.generator->finish_plain_step(r->out); })
+                        : forward;
+        if (r->status.ok()) ++s.stats.n_shared_steps;
+    }
+}
+
+// One generation step of a session: with other sessions of its model that step at the same
+// time, if there are any (StepQueue).
+Status step_together(specula_session* s, int max_tokens, std::vector<int32_t>* out) {
+    StepQueue& q = s->model->steps;
+    StepQueue::Request me{s, max_tokens, out, Status::Ok(), Clock::now()};
+    std::unique_lock lock(q.mutex);
+    q.waiting.push_back(&me);
+    q.woken.notify_all();  // a gathering group may be complete now
+    while (!me.done) {
+        if (q.running) {
+            q.woken.wait(lock);
+            continue;
+        }
+        if (q.waiting.size() < size_t(q.generating) &&
+            q.waiting.size() < size_t(kVerificationColumns)) {
+            const auto until = q.waiting.front()->asked + StepQueue::kGather;
+            if (Clock::now() < until) {
+                q.woken.wait_until(lock, until);
+                continue;
+            }
+        }
+        q.running = true;
+        const size_t n = std::min(q.waiting.size(), size_t(kVerificationColumns));
+        std::vector<StepQueue::Request*> group(q.waiting.begin(),
+                                               q.waiting.begin() + std::ptrdiff_t(n));
+        q.waiting.erase(q.waiting.begin(), q.waiting.begin() + std::ptrdiff_t(n));
+        lock.unlock();
+        try {
+            run_steps(*s->model, group);
+        } catch (const std::bad_alloc&) {
+            for (StepQueue::Request* r : group)
+                r->status = OutOfMemory("out of host memory");
+        } catch (const std::exception& e) {
+            for (StepQueue::Request* r : group)
+                r->status = {SPECULA_ERR_INTERNAL, std::string("internal error: ") + e.what()};
+        }
+        lock.lock();
+        q.running = false;
+        for (StepQueue::Request* r : group)
+            r->done = true;
+        q.woken.notify_all();
+    }
+    return me.status;
 }
 
 // Any use of the context but generation drops the tokens generation did not report.
@@ -619,6 +755,18 @@ specula_status specula_generate(specula_session* session, const specula_generate
             ~Timer() { s.stats.generate_seconds += seconds_since(t0); }
         } timer{s, t0};
         const Tokenizer& tok = s.model->impl->tokenizer();
+        struct Generating {  // counted for StepQueue's gathering however the loop ends
+            StepQueue& q;
+            explicit Generating(StepQueue& queue) : q(queue) {
+                std::lock_guard lock(q.mutex);
+                ++q.generating;
+            }
+            ~Generating() {
+                std::lock_guard lock(q.mutex);
+                --q.generating;
+                q.woken.notify_all();
+            }
+        } generating{s.model->steps};
         std::vector<int32_t> step_tokens = std::exchange(s.unreported, {});
         bool from_unreported = !step_tokens.empty();
         // Generation ends before step_tokens[after]: the rest stays committed, reported next time.
@@ -632,9 +780,7 @@ specula_status specula_generate(specula_session* session, const specula_generate
                     return Status(SPECULA_ERR_ABORTED,
                                   "generation was aborted by the abort callback");
                 step_tokens.clear();
-                SPECULA_TRY(counted(session, [&] {
-                    return s.generator->step(g.max_tokens - int(count), &step_tokens);
-                }));
+                SPECULA_TRY(step_together(session, g.max_tokens - int(count), &step_tokens));
             }
             from_unreported = false;
             for (size_t i = 0; i < step_tokens.size(); ++i) {

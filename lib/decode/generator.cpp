@@ -283,22 +283,44 @@ void Generator::adapt_gamma(int n_accepted, int gamma) {
                                            : std::max(heuristic_gamma_ - 1, 1);
 }
 
-Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<float>* logprobs) {
+Status Generator::check_step(int max_tokens, const std::vector<float>* logprobs) const {
     if (committed_.empty()) return InvalidArgument("evaluate a prompt before generating");
     if (logprobs != nullptr && !masks_)
         return InvalidArgument("log-probabilities come with a mask program only");
     if (masks_ && config_.sigmoid_verify)
         return InvalidArgument("the sigmoid verification takes no mask program");
     if (max_tokens < 1) return InvalidArgument("a step emits at least one token");
-    const int L = int(committed_.size());
-    if (L > target_.n_ctx())
+    const size_t L = committed_.size();
+    if (L > size_t(target_.n_ctx()))
         return {SPECULA_ERR_CONTEXT_FULL,
                 "the context of " + std::to_string(target_.n_ctx()) + " tokens is full"};
-    if (size_t(L) + size_t(kMaxGamma) >= kMaxPositions)  // position_row's range
+    if (L + size_t(kMaxGamma) >= kMaxPositions)  // position_row's range
         return {SPECULA_ERR_CONTEXT_FULL, "sampling is defined for the first 2^24 positions"};
+    return Status::Ok();
+}
+
+Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<float>* logprobs) {
+    SPECULA_TRY(check_step(max_tokens, logprobs));
+    return run_step(plan_step(), max_tokens, out, logprobs, false);
+}
+
+Status Generator::prepare_plain_step(int32_t* token) {
+    SPECULA_TRY(check_step(1, nullptr));
+    std::vector<float> unused;
+    SPECULA_TRY(catch_up(target_, 1, &unused));
+    *token = committed_.back();
+    return Status::Ok();
+}
+
+Status Generator::finish_plain_step(std::vector<int32_t>* out) {
+    return run_step(StepPlan{}, 1, out, nullptr, true);
+}
+
+Status Generator::run_step(StepPlan plan, int max_tokens, std::vector<int32_t>* out,
+                           std::vector<float>* logprobs, bool forward_done) {
+    const int L = int(committed_.size());
     // γ drafts need γ more target positions (and γ - 1 more draft positions) after the last
     // committed token.
-    StepPlan plan = plan_step();
     int gamma = std::min({plan.gamma, max_tokens - 1, target_.n_ctx() - L});
     if (draft_ && !plan.lookup) gamma = std::min(gamma, draft_->n_ctx() - L + 1);
     gamma = std::max(gamma, 0);
@@ -310,7 +332,7 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     SPECULA_TRY(config_.sigmoid_verify && gamma > 0 && !plan.lookup
                     ? sigmoid_step_on_host(gamma, &emitted)
                     : step_on_device(gamma, plan.lookup ? &plan.match.drafts : nullptr, &emitted,
-                                     logprobs));
+                                     logprobs, forward_done));
     const double step_seconds = seconds_since(t0);
     int n_accepted = int(emitted.size()) - 1;
     // Drafts after the first rejection are never judged: α counts only judged ones.
@@ -366,7 +388,7 @@ Status Generator::step(int max_tokens, std::vector<int32_t>* out, std::vector<fl
     if (gamma > 0)
         (plan.lookup ? measured.realized_lookup : measured.realized_model)
             .add(double(emitted.size()), step_seconds_, RealizedRate::kSkipFirst);
-    else if (plain_steps_ > 0 || draft_ == nullptr)  // as step_on_device measures plain steps
+    else if (!forward_done && (plain_steps_ > 0 || draft_ == nullptr))  // as step_on_device
         measured.realized_plain.add(double(emitted.size()), step_seconds_, 0);
     plain_steps_ = gamma == 0 ? plain_steps_ + 1 : 0;
     if (gamma > 0) ++measured.drafting_since_plain;
@@ -422,7 +444,8 @@ Tensor Generator::draft_row(int c) {
 // device and writes it straight into the target's input ids, from where the next draft forward also
 // reads it; the draft rows stay on the device for the verify passes.
 Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed,
-                                 std::vector<int32_t>* emitted, std::vector<float>* logprobs) {
+                                 std::vector<int32_t>* emitted, std::vector<float>* logprobs,
+                                 bool forward_done) {
     Backend& be = target_.backend();
     const int L = int(committed_.size());
     SPECULA_TRY(device_buffers(target_.n_vocab()));
@@ -456,7 +479,7 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
         if (L - draft_first > 2)
             SPECULA_TRY(draft_->record(draft_->input_ids(0, L - draft_first - 1), false));
     }
-    SPECULA_TRY(catch_up(target_, 1, &unused));
+    if (!forward_done) SPECULA_TRY(catch_up(target_, 1, &unused));
 
     be.mark_time(kStepStart);
     if (proposed != nullptr) be.upload(target_.input_ids(1, gamma), proposed->data());
@@ -490,8 +513,10 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
         if (c == 0) be.mark_time(kFirstDraftDone);
     }
     be.mark_time(kDraftsDone);
-    be.upload(target_.input_ids(0, 1), &committed_.back());
-    SPECULA_TRY(target_.record(target_.input_ids(0, gamma + 1), true));
+    if (!forward_done) {
+        be.upload(target_.input_ids(0, 1), &committed_.back());
+        SPECULA_TRY(target_.record(target_.input_ids(0, gamma + 1), true));
+    }
     be.mark_time(kTargetDone);
     if (masks_) {
         rules.logits = target_.logits(gamma + 1);
@@ -567,9 +592,10 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
     // A plain step right after the prompt or after a step with drafts finds the draft's weights
     // in the caches, where the target's were (on the cpu, a model of 90 MB: 3 ms against 1.6
     // warm); plain decoding does not pay that, so only a plain step after a plain one measures it.
-    // The lookup's proposals take no cache: without a draft model every step measures.
+    // The lookup's proposals take no cache: without a draft model every step measures. A
+    // forward shared with other sequences is not this sequence's cost.
     const auto width = size_t(gamma + 1);
-    if (gamma > 0 || plain_steps_ > 0 || draft_ == nullptr) {
+    if (!forward_done && (gamma > 0 || plain_steps_ > 0 || draft_ == nullptr)) {
         m.target_seconds[width] = updated_cost(m.target_seconds[width], m.target_samples[width]++,
                                                be.seconds_between(kDraftsDone, kVerified));
         if (width == 1) m.drafting_since_plain = 0;

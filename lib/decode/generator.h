@@ -183,6 +183,14 @@ class Generator {
     // rules, `logprobs` (if not null) gets each token's log-probability under the target's
     // masked distribution at temperature 1 (its logit minus log_sum_exp of its row).
     Status step(int max_tokens, std::vector<int32_t>* out, std::vector<float>* logprobs = nullptr);
+    // A plain step (no drafts) whose forward the caller records, with other sequences' in one
+    // pass (LlamaBatch): prepare_plain_step() makes the target hold every committed token but
+    // the last and gives that one; the caller evaluates it at the target's next position so that
+    // the target's logits(1) hold its row; finish_plain_step() then draws, commits and counts
+    // the step as step() does a plain one (the shared forward's time is not measured as the
+    // pair's plain cost). The token is the one step() would emit.
+    Status prepare_plain_step(int32_t* token);
+    Status finish_plain_step(std::vector<int32_t>* out);
     // From now until reset(), every drafted and verified row is masked by `program` on the
     // device before it is sampled or judged, each from the tokens committed after this call plus
     // the drafts before it (Whisper's rules: asr/rules.h).
@@ -221,9 +229,14 @@ class Generator {
     std::span<const int32_t> committed_for(const Decoder& ctx, size_t begin, size_t end);
     // The draft's row of draft c's logits over the target's vocabulary (device_buffers()).
     Tensor draft_row(int c);
+    Status check_step(int max_tokens, const std::vector<float>* logprobs) const;
+    // step()'s body; `forward_done`: a plain step whose target forward the caller recorded.
+    Status run_step(StepPlan plan, int max_tokens, std::vector<int32_t>* out,
+                    std::vector<float>* logprobs, bool forward_done);
     // `proposed`: the step's drafts come from the host (the lookup), not the draft model.
     Status step_on_device(int gamma, const std::vector<int32_t>* proposed,
-                          std::vector<int32_t>* emitted, std::vector<float>* logprobs);
+                          std::vector<int32_t>* emitted, std::vector<float>* logprobs,
+                          bool forward_done);
     Status sigmoid_step_on_host(int gamma, std::vector<int32_t>* emitted);
     Status device_buffers(int n_vocab);
     // The most drafts a step can have: the rows of the step's buffers.

@@ -346,6 +346,35 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     return Status::Ok();
 }
 
+namespace {
+
+// The buffers of activations for `rows` positions; `kv` adds the keys' and values' of several
+// sequences (LlamaActivations::k, v).
+void plan_activations(const LlamaConfig& c, int64_t rows, bool kv, BufferPlan* plan,
+                      LlamaActivations* a) {
+    a->rows = int(rows);
+    plan->add(&a->ids, GgmlType::kI32, rows, 1);
+    plan->add(&a->positions, GgmlType::kI32, rows, 1);
+    for (Tensor* t : {&a->x, &a->norm})
+        plan->add(t, GgmlType::kF32, c.n_embd, rows);
+    for (Tensor* t : {&a->q, &a->attn})
+        plan->add(t, GgmlType::kF32, c.q_dim(), rows);
+    plan->add(&a->gate, GgmlType::kF32, c.n_ff, rows);
+    plan->add(&a->up, GgmlType::kF32, c.n_ff, rows);
+    plan->add(&a->logits, GgmlType::kF32, c.n_vocab, rows);
+    if (c.residual_through_scratch()) plan->add(&a->post, GgmlType::kF32, c.n_embd, rows);
+    if (kv)
+        for (Tensor* t : {&a->k, &a->v})
+            plan->add(t, GgmlType::kF32, c.kv_dim(), rows);
+}
+
+// A tensor of rows of whole heads seen as one row per head.
+Tensor per_head(const Tensor& t, int head_dim) {
+    return {t.buffer, t.offset, t.type, head_dim, t.rows * (t.cols / head_dim)};
+}
+
+}  // namespace
+
 Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batch,
                             std::unique_ptr<LlamaContext>* out) {
     if (n_ctx <= 0) return InvalidArgument("context length out of range");
@@ -359,19 +388,9 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
         plan.add(&ctx->k_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx);
         plan.add(&ctx->v_cache_[size_t(l)], GgmlType::kF32, c.kv_dim(), n_ctx);
     }
-    const int64_t b = max_batch;
     plan.add(&ctx->rope_table_, GgmlType::kF32, c.n_rot, n_ctx);
-    plan.add(&ctx->ids_, GgmlType::kI32, b, 1);
-    plan.add(&ctx->positions_, GgmlType::kI32, b, 1);
-    for (Tensor* t : {&ctx->x_, &ctx->norm_})
-        plan.add(t, GgmlType::kF32, c.n_embd, b);
-    for (Tensor* t : {&ctx->q_, &ctx->attn_})
-        plan.add(t, GgmlType::kF32, c.q_dim(), b);
-    plan.add(&ctx->gate_, GgmlType::kF32, c.n_ff, b);
-    plan.add(&ctx->up_, GgmlType::kF32, c.n_ff, b);
-    plan.add(&ctx->logits_, GgmlType::kF32, c.n_vocab, b);
     if (c.rope_base_local > 0) plan.add(&ctx->rope_table_local_, GgmlType::kF32, c.n_rot, n_ctx);
-    if (c.residual_through_scratch()) plan.add(&ctx->post_, GgmlType::kF32, c.n_embd, b);
+    plan_activations(c, max_batch, false, &plan, &ctx->acts_);
     SPECULA_TRY(
         plan.check_fits(model.backend_, "a context of " + std::to_string(n_ctx) + " tokens"));
     if (n_ctx > kMaxContext)
@@ -401,48 +420,57 @@ Status LlamaContext::create(const LlamaModel& model, int64_t n_ctx, int max_batc
     return Status::Ok();
 }
 
-namespace {
-// A tensor of rows of whole heads seen as one row per head.
-Tensor per_head(const Tensor& t, int head_dim) {
-    return {t.buffer, t.offset, t.type, head_dim, t.rows * (t.cols / head_dim)};
-}
-}  // namespace
-
 Status LlamaContext::record(const Tensor& ids, bool all_rows) {
-    const LlamaConfig& c = model_.config();
     const int n = int(ids.cols);
     if (n == 0 || n > max_batch_)
         return InvalidArgument("forward needs 1.." + std::to_string(max_batch_) + " tokens");
-    if (n_past_ + n > n_ctx_)
-        return {SPECULA_ERR_CONTEXT_FULL,
-                "the context of " + std::to_string(n_ctx_) + " tokens is full"};
+    const Segment segment{this, n};
+    return record_segments(model_, acts_, ids, std::span(&segment, 1), all_rows);
+}
 
-    Backend& be = model_.backend_;
-    std::vector<int32_t> positions(static_cast<size_t>(n));
-    std::iota(positions.begin(), positions.end(), n_past_);
-    Tensor pos_n = positions_;
+Status LlamaContext::record_segments(const LlamaModel& model, const LlamaActivations& a,
+                                     const Tensor& ids, std::span<const Segment> segments,
+                                     bool all_rows) {
+    const LlamaConfig& c = model.config();
+    const int n = int(ids.cols);
+    for (const Segment& s : segments)
+        if (s.ctx->n_past_ + s.rows > s.ctx->n_ctx_)
+            return {SPECULA_ERR_CONTEXT_FULL,
+                    "the context of " + std::to_string(s.ctx->n_ctx_) + " tokens is full"};
+
+    Backend& be = model.backend_;
+    std::vector<int32_t> positions;
+    for (const Segment& s : segments)
+        for (int i = 0; i < s.rows; ++i)
+            positions.push_back(s.ctx->n_past_ + i);
+    Tensor pos_n = a.positions;
     pos_n.cols = n;
     be.upload(pos_n, positions.data());
 
-    const Tensor x = x_.row_range(0, n), h = norm_.row_range(0, n), q = q_.row_range(0, n);
-    const Tensor attn = attn_.row_range(0, n);
-    const Tensor gate = gate_.row_range(0, n), up = up_.row_range(0, n);
-    const Tensor post = c.residual_through_scratch() ? post_.row_range(0, n) : Tensor{};
+    const Tensor x = a.x.row_range(0, n), h = a.norm.row_range(0, n), q = a.q.row_range(0, n);
+    const Tensor attn = a.attn.row_range(0, n);
+    const Tensor gate = a.gate.row_range(0, n), up = a.up.row_range(0, n);
+    const Tensor post = c.residual_through_scratch() ? a.post.row_range(0, n) : Tensor{};
+    // One sequence computes its keys and values straight into its cache rows; several compute
+    // them into a.k and a.v, from where each segment's rows are copied into its cache.
+    LlamaContext& first = *segments.front().ctx;
+    const bool one = segments.size() == 1;
 
-    be.get_rows(model_.token_embd_, ids, x);
+    be.get_rows(model.token_embd_, ids, x);
     if (c.embedding_scale != 1.0f) be.scale(x, c.embedding_scale);
     for (int l = 0; l < c.n_layer; ++l) {
-        const LlamaModel::Layer& L = model_.layers_[size_t(l)];
-        const Tensor& rope_table = c.local_rope(l) ? rope_table_local_ : rope_table_;
+        const LlamaModel::Layer& L = model.layers_[size_t(l)];
+        const Tensor& rope_table = c.local_rope(l) ? first.rope_table_local_ : first.rope_table_;
         // The norms go into h, or stay pending where the backend's matmuls apply them.
         const Backend::MatmulInput attn_in = be.normed(x, L.attn_norm, c.rms_eps, h);
-        // Keys and values are computed straight into their cache rows (F32), keys rotated there.
-        const Tensor k = k_cache_[size_t(l)].row_range(n_past_, n);
-        const Tensor v = v_cache_[size_t(l)].row_range(n_past_, n);
+        const Tensor k =
+            one ? first.k_cache_[size_t(l)].row_range(first.n_past_, n) : a.k.row_range(0, n);
+        const Tensor v =
+            one ? first.v_cache_[size_t(l)].row_range(first.n_past_, n) : a.v.row_range(0, n);
         const Backend::Rope rotation{pos_n, rope_table, c.head_dim, c.n_rot};
         if (c.qk_norm) {
             // Each head normed before the rotation: the projection into attn (free until the
-            // attention), normed into q or the cache rows seen as one row per head, then rotated.
+            // attention), normed into q or the keys seen as one row per head, then rotated.
             for (auto [w, norm, out] : {std::tuple{&L.wq, &L.q_norm, &q}, {&L.wk, &L.k_norm, &k}}) {
                 const Tensor projected{attn.buffer, attn.offset, GgmlType::kF32, out->cols, n};
                 be.matmul(*w, attn_in, projected, Backend::Accumulate::kNo);
@@ -464,17 +492,27 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
             be.matmul_rope(L.wk, attn_in, k, rotation);
             be.matmul(L.wv, attn_in, v, Backend::Accumulate::kNo);
         }
-        be.attention({.q = q,
-                      .k = k_cache_[size_t(l)],
-                      .v = v_cache_[size_t(l)],
-                      .out = attn,
-                      .n_head = c.n_head,
-                      .n_head_kv = c.n_head_kv,
-                      .head_dim = c.head_dim,
-                      .scale = c.attention_scale,
-                      .pos0 = n_past_,
-                      .window = c.window_of(l),
-                      .soft_cap = c.attn_soft_cap});
+        int row = 0;
+        for (const Segment& s : segments) {
+            const Tensor& k_cache = s.ctx->k_cache_[size_t(l)];
+            const Tensor& v_cache = s.ctx->v_cache_[size_t(l)];
+            if (!one) {
+                be.copy(k.row_range(row, s.rows), k_cache.row_range(s.ctx->n_past_, s.rows));
+                be.copy(v.row_range(row, s.rows), v_cache.row_range(s.ctx->n_past_, s.rows));
+            }
+            be.attention({.q = q.row_range(row, s.rows),
+                          .k = k_cache,
+                          .v = v_cache,
+                          .out = attn.row_range(row, s.rows),
+                          .n_head = c.n_head,
+                          .n_head_kv = c.n_head_kv,
+                          .head_dim = c.head_dim,
+                          .scale = c.attention_scale,
+                          .pos0 = s.ctx->n_past_,
+                          .window = c.window_of(l),
+                          .soft_cap = c.attn_soft_cap});
+            row += s.rows;
+        }
         // The residual adds: folded into the products, or after the post-norms or the scale.
         const auto add_output = [&](const Tensor& w, const Tensor& in, const Tensor& post_norm) {
             if (c.post_norms) {
@@ -494,18 +532,65 @@ Status LlamaContext::record(const Tensor& ids, bool all_rows) {
                         gate, up);
         add_output(L.w_down, gate, L.post_ffn_norm);
     }
-    const int first = all_rows ? 0 : n - 1;
-    const int rows = n - first;
-    be.matmul(
-        model_.output_,
-        be.normed(x.row_range(first, rows), model_.output_norm_, c.rms_eps, h.row_range(0, rows)),
-        logits_.row_range(0, rows), Backend::Accumulate::kNo);
-    if (c.final_soft_cap > 0) be.soft_cap(logits_.row_range(0, rows), c.final_soft_cap);
-    if (c.logit_scale > 0) be.scale(logits_.row_range(0, rows), 1.0f / c.logit_scale);
-    n_past_ += n;
-    ++forward_calls_;
-    positions_evaluated_ += uint64_t(n);
+    // One sequence's logits rows go straight to its logits (the last row only, unless
+    // all_rows); several sequences' are computed for every row and each segment's copied out.
+    const int head_first = one && !all_rows ? n - 1 : 0;
+    const int head_rows = n - head_first;
+    const Tensor logits = a.logits.row_range(0, head_rows);
+    be.matmul(model.output_,
+              be.normed(x.row_range(head_first, head_rows), model.output_norm_, c.rms_eps,
+                        h.row_range(0, head_rows)),
+              logits, Backend::Accumulate::kNo);
+    if (c.final_soft_cap > 0) be.soft_cap(logits, c.final_soft_cap);
+    if (c.logit_scale > 0) be.scale(logits, 1.0f / c.logit_scale);
+    int row = 0;
+    for (const Segment& s : segments) {
+        if (!one) {
+            const int kept = all_rows ? s.rows : 1;
+            be.copy(logits.row_range(row + s.rows - kept, kept), s.ctx->logits(kept));
+        }
+        row += s.rows;
+        s.ctx->n_past_ += s.rows;
+        ++s.ctx->forward_calls_;
+        s.ctx->positions_evaluated_ += uint64_t(s.rows);
+    }
     return Status::Ok();
+}
+
+Status LlamaBatch::create(const LlamaModel& model, int max_rows, std::unique_ptr<LlamaBatch>* out) {
+    if (max_rows <= 0 || max_rows > 4096) return InvalidArgument("batch size out of range");
+    std::unique_ptr<LlamaBatch> batch(new LlamaBatch(model));
+    BufferPlan plan;
+    plan_activations(model.config(), max_rows, true, &plan, &batch->acts_);
+    SPECULA_TRY(
+        plan.check_fits(model.backend_, "a batch of " + std::to_string(max_rows) + " sequences"));
+    SPECULA_TRY(plan.allocate(model.backend_, &batch->buffers_));
+    *out = std::move(batch);
+    return Status::Ok();
+}
+
+Status LlamaBatch::record(std::span<LlamaContext* const> contexts,
+                          std::span<const int32_t> tokens) {
+    const size_t n = contexts.size();
+    if (n == 0 || n > size_t(acts_.rows) || tokens.size() != n)
+        return InvalidArgument("a batch steps 1.." + std::to_string(acts_.rows) +
+                               " contexts, one token each");
+    std::vector<LlamaContext::Segment> segments;
+    for (LlamaContext* ctx : contexts) {
+        if (&ctx->model_ != &model_) return InvalidArgument("a batch steps contexts of its model");
+        if (ctx->n_ctx_ != contexts.front()->n_ctx_)
+            return InvalidArgument("a batch steps contexts of one length");
+        for (const LlamaContext::Segment& s : segments)
+            if (s.ctx == ctx) return InvalidArgument("a batch steps a context once");
+        segments.push_back({ctx, 1});
+    }
+    for (int32_t t : tokens)
+        if (t < 0 || t >= model_.config().n_vocab)
+            return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary");
+    Tensor ids = acts_.ids;
+    ids.cols = int64_t(n);
+    model_.backend_.upload(ids, tokens.data());
+    return LlamaContext::record_segments(model_, acts_, ids, segments, true);
 }
 
 }  // namespace specula

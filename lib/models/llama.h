@@ -106,6 +106,7 @@ class LlamaModel {
 
   private:
     friend class LlamaContext;
+    friend class LlamaBatch;
     struct Layer {
         Tensor attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
         Tensor bq, bk, bv;                     // qwen2 only (no buffer otherwise)
@@ -125,6 +126,16 @@ class LlamaModel {
     std::vector<Layer> layers_;
     uint64_t n_params_ = 0, weight_bytes_ = 0;
     GgmlType dominant_type_ = GgmlType::kF32;
+};
+
+// The activations of a forward of up to `rows` positions: a context's own, or a LlamaBatch's
+// shared by the contexts it steps together.
+struct LlamaActivations {
+    Tensor ids, positions, x, norm, q, attn, gate, up, logits, post;
+    // Several sequences' keys and values, before each goes to its own cache (a context computes
+    // its own straight into its cache rows and has none).
+    Tensor k, v;
+    int rows = 0;
 };
 
 // One sequence's state on the backend: the KV cache and the activations of a
@@ -149,11 +160,27 @@ class LlamaContext final : public Decoder {
     void truncate(int n) override { n_past_ = std::min(n_past_, std::max(0, n)); }
 
     Status record(const Tensor& ids, bool all_rows) override;
-    Tensor input_ids(int first, int count) const override { return id_columns(ids_, first, count); }
-    Tensor logits(int rows) const override { return logits_.row_range(0, rows); }
+    Tensor input_ids(int first, int count) const override {
+        return id_columns(acts_.ids, first, count);
+    }
+    Tensor logits(int rows) const override { return acts_.logits.row_range(0, rows); }
 
   private:
+    friend class LlamaBatch;
     explicit LlamaContext(const LlamaModel& model) : model_(model) {}
+
+    // `rows` positions of one context, from its n_past on.
+    struct Segment {
+        LlamaContext* ctx;
+        int rows;
+    };
+    // The forward of every segment's positions, the ids.cols tokens of `ids` in segment order,
+    // through the activations `a` (one matmul per weight for all of them): each context's cache
+    // gets its positions and its logits() the rows (every row of its segment when all_rows,
+    // else the last). The segments' contexts share the first one's rotation tables (one n_ctx).
+    static Status record_segments(const LlamaModel& model, const LlamaActivations& a,
+                                  const Tensor& ids, std::span<const Segment> segments,
+                                  bool all_rows);
 
     const LlamaModel& model_;
     int n_ctx_ = 0, max_batch_ = 0, n_past_ = 0;
@@ -161,8 +188,29 @@ class LlamaContext final : public Decoder {
     uint64_t memory_bytes_ = 0;
     std::vector<std::unique_ptr<Buffer>> buffers_;
     std::vector<Tensor> k_cache_, v_cache_;
-    Tensor rope_table_, ids_, positions_, x_, norm_, q_, attn_, gate_, up_, logits_;
-    Tensor rope_table_local_, post_;  // post_norms: the local layers' rotations, a scratch
+    Tensor rope_table_, rope_table_local_;  // rope_table_local_: Gemma's local layers' rotations
+    LlamaActivations acts_;
+};
+
+// Forwards of several sequences of one model in one pass (concurrent sessions stepped together):
+// each weight is read once for all of them, which on a memory-bound device costs little more
+// than one sequence's forward.
+class LlamaBatch {
+  public:
+    // Activations for up to max_rows positions; OUT_OF_MEMORY before allocating any of them.
+    static Status create(const LlamaModel& model, int max_rows, std::unique_ptr<LlamaBatch>* out);
+    int max_rows() const { return acts_.rows; }
+    // Evaluates tokens[i] at contexts[i]'s next position for every i, each context at most once,
+    // all of this batch's model and of one n_ctx: each context's cache and logits(1) are then
+    // what its own record() of the token leaves, bit for bit where the backend's matmul is batch
+    // invariant up to max_rows() columns (every backend up to kVerificationColumns).
+    Status record(std::span<LlamaContext* const> contexts, std::span<const int32_t> tokens);
+
+  private:
+    explicit LlamaBatch(const LlamaModel& model) : model_(model) {}
+    const LlamaModel& model_;
+    std::vector<std::unique_ptr<Buffer>> buffers_;
+    LlamaActivations acts_;
 };
 
 }  // namespace specula

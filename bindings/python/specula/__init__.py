@@ -377,6 +377,7 @@ class SessionStats:
     last_gamma: int
     n_lookup_drafted: int
     n_lookup_accepted: int
+    n_shared_steps: int  # steps run in one forward with other sessions' (threads at once)
 
 
 def _policy(name: str) -> int:
@@ -529,7 +530,7 @@ class Session(_Handle):
                             s.n_drafted, s.n_accepted, s.n_evaluated, s.acceptance_rate,
                             s.tokens_per_step, s.draft_seconds, s.target_seconds,
                             s.verify_seconds, s.last_gamma, s.n_lookup_drafted,
-                            s.n_lookup_accepted)
+                            s.n_lookup_accepted, s.n_shared_steps)
 
     @property
     def memory(self) -> tuple:

@@ -83,7 +83,7 @@ class SessionStats(Structure):
                 ("accepted_at", c_uint64 * MAX_GAMMA), ("draft_seconds", c_double),
                 ("target_seconds", c_double), ("verify_seconds", c_double),
                 ("last_gamma", c_int32), ("n_lookup_drafted", c_uint64),
-                ("n_lookup_accepted", c_uint64)]
+                ("n_lookup_accepted", c_uint64), ("n_shared_steps", c_uint64)]
 
 
 class AsrModelInfo(Structure):

@@ -105,6 +105,7 @@ int main(void) {
     FIELD(specula_session_stats, last_gamma);
     FIELD(specula_session_stats, n_lookup_drafted);
     FIELD(specula_session_stats, n_lookup_accepted);
+    FIELD(specula_session_stats, n_shared_steps);
     STRUCT(specula_asr_model_info);
     FIELD(specula_asr_model_info, n_vocab);
     FIELD(specula_asr_model_info, n_audio_ctx);
