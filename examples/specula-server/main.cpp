@@ -8,7 +8,11 @@
 // takes a free slot or waits in a bounded queue (429 when it is full). The busy slots' generation
 // steps share one forward each round (specula.h), so throughput grows with the clients.
 // docs/PROGRAMS.md lists the endpoints and flags.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -48,6 +52,67 @@ int64_t now_seconds() {
                std::chrono::system_clock::now().time_since_epoch())
         .count();
 }
+
+// Whether the client of a request whose response is written whole has gone. cpp-httplib (0.11)
+// gives a handler no socket and writes such a response only once it returns, so the connection
+// is found among the process's sockets by its two ends (the request's addresses and ports), once
+// per request, and its peer is checked as generation goes: a peer that closed makes the socket
+// readable with nothing to read (a request sent after this one on the same connection is data,
+// not a close).
+class PeerWatch {
+  public:
+    explicit PeerWatch(const httplib::Request& req) {
+        std::error_code ec;
+        for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+            int fd = -1;
+            try {
+                fd = std::stoi(entry.path().filename().string());
+            } catch (const std::exception&) {
+                continue;
+            }
+            if (is_connection(fd, req)) {
+                fd_ = fd;
+                break;
+            }
+        }
+    }
+    bool gone() const {
+        if (fd_ < 0) return false;
+        pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+        if (poll(&p, 1, 0) <= 0) return false;
+        if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return true;
+        char c = 0;
+        return recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+    }
+
+  private:
+    static std::string address(const sockaddr_storage& a, int* port) {
+        char text[INET6_ADDRSTRLEN] = {};
+        if (a.ss_family == AF_INET) {
+            const auto& in = reinterpret_cast<const sockaddr_in&>(a);
+            *port = ntohs(in.sin_port);
+            inet_ntop(AF_INET, &in.sin_addr, text, sizeof text);
+        } else if (a.ss_family == AF_INET6) {
+            const auto& in6 = reinterpret_cast<const sockaddr_in6&>(a);
+            *port = ntohs(in6.sin6_port);
+            inet_ntop(AF_INET6, &in6.sin6_addr, text, sizeof text);
+        }
+        return text;
+    }
+    static bool is_connection(int fd, const httplib::Request& req) {
+        sockaddr_storage local{}, peer{};
+        socklen_t local_size = sizeof local, peer_size = sizeof peer;
+        if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0 ||
+            getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0)
+            return false;
+        int local_port = -1, peer_port = -1;
+        const std::string local_address = address(local, &local_port);
+        const std::string peer_address = address(peer, &peer_port);
+        return local_port == req.local_port && peer_port == req.remote_port &&
+               local_address == req.local_addr && peer_address == req.remote_addr;
+    }
+    int fd_ = -1;
+};
 
 std::string random_id(const char* prefix) {
     static std::atomic<uint64_t> counter{0};
@@ -289,8 +354,8 @@ bool Server::prompt_tokens(const specula::server::TextRequest& r, std::vector<in
 }
 
 // One generation on a slot's session: its text goes through `stop` and, when streamed, out
-// through `emit` as it may be sent (false from emit: the client is gone, and generation stops);
-// a response written whole reads `stop.text()` at the end.
+// through `emit` as it may be sent; a response written whole reads `stop.text()` at the end and
+// asks `present` after each token. false from either: the client is gone, generation stops.
 struct Outcome {
     specula_status status = SPECULA_OK;
     std::string finish = "length";
@@ -300,7 +365,7 @@ struct Outcome {
 Outcome generate(specula_session* session, const std::vector<int32_t>& prompt, int32_t max_tokens,
                  specula::server::StopText& stop,
                  const std::function<bool(const std::string&)>& emit,
-                 std::atomic<uint64_t>& counter) {
+                 const std::function<bool()>& present, std::atomic<uint64_t>& counter) {
     Outcome out;
     out.usage.prompt_tokens = int64_t(prompt.size());
     if ((out.status = specula_session_eval(session, prompt.data(), prompt.size())) != SPECULA_OK)
@@ -308,9 +373,10 @@ Outcome generate(specula_session* session, const std::vector<int32_t>& prompt, i
     struct State {
         specula::server::StopText& stop;
         const std::function<bool(const std::string&)>& emit;
+        const std::function<bool()>& present;
         std::atomic<uint64_t>& counter;
         bool gone = false;
-    } state{stop, emit, counter};
+    } state{stop, emit, present, counter};
     specula_generate_params gp = specula_generate_default_params();
     gp.max_tokens = max_tokens;
     gp.stop_at_eos = true;
@@ -319,7 +385,8 @@ Outcome generate(specula_session* session, const std::vector<int32_t>& prompt, i
         auto& st = *static_cast<State*>(user);
         ++st.counter;
         const bool stopped = st.stop.add(std::string_view(piece, length));
-        if (st.emit && !st.emit(st.stop.release())) st.gone = true;
+        if ((st.emit && !st.emit(st.stop.release())) || (st.present && !st.present()))
+            st.gone = true;
         return !stopped && !st.gone;
     };
     size_t n = 0;
@@ -375,7 +442,11 @@ void Server::text(const httplib::Request& req, httplib::Response& res, bool chat
     auto r = std::make_shared<specula::server::TextRequest>(std::move(*request));
     if (!r->stream) {
         specula::server::StopText stop(r->stop);
-        Outcome out = generate(session, prompt, max_tokens, stop, nullptr, tokens_generated_);
+        const PeerWatch peer(req);
+        Outcome out = generate(
+            session, prompt, max_tokens, stop, nullptr, [&] { return !peer.gone(); },
+            tokens_generated_);
+        if (out.status == SPECULA_ERR_ABORTED) return;  // the client left: nobody reads a reply
         if (out.status != SPECULA_OK)
             return send_error(res, library_error(out.status, "generation"));
         const std::string text =
@@ -388,44 +459,44 @@ void Server::text(const httplib::Request& req, httplib::Response& res, bool chat
     }
     auto p = std::make_shared<std::vector<int32_t>>(std::move(prompt));
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, lease, session, r, p, id, created, max_tokens](size_t, httplib::DataSink& sink) {
-            const auto event = [&](const Json& j) {
-                const std::string line = "data: " + j.dump() + "\n\n";
-                return sink.write(line.data(), line.size());
-            };
-            bool first = true;
-            const auto chunk = [&](const std::string& text, const std::string& finish) {
-                if (text.empty() && finish.empty() && !first) return true;
-                const bool ok = event(specula::server::completion_chunk(*r, id, model_id_, created,
-                                                                        text, finish, first));
-                first = false;
-                return ok;
-            };
-            if (r->echo && !chunk(specula::server::valid_utf8(r->prompt), "")) return false;
-            specula::server::StopText stop(r->stop);
-            Outcome out = generate(
-                session, *p, max_tokens, stop,
-                [&](const std::string& text) { return chunk(text, ""); }, tokens_generated_);
-            if (out.status == SPECULA_ERR_ABORTED) return false;  // the client left
-            if (out.status != SPECULA_OK) {
-                event(library_error(out.status, "generation").body());
-            } else {
-                if (!chunk(stop.finish(), out.finish)) return false;
-                if (r->include_usage) {
-                    Json usage = specula::server::completion_chunk(*r, id, model_id_, created, "",
-                                                                   "", false);
-                    usage["choices"] = Json::array();
-                    usage["usage"] = out.usage.json();
-                    event(usage);
-                }
+    res.set_chunked_content_provider("text/event-stream", [this, lease, session, r, p, id, created,
+                                                           max_tokens](size_t,
+                                                                       httplib::DataSink& sink) {
+        const auto event = [&](const Json& j) {
+            const std::string line = "data: " + j.dump() + "\n\n";
+            return sink.write(line.data(), line.size());
+        };
+        bool first = true;
+        const auto chunk = [&](const std::string& text, const std::string& finish) {
+            if (text.empty() && finish.empty() && !first) return true;
+            const bool ok = event(
+                specula::server::completion_chunk(*r, id, model_id_, created, text, finish, first));
+            first = false;
+            return ok;
+        };
+        if (r->echo && !chunk(specula::server::valid_utf8(r->prompt), "")) return false;
+        specula::server::StopText stop(r->stop);
+        Outcome out = generate(
+            session, *p, max_tokens, stop, [&](const std::string& text) { return chunk(text, ""); },
+            nullptr, tokens_generated_);
+        if (out.status == SPECULA_ERR_ABORTED) return false;  // the client left
+        if (out.status != SPECULA_OK) {
+            event(library_error(out.status, "generation").body());
+        } else {
+            if (!chunk(stop.finish(), out.finish)) return false;
+            if (r->include_usage) {
+                Json usage =
+                    specula::server::completion_chunk(*r, id, model_id_, created, "", "", false);
+                usage["choices"] = Json::array();
+                usage["usage"] = out.usage.json();
+                event(usage);
             }
-            const std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-            sink.done();
-            return true;
-        });
+        }
+        const std::string done = "data: [DONE]\n\n";
+        sink.write(done.data(), done.size());
+        sink.done();
+        return true;
+    });
 }
 
 void Server::transcription(const httplib::Request& req, httplib::Response& res) {

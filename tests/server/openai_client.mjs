@@ -239,6 +239,23 @@ async function main() {
   const made = h.tokens_generated - start;
   console.log(`disconnect: the generation stopped after ${made} of ${whole} tokens`);
   assert.ok(made < whole / 2, `${made} of ${whole} tokens were generated for a client that left`);
+
+  // The same for a response written whole: the client leaves while it waits.
+  const before = (await health(small.port)).tokens_generated;
+  const leaving = new AbortController();
+  const pending = smallApi.completions.create(request, { signal: leaving.signal }).catch(() => null);
+  await sleep(300);
+  leaving.abort();
+  await pending;
+  h = await health(small.port);
+  for (let i = 0; i < 50 && h.slots_idle !== 1; ++i) {
+    await sleep(100);
+    h = await health(small.port);
+  }
+  assert.equal(h.slots_idle, 1, "the slot is released");
+  const madeWhole = h.tokens_generated - before;
+  console.log(`disconnect (not streamed): the generation stopped after ${madeWhole} of ${whole} tokens`);
+  assert.ok(madeWhole < whole / 2, `${madeWhole} of ${whole} tokens were generated for a client that left`);
 }
 
 main()
