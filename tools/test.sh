@@ -102,11 +102,12 @@ stage "sanitizer tests"
 ctest --test-dir build/sanitize -j "$jobs" --output-on-failure \
   -E 'FirstTokenFollowsTheTargetDistribution|FirstThreeTokensFollowTheTargetsJointLaw|PlantedBugsAtLaterPositionsFailTheJointLaw|PlantedRuleBugsFailTheJointLaw|_vulkan_as_on_a_gpu|_vulkan_without_subgroups|SpeculativeOn\.(GreedyOutputEqualsTheTargetAlone|OneHostWaitPerStep|CachesAreReusedAcrossSteps|PromptLookupGivesTheTargetAlonesOutput|PairsWhoseVocabulariesDifferInPaddingAreTheTargetsOutput|AGemmaPairsGreedyOutputIsTheTargetAlones)/vulkan|WhisperTranscribe\.VulkanGivesTheCpusSegments|stream_hour|stream_transcription|DraftChangesNoTranscript\.OnBackend/vulkan|ModelOnBackend\..*/vulkan_(Q4_1|Q5_0|Q5_1|Q4_K|Q5_K)$|parity_numpy_.*_(1b|2b|0_5b|0_6b|mini)_(f16|q4_0)|tokenizer_oracle_gemma[23]'
 
-stage "ThreadSanitizer: sessions sharing a model from several threads"
+stage "ThreadSanitizer: sessions sharing a model from several threads, their steps shared"
 cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPECULA_SANITIZE_THREAD=ON \
   -DSPECULA_CUDA=OFF -DSPECULA_VULKAN=OFF >/dev/null
-cmake --build build/tsan -j "$jobs" --target test_api
+cmake --build build/tsan -j "$jobs" --target test_api test_batch
 TSAN_OPTIONS=halt_on_error=1 build/tsan/tests/test_api --gtest_filter='Api.SessionsOnOneModelFromFourThreads'
+TSAN_OPTIONS=halt_on_error=1 build/tsan/tests/test_batch --gtest_filter='Batch.SessionsOnThreads*'
 
 # The fuzz targets of the sanitizer build, each from a seed corpus of valid files.
 fuzz=build/sanitize/tools
@@ -172,6 +173,6 @@ if [ "$(uname -m)" = x86_64 ] && [ "${SPECULA_SKIP_AARCH64:-0}" != 1 ]; then
   # backend's, and the random models' drawing, which stalled under qemu-user) and sessions on
   # several threads, the quantizer (about 190 s of emulated time).
   ctest --test-dir build/aarch64 -L cpu -LE 'tokenizer|whisper' -j "$jobs" --timeout 900 --output-on-failure \
-    -E 'parity_numpy_cpu_(q4_1|q5_0|q5_1|q5_k|qwen3_q8_0|rope_scaling|phi3_.*_q8_0|gemma[23]_q8_0|granite_q8_0)|parity_numpy_cpu_q[456]_k_float_inputs|parity_numpy_cpu_.*_(1b|2b|0_5b|0_6b|mini)_(f16|q4_0)|ThreadCountDoesNotChangeLogits|AreOneStreamOnAnyNumberOfThreads|SessionsOnOneModelFromFourThreads|AQuantizedModelLoadsAndStaysCloseToItsSource'
+    -E 'parity_numpy_cpu_(q4_1|q5_0|q5_1|q5_k|qwen3_q8_0|rope_scaling|phi3_.*_q8_0|gemma[23]_q8_0|granite_q8_0)|parity_numpy_cpu_q[456]_k_float_inputs|parity_numpy_cpu_.*_(1b|2b|0_5b|0_6b|mini)_(f16|q4_0)|ThreadCountDoesNotChangeLogits|AreOneStreamOnAnyNumberOfThreads|SessionsOnOneModelFromFourThreads|SessionsOnThreadsGenerate|AQuantizedModelLoadsAndStaysCloseToItsSource'
 fi
 stage "done"
