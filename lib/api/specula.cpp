@@ -35,10 +35,11 @@ namespace {
 // to a batch) and runs them under the backend's turn while the others wait, then wakes them.
 // Several steps are one plain step each in one forward (LlamaBatch), which reads each weight
 // once for all of them; a step alone is the session's own (with its drafts). A group starts
-// once every generating session has asked for its step, or kGather after the first asked:
-// the sessions a group woke ask again within microseconds (after their token callbacks), and a
-// group that left one of them out would make it step alone next, splitting every later round
-// in two.
+// once every generating session has asked for its step, or after the first asked has waited as
+// long as the last group ran (at most kGather): the sessions a group woke ask again within
+// microseconds (after their token callbacks), and a group that left one of them out would make
+// it step alone next, splitting every later round in two; a session slower than that (an app's
+// callback) costs the others no more than the step it would have shared.
 struct StepQueue {
     static constexpr std::chrono::milliseconds kGather{5};
     struct Request {
@@ -54,6 +55,7 @@ struct StepQueue {
     std::vector<Request*> waiting;
     int generating = 0;  // threads in specula_generate on the model's sessions
     bool running = false;
+    Clock::duration last_run{};  // of the last group
     // Created at the first shared step, under the backend's turn; null while none fits (the
     // steps then run one after another).
     std::unique_ptr<LlamaBatch> batch;
@@ -166,7 +168,8 @@ Status step_together(specula_session* s, int max_tokens, std::vector<int32_t>* o
         }
         if (q.waiting.size() < size_t(q.generating) &&
             q.waiting.size() < size_t(kVerificationColumns)) {
-            const auto until = q.waiting.front()->asked + StepQueue::kGather;
+            const auto until = q.waiting.front()->asked +
+                               std::min<Clock::duration>(q.last_run, StepQueue::kGather);
             if (Clock::now() < until) {
                 q.woken.wait_until(lock, until);
                 continue;
@@ -178,6 +181,7 @@ Status step_together(specula_session* s, int max_tokens, std::vector<int32_t>* o
                                                q.waiting.begin() + std::ptrdiff_t(n));
         q.waiting.erase(q.waiting.begin(), q.waiting.begin() + std::ptrdiff_t(n));
         lock.unlock();
+        const auto started = Clock::now();
         try {
             run_steps(*s->model, group);
         } catch (const std::bad_alloc&) {
@@ -188,6 +192,7 @@ Status step_together(specula_session* s, int max_tokens, std::vector<int32_t>* o
                 r->status = {SPECULA_ERR_INTERNAL, std::string("internal error: ") + e.what()};
         }
         lock.lock();
+        q.last_run = Clock::now() - started;
         q.running = false;
         for (StepQueue::Request* r : group)
             r->done = true;
