@@ -767,7 +767,7 @@ TEST_P(SpeculativeOn, OneHostWaitPerStep) {
         sp.top_k = 40;
         sp.gamma_policy = SPECULA_GAMMA_HEURISTIC;
         sp.coupled_acceptance = coupled;
-        const Generation run = generate(GetParam(), models().target, models().close_draft, sp, 48);
+        const Generation run = generate(GetParam(), models().target, models().close_draft, sp, 24);
         ASSERT_EQ(run.status, SPECULA_OK) << specula_last_error();
         EXPECT_GT(run.stats.n_drafted, 0u);
         EXPECT_EQ(run.stats.n_host_waits - run.waits_before_generate, run.stats.n_steps);
