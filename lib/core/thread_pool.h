@@ -3,7 +3,11 @@
 //
 // A decode step runs a few hundred short loops, so waking workers must cost far less than
 // a loop: after a loop the workers spin for a while (the next loop usually follows within
-// microseconds) and only then sleep on an atomic wait.
+// microseconds) and only then sleep on an atomic wait. The spins are short (50 µs for an idle
+// worker, tens of microseconds for the caller waiting on the workers) because a thread that
+// spins while another lost its core keeps that one from running: beside another busy program
+// on as many cores, longer spins made a stream transcription 11x slower than alone (50 µs:
+// 5x), and no faster alone.
 #pragma once
 
 #include <atomic>
