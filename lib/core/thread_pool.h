@@ -6,7 +6,7 @@
 // microseconds) and only then sleep on an atomic wait. The spins are short (50 µs for an idle
 // worker, tens of microseconds for the caller waiting on the workers) because a thread that
 // spins while another lost its core keeps that one from running: beside another busy program
-// on as many cores, longer spins made a stream transcription 15x slower than alone (these:
+// on as many cores, longer spins made a stream transcription 12x slower than alone (these:
 // 5x), and no faster alone.
 #pragma once
 
