@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cstring>
 #include <thread>
 
@@ -35,15 +36,6 @@ std::string model_file(const Case& c, uint64_t seed = 21) {
         spec);
 }
 
-std::unique_ptr<LlamaModel> load(Backend& backend, const std::string& path) {
-    std::unique_ptr<MappedFile> file;
-    EXPECT_TRUE(MappedFile::open(path, &file).ok());
-    std::unique_ptr<LlamaModel> m;
-    const Status s = LlamaModel::load(backend, std::move(file), nullptr, &m);
-    EXPECT_TRUE(s.ok()) << s.message();
-    return m;
-}
-
 std::vector<float> logits_of(LlamaContext& ctx) {
     std::vector<float> out(size_t(ctx.n_vocab()));
     EXPECT_TRUE(ctx.backend().download(ctx.logits(1), out.data()).ok());
@@ -65,7 +57,7 @@ TEST_P(BatchOn, EachContextGetsWhatItsOwnForwardGives) {
     std::string why;
     auto backend = test::try_backend(c.kind, &why);
     if (!backend) GTEST_SKIP() << why;
-    auto model = load(*backend, model_file(c));
+    auto model = test::load_llama(*backend, model_file(c));
     constexpr int kSequences = 3;
     std::unique_ptr<LlamaBatch> batch;
     ASSERT_TRUE(LlamaBatch::create(*model, int(kVerificationColumns), &batch).ok());
@@ -119,8 +111,8 @@ TEST(Batch, RefusesWhatItCannotStepAndChangesNothing) {
     auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
     ASSERT_NE(backend, nullptr) << why;
     const Case c{SPECULA_BACKEND_CPU, "llama", GgmlType::kQ8_0};
-    auto model = load(*backend, model_file(c));
-    auto other = load(*backend, model_file(c, 22));
+    auto model = test::load_llama(*backend, model_file(c));
+    auto other = test::load_llama(*backend, model_file(c, 22));
     std::unique_ptr<LlamaBatch> batch;
     ASSERT_TRUE(LlamaBatch::create(*model, 2, &batch).ok());
     EXPECT_EQ(batch->max_rows(), 2);
@@ -165,8 +157,8 @@ TEST(Batch, PlainStepsTogetherEmitWhatEachEmitsAlone) {
     auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
     ASSERT_NE(backend, nullptr) << why;
     const Case c{SPECULA_BACKEND_CPU, "llama", GgmlType::kQ8_0};
-    auto model = load(*backend, model_file(c));
-    auto draft_model = load(*backend, model_file(c, 23));
+    auto model = test::load_llama(*backend, model_file(c));
+    auto draft_model = test::load_llama(*backend, model_file(c, 23));
     std::unique_ptr<LlamaBatch> batch;
     ASSERT_TRUE(LlamaBatch::create(*model, 4, &batch).ok());
     for (float temperature : {0.0f, 0.8f}) {
@@ -258,7 +250,11 @@ TEST(Batch, SessionsOnThreadsGenerateWhatEachGeneratesAlone) {
             }
             ASSERT_EQ(specula_session_create(target, &sp, &sessions[i]), SPECULA_OK);
         }
-        const auto run = [&](size_t i, std::vector<int32_t>* out) {
+        // The threads' generations run in step: each token waits for every session's token of
+        // the same rank (a session that ends leaves the barrier), so that they all generate at
+        // once however the threads are scheduled; alone, nothing waits.
+        std::barrier<> in_step{std::ptrdiff_t(n)};
+        const auto run = [&](size_t i, std::vector<int32_t>* out, bool together) {
             specula_session* s = sessions[i];
             EXPECT_EQ(specula_session_reset(s), SPECULA_OK);
             std::vector<int32_t> ids(512);
@@ -270,18 +266,26 @@ TEST(Batch, SessionsOnThreadsGenerateWhatEachGeneratesAlone) {
             specula_generate_params gp = specula_generate_default_params();
             gp.max_tokens = kTokens;
             gp.stop_at_eos = false;
+            if (together) {
+                gp.on_token_user_data = &in_step;
+                gp.on_token = [](int32_t, const char*, size_t, void* barrier) {
+                    static_cast<std::barrier<>*>(barrier)->arrive_and_wait();
+                    return true;
+                };
+            }
             out->assign(kTokens, -1);
             size_t got = 0;
             EXPECT_EQ(specula_generate(s, &gp, out->data(), out->size(), &got), SPECULA_OK)
                 << specula_last_error();
             EXPECT_EQ(got, size_t(kTokens));
+            if (together) in_step.arrive_and_drop();
         };
         std::vector<std::vector<int32_t>> alone(n), together(n);
         for (size_t i = 0; i < n; ++i)
-            run(i, &alone[i]);
+            run(i, &alone[i], false);
         std::vector<std::thread> threads;
         for (size_t i = 0; i < n; ++i)
-            threads.emplace_back(run, i, &together[i]);
+            threads.emplace_back(run, i, &together[i], true);
         for (std::thread& t : threads)
             t.join();
         uint64_t shared = 0;
@@ -293,7 +297,7 @@ TEST(Batch, SessionsOnThreadsGenerateWhatEachGeneratesAlone) {
             shared += st.n_shared_steps;
             specula_session_free(sessions[i]);
         }
-        // Four threads each stepping 48 times find each other waiting.
+        // Four sessions generating in step find each other waiting.
         EXPECT_GT(shared, 0u);
     }
     specula_model_free(draft);

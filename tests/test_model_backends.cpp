@@ -26,15 +26,6 @@ std::string model_file(GgmlType type) {
                             test::small_spec(type, 11));
 }
 
-std::unique_ptr<LlamaModel> load(Backend& backend, const std::string& path) {
-    std::unique_ptr<MappedFile> file;
-    EXPECT_TRUE(MappedFile::open(path, &file).ok());
-    std::unique_ptr<LlamaModel> m;
-    const Status s = LlamaModel::load(backend, std::move(file), nullptr, &m);
-    EXPECT_TRUE(s.ok()) << s.message();
-    return m;
-}
-
 const std::vector<int32_t> kTokens = {1, 15043, 3186, 29892, 920, 526, 366, 29973, 306, 626};
 
 struct Case {
@@ -55,7 +46,7 @@ TEST_P(ModelOnBackend, LogitsMatchTheCpu) {
         create_cpu_backend(2, test::with_path(&specula_backend_options::int8_inputs, int_inputs));
     const double tolerance = int_inputs ? 4e-3 : 1e-4;
     const std::string path = model_file(GetParam().type);
-    auto mg = load(*gpu, path), mc = load(*cpu, path);
+    auto mg = test::load_llama(*gpu, path), mc = test::load_llama(*cpu, path);
     std::unique_ptr<LlamaContext> cg, cc;
     ASSERT_TRUE(LlamaContext::create(*mg, 64, 16, &cg).ok());
     ASSERT_TRUE(LlamaContext::create(*mc, 64, 16, &cc).ok());
@@ -75,7 +66,7 @@ TEST_P(ModelOnBackend, LogitsMatchTheCpu) {
 // in a batch.
 TEST_P(ModelOnBackend, BatchInvariance) {
     SPECULA_BACKEND_OR_SKIP(gpu, GetParam().kind);
-    auto m = load(*gpu, model_file(GetParam().type));
+    auto m = test::load_llama(*gpu, model_file(GetParam().type));
     constexpr int kWidest = SPECULA_MAX_GAMMA + 1;  // the last token and every draft
     std::vector<int32_t> tokens(2 + kWidest);
     for (size_t i = 0; i < tokens.size(); ++i)
@@ -164,7 +155,7 @@ TEST(VulkanWeightParts, AWeightInPartsGivesTheSameLogits) {
     ASSERT_TRUE(parts) << why;
     {
         const std::string path = model_file(GgmlType::kQ8_0);
-        auto a = load(*whole, path), b = load(*parts, path);
+        auto a = test::load_llama(*whole, path), b = test::load_llama(*parts, path);
         std::vector<int32_t> tokens(24);
         for (size_t i = 0; i < tokens.size(); ++i)
             tokens[i] = kTokens[i % kTokens.size()] + int32_t(i);

@@ -5,10 +5,14 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "model_maker.h"
+#include "models/llama.h"
 #include "platform/mapped_file.h"
 
 namespace specula::test {
@@ -51,6 +55,17 @@ inline RandomLlamaSpec small_spec(GgmlType type, uint64_t seed) {
 }
 
 // A small random Llama model with the SentencePiece vocabulary, written once per spec.
+// The Llama-family model of a GGUF file on `backend` (a failed test and null when it does not
+// load).
+inline std::unique_ptr<LlamaModel> load_llama(Backend& backend, const std::string& path) {
+    std::unique_ptr<MappedFile> file;
+    EXPECT_TRUE(MappedFile::open(path, &file).ok());
+    std::unique_ptr<LlamaModel> m;
+    const Status s = LlamaModel::load(backend, std::move(file), nullptr, &m);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return m;
+}
+
 inline std::string make_model(const std::string& name, RandomLlamaSpec spec) {
     if (spec.vocab_path.empty()) spec.vocab_path = data_path("ggml-vocab-llama-spm.gguf");
     const std::string path = (temp_dir() / (name + ".gguf")).string();

@@ -47,7 +47,7 @@ struct StepQueue {
         int max_tokens;
         std::vector<int32_t>* out;
         Status status;
-        std::chrono::steady_clock::time_point asked;
+        Clock::time_point asked;
         bool done = false;
     };
     std::mutex mutex;
