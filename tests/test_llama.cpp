@@ -324,8 +324,9 @@ TEST(CpuKernels, GatedActivationsAreTheirDefinitions) {
 // kernels.h's definition of the integer matmul, restated with plain integers and std::fma:
 // inputs quantized per block (nearest even of x * (1 / dx)), then per weight row and input,
 // over the blocks in order, acc = fma(sum qw * qx, dw * dx, acc); for the types with a min
-// (x = d1 * q - m1) then also acc = fma(sum qx, -(m1 * dx), acc); Q6_K's sum is s_lo * sum_lo
-// (q - 32) qx + s_hi * sum_hi (q - 32) qx over the halves of the block. Compared for a row count
+// (x = d1 * q - m1) then also acc = fma(dx * sum qx, -m1, acc); Q6_K's per half of the block,
+// with q = the weight + 32 and d_half = dw * s_half: acc = fma(sum_half q qx, d_half * dx, acc)
+// and the offsets' acc = fma(dx * sum_half qx, -32 d_half, acc). Compared for a row count
 // that is no whole number of groups and more inputs than one tile, with the weights packed
 // beforehand and as they are used.
 class IntegerMatmul : public ::testing::TestWithParam<GgmlType> {};
@@ -354,24 +355,28 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
 
     std::vector<int8_t> q(x.size());
     std::vector<float> d(x.size() / 32);
-    std::vector<int32_t> sums(d.size()), sums_lo(d.size());
-    cpu::quantize_inputs(x.data(), kN, kCols, q.data(), d.data(), sums.data(), sums_lo.data());
+    std::vector<int32_t> sums(d.size());
+    std::vector<float> dsums(d.size()), dsums_lo(d.size()), dsums_hi(d.size());
+    cpu::quantize_inputs(
+        x.data(), int64_t(d.size()),
+        {q.data(), d.data(), sums.data(), dsums.data(), dsums_lo.data(), dsums_hi.data()});
     for (size_t b = 0; b < d.size(); ++b) {
         float amax = 0.0f;
         for (int j = 0; j < 32; ++j)
             amax = std::max(amax, std::fabs(x[b * 32 + size_t(j)]));
         const float dx = amax / 127.0f, inv = dx != 0.0f ? 1.0f / dx : 0.0f;
         ASSERT_EQ(d[b], dx) << "block " << b;
-        int32_t sum = 0;
+        int32_t sum = 0, sum_lo = 0;
         for (int j = 0; j < 32; ++j) {
             const size_t i = b * 32 + size_t(j);
             ASSERT_EQ(q[i], int8_t(std::nearbyint(x[i] * inv))) << "input " << i;
             sum += q[i];
-            if (j == 15) {
-                ASSERT_EQ(sums_lo[b], sum) << "block " << b;
-            }
+            if (j == 15) sum_lo = sum;
         }
         ASSERT_EQ(sums[b], sum) << "block " << b;
+        ASSERT_EQ(dsums[b], dx * float(sum)) << "block " << b;
+        ASSERT_EQ(dsums_lo[b], dx * float(sum_lo)) << "block " << b;
+        ASSERT_EQ(dsums_hi[b], dx * float(sum - sum_lo)) << "block " << b;
     }
 
     // Weight (r, j) as an integer, and the block's scale and min (x = scale * q - min).
@@ -474,12 +479,16 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
                     float s[2] = {0.0f, 0.0f};
                     for (int64_t j = b * 32; j < b * 32 + 32; ++j)
                         half[(j % 32) / 16] +=
-                            q6(r, j, &s[(j % 32) / 16]) * q[size_t(c * kCols + j)];
-                    const auto exact = int32_t(s[0]) * half[0] + int32_t(s[1]) * half[1];
+                            (q6(r, j, &s[(j % 32) / 16]) + 32) * q[size_t(c * kCols + j)];
                     const float dw = half_to_float(
                         reinterpret_cast<const BlockQ6_K*>(w.data() + size_t(r) * row_bytes)[b / 8]
                             .d);
-                    acc = std::fma(float(exact), dw * dx, acc);
+                    const float d_lo = dw * s[0], d_hi = dw * s[1];
+                    const size_t i = size_t(c * kBlocks + b);
+                    acc = std::fma(float(half[0]), d_lo * dx, acc);
+                    acc = std::fma(float(half[1]), d_hi * dx, acc);
+                    acc = std::fma(dsums_lo[i], -32.0f * d_lo, acc);
+                    acc = std::fma(dsums_hi[i], -32.0f * d_hi, acc);
                     continue;
                 }
                 int32_t isum = 0;
@@ -497,7 +506,7 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
                         small_block(r, b * 32, &d, &m);
                         m1 = -m;
                     }
-                    acc = std::fma(float(sums[size_t(c * kBlocks + b)]), -(m1 * dx), acc);
+                    acc = std::fma(dsums[size_t(c * kBlocks + b)], -m1, acc);
                 }
             }
             expected[size_t(c * kRows + r)] = acc;
@@ -507,7 +516,8 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
 
     std::vector<uint8_t> packed(cpu::packed_bytes(type, kRows, kCols));
     cpu::pack_rows(type, w.data(), row_bytes, kRows, kCols, 0, (kRows + 15) / 16, packed.data());
-    const cpu::QuantizedInputs qx{q.data(), d.data(), sums.data(), kCols, sums_lo.data()};
+    const cpu::QuantizedInputs qx{q.data(),     d.data(),        sums.data(),    kCols,
+                                  dsums.data(), dsums_lo.data(), dsums_hi.data()};
     for (const uint8_t* p : {static_cast<const uint8_t*>(packed.data()), (const uint8_t*)nullptr}) {
         std::vector<float> out(expected.size(), -1.0f);
         cpu::MatmulArgs a{type, w.data(), row_bytes, kCols, x.data(), kN, out.data(), kRows, false};

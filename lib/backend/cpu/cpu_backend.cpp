@@ -770,17 +770,20 @@ class CpuBackend final : public Backend {
         const OpProfile::Scope timed(profile_, "quantize");
         const size_t n = size_t(x.rows * x.cols);
         q_.resize(n);
-        d_.resize(n / 32);
+        for (auto* v : {&d_, &dsums_, &dsums_lo_, &dsums_hi_})
+            v->resize(n / 32);
         sums_.resize(n / 32);
-        sums_lo_.resize(n / 32);
         // Blocks of 32 are quantized one by one, so any split gives the same values; a block
         // costs about as much as 128 multiply-adds (a prompt's rows are split, a token's not).
         const float* xf = f32(x);
         parallel_for(n / 32, 128, [&](size_t b0, size_t b1) {
-            cpu::quantize_inputs(xf + b0 * 32, int64_t(b1 - b0), 32, q_.data() + b0 * 32,
-                                 d_.data() + b0, sums_.data() + b0, sums_lo_.data() + b0);
+            cpu::quantize_inputs(
+                xf + b0 * 32, int64_t(b1 - b0),
+                {q_.data() + b0 * 32, d_.data() + b0, sums_.data() + b0, dsums_.data() + b0,
+                 dsums_lo_.data() + b0, dsums_hi_.data() + b0});
         });
-        qx_ = {q_.data(), d_.data(), sums_.data(), x.cols, sums_lo_.data()};
+        qx_ = {q_.data(),     d_.data(),        sums_.data(),    x.cols,
+               dsums_.data(), dsums_lo_.data(), dsums_hi_.data()};
         quantized_from_ = {x.buffer, x.offset, x.bytes(), x.cols, x.rows};
         return &qx_;
     }
@@ -821,8 +824,8 @@ class CpuBackend final : public Backend {
     ThreadPool pool_;
     bool int8_inputs_;       // options.int8_inputs
     std::vector<int8_t> q_;  // quantized(): the inputs of the current matmul
-    std::vector<float> d_;
-    std::vector<int32_t> sums_, sums_lo_;
+    std::vector<float> d_, dsums_, dsums_lo_, dsums_hi_;
+    std::vector<int32_t> sums_;
     cpu::QuantizedInputs qx_;
     struct {  // where qx_ was read from
         const Buffer* buffer = nullptr;

@@ -512,12 +512,11 @@ void PackRows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows,
 using DI = hn::Rebind<int32_t, DF>;
 using VI = hn::Vec<DI>;
 
-void QuantizeInputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum,
-                    int32_t* sum_lo) {
+void QuantizeInputs(const float* x, int64_t blocks, const QuantizedInputsOut& out) {
     const DF df;
     const DI di;
     const hn::Rebind<int8_t, DF> d8;
-    for (int64_t blk = 0; blk < n * cols / 32; ++blk) {
+    for (int64_t blk = 0; blk < blocks; ++blk) {
         const float* xb = x + blk * 32;
         VF m = hn::Zero(df);
         for (int k = 0; k < 32 / kLanes; ++k)
@@ -525,6 +524,7 @@ void QuantizeInputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d
         const float dx = hn::GetLane(hn::MaxOfLanes(df, m)) / 127.0f;
         const VF inv = hn::Set(df, dx != 0.0f ? 1.0f / dx : 0.0f);
         VI s = hn::Zero(di);
+        int32_t sum_lo = 0;
         for (int k = 0; k < 32 / kLanes; ++k) {
             const VF v = hn::Mul(hn::LoadU(df, xb + k * kLanes), inv);
 #if HWY_TARGET == HWY_SCALAR
@@ -533,12 +533,16 @@ void QuantizeInputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d
 #else
             const VI qi = hn::NearestInt(v);
 #endif
-            hn::StoreU(hn::DemoteTo(d8, qi), d8, q + blk * 32 + k * kLanes);
+            hn::StoreU(hn::DemoteTo(d8, qi), d8, out.q + blk * 32 + k * kLanes);
             s = hn::Add(s, qi);
-            if ((k + 1) * kLanes == 16) sum_lo[blk] = hn::GetLane(hn::SumOfLanes(di, s));
+            if ((k + 1) * kLanes == 16) sum_lo = hn::GetLane(hn::SumOfLanes(di, s));
         }
-        d[blk] = dx;
-        sum[blk] = hn::GetLane(hn::SumOfLanes(di, s));
+        const int32_t sum = hn::GetLane(hn::SumOfLanes(di, s));
+        out.d[blk] = dx;
+        out.sum[blk] = sum;
+        out.dsum[blk] = dx * float(sum);
+        out.dsum_lo[blk] = dx * float(sum_lo);
+        out.dsum_hi[blk] = dx * float(sum - sum_lo);
     }
 }
 
@@ -739,15 +743,15 @@ SPECULA_INT_KERNEL HWY_INLINE void BlockSums(const uint8_t* blk, int h, const in
 #endif
 }
 
-// With three or more inputs a group's products are bound by arithmetic, not memory, and the
-// hardware prefetcher then fell behind the stream: the next blocks are asked for explicitly,
-// 2 KiB ahead (1B model, Q4_K_M, 2 cores: a forward of 4 positions 30 -> 24 ms, of 8 55 -> 40;
-// of 1 or 2 positions, which stream at the memory's rate, they only slowed it).
+// The next blocks are asked for explicitly, 2 KiB ahead, where the hardware prefetcher falls
+// behind the stream: with three or more inputs, whose products are bound by arithmetic rather
+// than memory, and at every input count where prefetches_every_product() (kernels.h) says so.
 constexpr size_t kPrefetchAhead = 2048;
 constexpr int kPrefetchFromInputs = 3;
 template <GgmlType T, int C, bool kExpanded = false>
 SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x, int64_t c0,
-                                  int rows, float* out, int64_t out_stride, bool accumulate) {
+                                  int rows, float* out, int64_t out_stride, bool accumulate,
+                                  bool prefetch) {
     using P = Packed<T, kExpanded>;
     const DF df;
     const DI di;
@@ -766,7 +770,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
             const uint8_t* blk = P::block(group, b);
             const uint8_t* unit = P::unit(group, b);
             const int8_t* xq = x.q + c0 * x.cols + b * 32;  // input c0 + c at xq + c * x.cols
-            if constexpr (C >= kPrefetchFromInputs)
+            if (C >= kPrefetchFromInputs || prefetch)
                 for (size_t line = 0; line < P::kBytes; line += 64)
                     hwy::Prefetch(blk + kPrefetchAhead + line);
             VI isum[C];
@@ -778,14 +782,18 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
                 const VI s_lo = hn::PromoteTo(di, hn::LoadU(d8, s8));
                 const VI s_hi = hn::PromoteTo(di, hn::LoadU(d8, s8 + kGroupRows));
                 const VF dw = halves(unit, h);
+                // d * s and -(d * (32 * s)) per half: exact (an f16 times an 8- or 13-bit integer)
+                const VF d_lo = hn::Mul(dw, hn::ConvertTo(df, s_lo));
+                const VF d_hi = hn::Mul(dw, hn::ConvertTo(df, s_hi));
+                const VF off_lo = hn::Mul(d_lo, hn::Set(df, -32.0f));
+                const VF off_hi = hn::Mul(d_hi, hn::Set(df, -32.0f));
                 for (int c = 0; c < C; ++c) {
                     const int64_t i = (c0 + c) * nb + b;
-                    const int32_t lo = x.sum_lo[i], high = x.sum[i] - x.sum_lo[i];
-                    const VI exact =
-                        hn::Add(hn::Mul(s_lo, hn::Sub(isum[c], hn::Set(di, P::kOffset * lo))),
-                                hn::Mul(s_hi, hn::Sub(hi[c], hn::Set(di, P::kOffset * high))));
-                    acc[c] = hn::MulAdd(hn::ConvertTo(df, exact), hn::Mul(dw, hn::Set(df, x.d[i])),
-                                        acc[c]);
+                    const VF dx = hn::Set(df, x.d[i]);
+                    acc[c] = hn::MulAdd(hn::ConvertTo(df, isum[c]), hn::Mul(d_lo, dx), acc[c]);
+                    acc[c] = hn::MulAdd(hn::ConvertTo(df, hi[c]), hn::Mul(d_hi, dx), acc[c]);
+                    acc[c] = hn::MulAdd(hn::Set(df, x.dsum_lo[i]), off_lo, acc[c]);
+                    acc[c] = hn::MulAdd(hn::Set(df, x.dsum_hi[i]), off_hi, acc[c]);
                 }
                 continue;
             }
@@ -806,12 +814,19 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
                     d1 = halves(blk, h);
                     m1 = hn::Neg(halves(blk + 2 * kGroupRows, h));
                 }
+                const VF neg_m1 = hn::Neg(m1);
                 for (int c = 0; c < C; ++c) {
                     const int64_t i = (c0 + c) * nb + b;
                     const VF dx = hn::Set(df, x.d[i]);
                     acc[c] = hn::MulAdd(hn::ConvertTo(df, isum[c]), hn::Mul(d1, dx), acc[c]);
-                    acc[c] =
-                        hn::MulAdd(hn::Set(df, float(x.sum[i])), hn::Neg(hn::Mul(m1, dx)), acc[c]);
+#if HWY_NATIVE_FMA
+                    acc[c] = hn::MulAdd(hn::Set(df, x.dsum[i]), neg_m1, acc[c]);
+#else
+                    // Where the product is rounded before the sum, dx * sum qx times m1 made
+                    // the NumPy parity test's Q4_K model (SSE4) round an input the other way
+                    // where no input near a half explains it; sum qx times m1 * dx does not.
+                    acc[c] = hn::MulAdd(hn::Set(df, float(x.sum[i])), hn::Mul(neg_m1, dx), acc[c]);
+#endif
                 }
             } else {
                 const VF dw = halves(blk, h);
@@ -840,7 +855,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
 
 template <GgmlType T>
 using GroupTileFn = void (*)(const uint8_t*, const QuantizedInputs&, int64_t, int, float*, int64_t,
-                             bool);
+                             bool, bool);
 template <GgmlType T, int... Cs>
 constexpr std::array<GroupTileFn<T>, sizeof...(Cs)> GroupTileTable(
     std::integer_sequence<int, Cs...>) {
@@ -855,6 +870,7 @@ constexpr auto kGroupTiles = GroupTileTable<T>(std::make_integer_sequence<int, k
 template <GgmlType T>
 void IntegerMatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
     const size_t group_bytes = Packed<T>::group_bytes(a.cols);
+    const bool prefetch = prefetches_every_product();
     thread_local AlignedVector<uint8_t> scratch, expanded;
 #if HWY_TARGET != HWY_SCALAR
     const bool expand = Packed<T>::kNibbles && a.n >= 2 * kIntCols;
@@ -884,11 +900,12 @@ void IntegerMatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end) 
             if constexpr (Packed<T>::kNibbles) {
                 if (expand && n == kIntCols) {
                     GroupTile<T, kIntCols, true>(expanded.data(), *a.qx, c0, rows, out,
-                                                 a.out_stride, a.accumulate);
+                                                 a.out_stride, a.accumulate, prefetch);
                     continue;
                 }
             }
-            kGroupTiles<T>[size_t(n - 1)](group, *a.qx, c0, rows, out, a.out_stride, a.accumulate);
+            kGroupTiles<T>[size_t(n - 1)](group, *a.qx, c0, rows, out, a.out_stride, a.accumulate,
+                                          prefetch);
         }
     }
 }
@@ -1266,6 +1283,15 @@ HWY_EXPORT(TargetName);
 HWY_EXPORT(PackRows);
 HWY_EXPORT(QuantizeInputs);
 
+bool prefetches_every_product() {
+#if defined(__x86_64__) || defined(__i386__)
+    static const bool amd = __builtin_cpu_is("amd");
+    return !amd;
+#else
+    return false;
+#endif
+}
+
 bool has_integer_kernel(GgmlType type) {
     return is_runnable_weight_type(type) && type != GgmlType::kF32 && type != GgmlType::kF16;
 }
@@ -1277,9 +1303,8 @@ void pack_rows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows
                int64_t group_begin, int64_t group_end, uint8_t* dst) {
     HWY_DYNAMIC_DISPATCH(PackRows)(type, src, row_bytes, rows, cols, group_begin, group_end, dst);
 }
-void quantize_inputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum,
-                     int32_t* sum_lo) {
-    HWY_DYNAMIC_DISPATCH(QuantizeInputs)(x, n, cols, q, d, sum, sum_lo);
+void quantize_inputs(const float* x, int64_t blocks, const QuantizedInputsOut& out) {
+    HWY_DYNAMIC_DISPATCH(QuantizeInputs)(x, blocks, out);
 }
 
 void matmul_rows(const MatmulArgs& args, int64_t row_begin, int64_t row_end) {

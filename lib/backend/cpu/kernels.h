@@ -28,17 +28,26 @@
 
 namespace specula::cpu {
 
-// n rows of cols inputs quantized per block of 32: q (n * cols), the blocks' scales dx, the
-// sums of their qx and the sums of their first 16 qx (n * cols / 32 each).
+// n rows of cols inputs quantized per block of 32: q (n * cols), and per block (n * cols / 32
+// each) its scale dx, the sum of its qx, and dx times the sums of its qx, of its first 16 and
+// of its last 16 (the min and offset terms below take one multiply-add per block and input).
 struct QuantizedInputs {
     const int8_t* q = nullptr;
     const float* d = nullptr;
     const int32_t* sum = nullptr;
     int64_t cols = 0;
-    const int32_t* sum_lo = nullptr;
+    const float* dsum = nullptr;
+    const float* dsum_lo = nullptr;
+    const float* dsum_hi = nullptr;
 };
-void quantize_inputs(const float* x, int64_t n, int64_t cols, int8_t* q, float* d, int32_t* sum,
-                     int32_t* sum_lo);
+// Where quantize_inputs() writes: arrays of the sizes above.
+struct QuantizedInputsOut {
+    int8_t* q;
+    float* d;
+    int32_t* sum;
+    float *dsum, *dsum_lo, *dsum_hi;
+};
+void quantize_inputs(const float* x, int64_t blocks, const QuantizedInputsOut& out);
 
 struct MatmulArgs {
     GgmlType type = GgmlType::kF32;  // one of kWeightTypes (format/quant.h)
@@ -56,21 +65,31 @@ struct MatmulArgs {
     const uint8_t* packed = nullptr;
 };
 
+// Whether the integer kernels prefetch the weights themselves at every input count, not only
+// from three inputs on. Where one input streams at the memory's rate unaided (AMD EPYC, Zen 4:
+// prefetching only slowed a forward of 1 or 2 positions) no; elsewhere yes: on an Intel Xeon
+// (Emerald Rapids) a forward of one position of the 1B Q4_K_M file read its weights at ~14 GB/s
+// of a ~20 GB/s copy rate unaided, and took 42-45 ms against 30-33 prefetched. ARM: untried, no.
+bool prefetches_every_product();
+
 // Rows of a packed quantized matrix per group; the threads split matrices in whole groups.
 constexpr int64_t kGroupRows = 16;
 // Q4_1, Q5_1, Q4_K and Q5_K blocks of 32 have a scale and a min: x = d1 * q - m1 with q >= 0
 // (Q4_1 / Q5_1: d1 = d, m1 = -m). Their product with an input block is, by the same
 // definition with the min's term added,
 //     acc = fma(float(sum_j q[j] * qx[j]), d1 * dx, acc)
-//     acc = fma(float(sum_j qx[j]), -(m1 * dx), acc)
+//     acc = fma(dsum, -m1, acc)
+// (instruction sets without fma: acc + float(sum_j qx[j]) * (-m1 * dx), kernels.cpp says why)
 constexpr bool has_block_min(GgmlType type) {
     return type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1 || type == GgmlType::kQ4_K ||
            type == GgmlType::kQ5_K;
 }
 // Q6_K blocks of 32 have a scale per half (int8 s_lo, s_hi) times the super-block's d: with q
-// in 0..63 and the sums over each half of the block,
-//     I = s_lo * (sum_lo q * qx - 32 sum_lo qx) + s_hi * (sum_hi q * qx - 32 sum_hi qx)
-//     acc = fma(float(I), d * dx, acc)
+// in 0..63 (the weight + 32), the sums over each half of the block and d_lo = d * s_lo (exact),
+//     acc = fma(float(sum_lo q * qx), d_lo * dx, acc)
+//     acc = fma(float(sum_hi q * qx), d_hi * dx, acc)
+//     acc = fma(dsum_lo, -32 * d_lo, acc)
+//     acc = fma(dsum_hi, -32 * d_hi, acc)
 //
 // A packed group takes no more bytes per weight than the file (decode streams the packed
 // copy, so it is as fast as the file is small; kernels.cpp has the layout). Per block and row:
