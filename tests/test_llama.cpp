@@ -353,14 +353,16 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
         v = dist(rng) * 3.0f;
     x[5] = 0.5f;  // a block whose largest |x| is exact
 
-    std::vector<int8_t> q(x.size());
-    std::vector<float> d(x.size() / 32);
-    std::vector<int32_t> sums(d.size());
-    std::vector<float> dsums(d.size()), dsums_lo(d.size()), dsums_hi(d.size());
-    cpu::quantize_inputs(
-        x.data(), int64_t(d.size()),
-        {q.data(), d.data(), sums.data(), dsums.data(), dsums_lo.data(), dsums_hi.data()});
-    for (size_t b = 0; b < d.size(); ++b) {
+    cpu::QuantizedInputArrays arrays;
+    arrays.resize(kN, kCols);
+    const size_t blocks = x.size() / 32;
+    arrays.quantize(x.data(), 0, int64_t(blocks) / 2);  // in two parts, as threads split it
+    arrays.quantize(x.data(), int64_t(blocks) / 2, int64_t(blocks));
+    const cpu::QuantizedInputs& qx = arrays.view();
+    const int8_t* q = qx.q;
+    const float *d = qx.d, *dsums = qx.dsum, *dsums_lo = qx.dsum_lo, *dsums_hi = qx.dsum_hi;
+    const int32_t* sums = qx.sum;
+    for (size_t b = 0; b < blocks; ++b) {
         float amax = 0.0f;
         for (int j = 0; j < 32; ++j)
             amax = std::max(amax, std::fabs(x[b * 32 + size_t(j)]));
@@ -516,8 +518,6 @@ TEST_P(IntegerMatmul, IsTheDefinedSum) {
 
     std::vector<uint8_t> packed(cpu::packed_bytes(type, kRows, kCols));
     cpu::pack_rows(type, w.data(), row_bytes, kRows, kCols, 0, (kRows + 15) / 16, packed.data());
-    const cpu::QuantizedInputs qx{q.data(),     d.data(),        sums.data(),    kCols,
-                                  dsums.data(), dsums_lo.data(), dsums_hi.data()};
     for (const uint8_t* p : {static_cast<const uint8_t*>(packed.data()), (const uint8_t*)nullptr}) {
         std::vector<float> out(expected.size(), -1.0f);
         cpu::MatmulArgs a{type, w.data(), row_bytes, kCols, x.data(), kN, out.data(), kRows, false};

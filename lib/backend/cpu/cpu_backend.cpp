@@ -766,26 +766,16 @@ class CpuBackend final : public Backend {
         if (!int8_inputs_ || !cpu::has_integer_kernel(type)) return nullptr;
         if (quantized_from_.buffer == x.buffer && quantized_from_.offset == x.offset &&
             quantized_from_.rows == x.rows && quantized_from_.cols == x.cols)
-            return &qx_;
+            return &qx_.view();
         const OpProfile::Scope timed(profile_, "quantize");
-        const size_t n = size_t(x.rows * x.cols);
-        q_.resize(n);
-        for (auto* v : {&d_, &dsums_, &dsums_lo_, &dsums_hi_})
-            v->resize(n / 32);
-        sums_.resize(n / 32);
-        // Blocks of 32 are quantized one by one, so any split gives the same values; a block
-        // costs about as much as 128 multiply-adds (a prompt's rows are split, a token's not).
+        qx_.resize(x.rows, x.cols);
+        // A block costs about as much as 128 multiply-adds (a prompt's rows are split, a
+        // token's not).
         const float* xf = f32(x);
-        parallel_for(n / 32, 128, [&](size_t b0, size_t b1) {
-            cpu::quantize_inputs(
-                xf + b0 * 32, int64_t(b1 - b0),
-                {q_.data() + b0 * 32, d_.data() + b0, sums_.data() + b0, dsums_.data() + b0,
-                 dsums_lo_.data() + b0, dsums_hi_.data() + b0});
-        });
-        qx_ = {q_.data(),     d_.data(),        sums_.data(),    x.cols,
-               dsums_.data(), dsums_lo_.data(), dsums_hi_.data()};
+        parallel_for(size_t(x.rows * x.cols / 32), 128,
+                     [&](size_t b0, size_t b1) { qx_.quantize(xf, int64_t(b0), int64_t(b1)); });
         quantized_from_ = {x.buffer, x.offset, x.bytes(), x.cols, x.rows};
-        return &qx_;
+        return &qx_.view();
     }
 
     // fn(begin, end) over the rows of w in whole tiles, for `matrices` matrices of w's shape.
@@ -822,12 +812,9 @@ class CpuBackend final : public Backend {
     specula_device_info info_{};
     OpProfile profile_;
     ThreadPool pool_;
-    bool int8_inputs_;       // options.int8_inputs
-    std::vector<int8_t> q_;  // quantized(): the inputs of the current matmul
-    std::vector<float> d_, dsums_, dsums_lo_, dsums_hi_;
-    std::vector<int32_t> sums_;
-    cpu::QuantizedInputs qx_;
-    struct {  // where qx_ was read from
+    bool int8_inputs_;              // options.int8_inputs
+    cpu::QuantizedInputArrays qx_;  // quantized(): the inputs of the current matmul
+    struct {                        // where qx_ was read from
         const Buffer* buffer = nullptr;
         size_t offset = 0, bytes = 0;
         int64_t cols = 0, rows = 0;

@@ -512,7 +512,7 @@ void PackRows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows,
 using DI = hn::Rebind<int32_t, DF>;
 using VI = hn::Vec<DI>;
 
-void QuantizeInputs(const float* x, int64_t blocks, const QuantizedInputsOut& out) {
+void QuantizeInputs(const float* x, int64_t blocks, const QuantizedInputArrays::Out& out) {
     const DF df;
     const DI di;
     const hn::Rebind<int8_t, DF> d8;
@@ -1303,8 +1303,21 @@ void pack_rows(GgmlType type, const uint8_t* src, size_t row_bytes, int64_t rows
                int64_t group_begin, int64_t group_end, uint8_t* dst) {
     HWY_DYNAMIC_DISPATCH(PackRows)(type, src, row_bytes, rows, cols, group_begin, group_end, dst);
 }
-void quantize_inputs(const float* x, int64_t blocks, const QuantizedInputsOut& out) {
-    HWY_DYNAMIC_DISPATCH(QuantizeInputs)(x, blocks, out);
+void QuantizedInputArrays::resize(int64_t n, int64_t cols) {
+    const size_t blocks = size_t(n * cols / 32);
+    q_.resize(blocks * 32);
+    for (auto* v : {&d_, &dsum_, &dsum_lo_, &dsum_hi_})
+        v->resize(blocks);
+    sum_.resize(blocks);
+    view_ = {q_.data(),    d_.data(),       sum_.data(),    cols,
+             dsum_.data(), dsum_lo_.data(), dsum_hi_.data()};
+}
+void QuantizedInputArrays::quantize(const float* x, int64_t b0, int64_t b1) {
+    const size_t b = size_t(b0);
+    HWY_DYNAMIC_DISPATCH(QuantizeInputs)
+    (x + b * 32, b1 - b0,
+     {q_.data() + b * 32, d_.data() + b, sum_.data() + b, dsum_.data() + b, dsum_lo_.data() + b,
+      dsum_hi_.data() + b});
 }
 
 void matmul_rows(const MatmulArgs& args, int64_t row_begin, int64_t row_end) {

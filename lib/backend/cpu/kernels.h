@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "format/gguf.h"
 
@@ -40,14 +41,30 @@ struct QuantizedInputs {
     const float* dsum_lo = nullptr;
     const float* dsum_hi = nullptr;
 };
-// Where quantize_inputs() writes: arrays of the sizes above.
-struct QuantizedInputsOut {
-    int8_t* q;
-    float* d;
-    int32_t* sum;
-    float *dsum, *dsum_lo, *dsum_hi;
+// The arrays a QuantizedInputs views, and what fills them.
+class QuantizedInputArrays {
+  public:
+    // Room for n rows of cols inputs (cols a multiple of 32); view() points at it.
+    void resize(int64_t n, int64_t cols);
+    // Quantizes blocks [b0, b1) of the n * cols / 32 blocks of x (the whole input): a block
+    // at a time, so any split of the blocks gives the same values.
+    void quantize(const float* x, int64_t b0, int64_t b1);
+    const QuantizedInputs& view() const { return view_; }
+
+    // The kernels' writable view of blocks from b0 on.
+    struct Out {
+        int8_t* q;
+        float* d;
+        int32_t* sum;
+        float *dsum, *dsum_lo, *dsum_hi;
+    };
+
+  private:
+    std::vector<int8_t> q_;
+    std::vector<float> d_, dsum_, dsum_lo_, dsum_hi_;
+    std::vector<int32_t> sum_;
+    QuantizedInputs view_;
 };
-void quantize_inputs(const float* x, int64_t blocks, const QuantizedInputsOut& out);
 
 struct MatmulArgs {
     GgmlType type = GgmlType::kF32;  // one of kWeightTypes (format/quant.h)
@@ -59,7 +76,7 @@ struct MatmulArgs {
     float* out = nullptr;  // out[i * out_stride + r]
     int64_t out_stride = 0;
     bool accumulate = false;  // out += product (one addition) instead of out = product
-    // Quantized weights with 8-bit inputs: x quantized by quantize_inputs(), and
+    // Quantized weights with 8-bit inputs: x quantized by QuantizedInputArrays, and
     // the weights packed by pack_rows() (nullptr: each group is packed as it is used).
     const QuantizedInputs* qx = nullptr;
     const uint8_t* packed = nullptr;
