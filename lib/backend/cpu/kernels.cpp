@@ -1036,20 +1036,26 @@ void Activate(uint32_t act, const float* x, float* out, int64_t n) {
     });
 }
 
-// out[c] = sum over keys t of p[c][t] * v[t] / sums[c] for Q queries: each value vector is loaded
-// once for all of them, two vectors of a row at a time (2Q independent chains). Every output
-// element is one chain of fma in key order, whatever Q, so a query's result does not depend on
-// the others in its block.
+// acc[c] = sum over keys t in [t0, t1) of p[c][t] * v[t] for Q queries, continuing the sums
+// acc holds where t0 > 0: each value vector is loaded once for all of them, two vectors of a
+// row at a time (2Q independent chains). Every output element is one chain of fma in key order,
+// whatever Q and wherever it is stored between ranges of keys, so a query's result does not
+// depend on the others in its block.
 template <int Q>
-void WeighValues(const float* p, int64_t p_stride, const float* sums, int n_keys, const float* v,
-                 int64_t v_stride, int head_dim, float* out) {
+void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const float* v, int64_t v_stride,
+                 int head_dim, float* acc) {
     const DF d;
+    const auto start = [&](int c, int64_t j) {
+        return t0 == 0 ? hn::Zero(d) : hn::LoadU(d, acc + c * head_dim + j);
+    };
     int64_t j = 0;
     for (; j + 2 * kLanes <= head_dim; j += 2 * kLanes) {
         VF a0[Q], a1[Q];
-        for (int c = 0; c < Q; ++c)
-            a0[c] = a1[c] = hn::Zero(d);
-        for (int t = 0; t < n_keys; ++t) {
+        for (int c = 0; c < Q; ++c) {
+            a0[c] = start(c, j);
+            a1[c] = start(c, j + kLanes);
+        }
+        for (int t = t0; t < t1; ++t) {
             const VF v0 = hn::LoadU(d, v + t * v_stride + j);
             const VF v1 = hn::LoadU(d, v + t * v_stride + j + kLanes);
             for (int c = 0; c < Q; ++c) {
@@ -1059,37 +1065,62 @@ void WeighValues(const float* p, int64_t p_stride, const float* sums, int n_keys
             }
         }
         for (int c = 0; c < Q; ++c) {
-            hn::StoreU(hn::Div(a0[c], hn::Set(d, sums[c])), d, out + c * head_dim + j);
-            hn::StoreU(hn::Div(a1[c], hn::Set(d, sums[c])), d, out + c * head_dim + j + kLanes);
+            hn::StoreU(a0[c], d, acc + c * head_dim + j);
+            hn::StoreU(a1[c], d, acc + c * head_dim + j + kLanes);
         }
     }
     for (; j + kLanes <= head_dim; j += kLanes) {
         VF a[Q];
         for (int c = 0; c < Q; ++c)
-            a[c] = hn::Zero(d);
-        for (int t = 0; t < n_keys; ++t) {
+            a[c] = start(c, j);
+        for (int t = t0; t < t1; ++t) {
             const VF v0 = hn::LoadU(d, v + t * v_stride + j);
             for (int c = 0; c < Q; ++c)
                 a[c] = hn::MulAdd(hn::Set(d, p[c * p_stride + t]), v0, a[c]);
         }
         for (int c = 0; c < Q; ++c)
-            hn::StoreU(hn::Div(a[c], hn::Set(d, sums[c])), d, out + c * head_dim + j);
+            hn::StoreU(a[c], d, acc + c * head_dim + j);
     }
     for (; j < head_dim; ++j) {
         for (int c = 0; c < Q; ++c) {
-            float acc = 0.0f;
-            for (int t = 0; t < n_keys; ++t)
-                acc += p[c * p_stride + t] * v[t * v_stride + j];
-            out[c * head_dim + j] = acc / sums[c];
+            float sum = t0 == 0 ? 0.0f : acc[c * head_dim + j];
+            for (int t = t0; t < t1; ++t)
+                sum += p[c * p_stride + t] * v[t * v_stride + j];
+            acc[c * head_dim + j] = sum;
         }
     }
 }
 
 constexpr int kWeighQueries = 4;
-using Weigher = void (*)(const float*, int64_t, const float*, int, const float*, int64_t, int,
-                         float*);
+using Weigher = void (*)(const float*, int64_t, int, int, const float*, int64_t, int, float*);
 constexpr std::array<Weigher, kWeighQueries> kWeighers = {&WeighValues<1>, &WeighValues<2>,
                                                           &WeighValues<3>, &WeighValues<4>};
+// Keys weighed for every query before the next ones: their values (16 KiB at head_dim 64) are
+// read from memory once and from L1 by the other queries, where a verification's 5-8 rows
+// would read a decoder's cross-attention values (Whisper's 1500) once per kWeighQueries.
+constexpr int kWeighKeys = 64;
+
+// out[c] = sum over keys t of p[c][t] * v[t] / sums[c] for n_queries queries.
+void Weigh(const float* p, int64_t p_stride, const float* sums, int n_queries, int n_keys,
+           const float* v, int64_t v_stride, int head_dim, float* out) {
+    for (int t0 = 0; t0 < n_keys; t0 += kWeighKeys) {
+        const int t1 = std::min(n_keys, t0 + kWeighKeys);
+        for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
+            const int queries = std::min(kWeighQueries, n_queries - c0);
+            kWeighers[size_t(queries - 1)](p + c0 * p_stride, p_stride, t0, t1, v, v_stride,
+                                           head_dim, out + c0 * head_dim);
+        }
+    }
+    const DF d;
+    for (int c = 0; c < n_queries; ++c) {
+        float* o = out + c * head_dim;
+        int64_t j = 0;
+        for (; j + kLanes <= head_dim; j += kLanes)
+            hn::StoreU(hn::Div(hn::LoadU(d, o + j), hn::Set(d, sums[c])), d, o + j);
+        for (; j < head_dim; ++j)
+            o[j] /= sums[c];
+    }
+}
 
 // s[t] = exp(scale * s[t] - max) over a query's scores; returns their sum: vectors of keys, the
 // last one padded (its padding not summed), the lanes' sums added in a fixed tree. The same
@@ -1160,15 +1191,11 @@ void Attend(const float* q, int n_queries, const float* k, int64_t k_stride, con
                 q + c0 * head_dim, head_dim, scores + c0 * n_keys + t0, n_keys, false);
         }
     }
-    std::array<float, kWeighQueries> sums{};
-    for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
-        const int queries = std::min(int(kWeighQueries), n_queries - c0);
-        for (int c = 0; c < queries; ++c)
-            sums[size_t(c)] =
-                SoftmaxNumerators(scores + (c0 + c) * n_keys, n_keys, scale, soft_cap);
-        kWeighers[size_t(queries - 1)](scores + c0 * n_keys, n_keys, sums.data(), n_keys, v,
-                                       v_stride, head_dim, out + c0 * head_dim);
-    }
+    thread_local std::vector<float> sums;
+    sums.resize(size_t(n_queries));
+    for (int c = 0; c < n_queries; ++c)
+        sums[size_t(c)] = SoftmaxNumerators(scores + c * n_keys, n_keys, scale, soft_cap);
+    Weigh(scores, n_keys, sums.data(), n_queries, n_keys, v, v_stride, head_dim, out);
 }
 
 // The scores of Q queries over one block of kKeyBlock transposed keys: key j's score is one
@@ -1232,30 +1259,31 @@ void AttendTransposed(const float* q, int n_queries, const int* first, const int
     const int blocks = (n_keys + int(kKeyBlock) - 1) / int(kKeyBlock) - b0;
     const int64_t stride = int64_t(blocks) * kKeyBlock;  // a query's scores, whole blocks
     kt += int64_t(b0) * head_dim * kKeyBlock;
-    for (int c0 = 0; c0 < n_queries; c0 += kScoreQueries) {
-        const int queries = std::min(kScoreQueries, n_queries - c0);
-        for (int b = 0; b < blocks; ++b)
+    // A block of keys (4 KiB at head_dim 64) is read from memory once and from L1 by the other
+    // queries: with the queries outside, a verification's 5-8 rows read a decoder's
+    // cross-attention keys (Whisper's 1500) from memory once per kScoreQueries.
+    for (int b = 0; b < blocks; ++b) {
+        for (int c0 = 0; c0 < n_queries; c0 += kScoreQueries) {
+            const int queries = std::min(kScoreQueries, n_queries - c0);
             kScoresOfABlock[size_t(queries - 1)](q + c0 * head_dim, head_dim,
                                                  kt + int64_t(b) * head_dim * kKeyBlock,
                                                  scores + c0 * stride + b * kKeyBlock, stride);
+        }
     }
     // A query that sees fewer keys than the most weighs the rest by 0: each output element's
     // chain adds +0 * v to a partial sum that is never -0, which leaves it as it is: the same
     // floats as its own keys alone.
-    std::array<float, kWeighQueries> sums{};
-    for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
-        const int queries = std::min(int(kWeighQueries), n_queries - c0);
-        for (int c = 0; c < queries; ++c) {
-            float* p = scores + (c0 + c) * stride;
-            const int from = first[c0 + c] - key0, to = keys[c0 + c] - key0;
-            sums[size_t(c)] = SoftmaxNumerators(p + from, to - from, scale, soft_cap);
-            std::fill(p, p + from, 0.0f);
-            std::fill(p + to, p + (n_keys - key0), 0.0f);
-        }
-        kWeighers[size_t(queries - 1)](scores + c0 * stride, stride, sums.data(), n_keys - key0,
-                                       v + int64_t(key0) * v_stride, v_stride, head_dim,
-                                       out + c0 * head_dim);
+    thread_local std::vector<float> sums;
+    sums.resize(size_t(n_queries));
+    for (int c = 0; c < n_queries; ++c) {
+        float* p = scores + c * stride;
+        const int from = first[c] - key0, to = keys[c] - key0;
+        sums[size_t(c)] = SoftmaxNumerators(p + from, to - from, scale, soft_cap);
+        std::fill(p, p + from, 0.0f);
+        std::fill(p + to, p + (n_keys - key0), 0.0f);
     }
+    Weigh(scores, stride, sums.data(), n_queries, n_keys - key0, v + int64_t(key0) * v_stride,
+          v_stride, head_dim, out);
 }
 
 const char* TargetName() {
