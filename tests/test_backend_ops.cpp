@@ -809,13 +809,47 @@ TEST(CpuOps, AttentionOverFixedKeysByItsDefinition) {
     }
 }
 
+// Row i of Backend::Attention's output by its definition, in doubles (q, k, v as the host's
+// floats of a.q, a.k and a.v): the keys the row sees, softmax of the scaled (and capped) scores.
+std::vector<double> attention_by_definition(const Backend::Attention& a,
+                                            const std::vector<float>& qs,
+                                            const std::vector<float>& ks,
+                                            const std::vector<float>& vs, int i) {
+    const int width = a.n_head * a.head_dim, kv_width = a.n_head_kv * a.head_dim;
+    const int group = a.n_head / a.n_head_kv, first = a.first_key(i), seen = a.keys_seen(i);
+    std::vector<double> out(static_cast<size_t>(width));
+    for (int h = 0; h < a.n_head; ++h) {
+        const size_t kv = size_t(h / group) * size_t(a.head_dim);
+        std::vector<double> w;
+        double sum = 0;
+        for (int t = first; t < seen; ++t) {
+            double dot = 0;
+            for (int d = 0; d < a.head_dim; ++d)
+                dot += double(qs[size_t(i * width + h * a.head_dim + d)]) *
+                       ks[size_t(t) * size_t(kv_width) + kv + size_t(d)];
+            double s = double(a.scale) * dot;
+            if (a.soft_cap > 0) s = a.soft_cap * std::tanh(s / a.soft_cap);
+            w.push_back(std::exp(s));
+            sum += w.back();
+        }
+        for (int d = 0; d < a.head_dim; ++d) {
+            double want = 0;
+            for (int t = first; t < seen; ++t)
+                want +=
+                    w[size_t(t - first)] / sum * vs[size_t(t) * size_t(kv_width) + kv + size_t(d)];
+            out[size_t(h * a.head_dim + d)] = want;
+        }
+    }
+    return out;
+}
+
 // Causal rows with a sliding window and a soft cap (Backend::Attention) against the definition in
 // doubles, heads of whole vectors and of a vector and a tail, shared by two query heads each; a
 // row alone is bit for bit the row in the batch, and a window that holds every key is none.
 TEST(CpuOps, WindowedAndSoftCappedAttentionByTheirDefinitions) {
     auto cpu = create_cpu_backend(2);
     CpuTensors make(*cpu);
-    const int n_head = 4, n_head_kv = 2, group = n_head / n_head_kv, ctx = 60, pos0 = 37, n = 6;
+    const int n_head = 4, n_head_kv = 2, ctx = 60, pos0 = 37, n = 6;
     for (int head_dim : {64, 40}) {
         const int width = n_head * head_dim, kv_width = n_head_kv * head_dim;
         const std::vector<float> qs = random_floats(size_t(width) * n, 51);
@@ -840,30 +874,10 @@ TEST(CpuOps, WindowedAndSoftCappedAttentionByTheirDefinitions) {
             cpu->attention(a);
             const std::vector<float> got = read_floats(*cpu, out);
             for (int i = 0; i < n; ++i) {
-                const int last = pos0 + i, first = window > 0 ? std::max(0, last - window + 1) : 0;
-                for (int h = 0; h < n_head; ++h) {
-                    const size_t kv = size_t(h / group) * size_t(head_dim);
-                    std::vector<double> w;
-                    double sum = 0;
-                    for (int t = first; t <= last; ++t) {
-                        double dot = 0;
-                        for (int d = 0; d < head_dim; ++d)
-                            dot += double(qs[size_t(i * width + h * head_dim + d)]) *
-                                   ks[size_t(t) * size_t(kv_width) + kv + size_t(d)];
-                        double s = 0.3 * dot;
-                        if (soft_cap > 0) s = soft_cap * std::tanh(s / soft_cap);
-                        w.push_back(std::exp(s));
-                        sum += w.back();
-                    }
-                    for (int d = 0; d < head_dim; ++d) {
-                        double want = 0;
-                        for (int t = first; t <= last; ++t)
-                            want += w[size_t(t - first)] / sum *
-                                    vs[size_t(t) * size_t(kv_width) + kv + size_t(d)];
-                        ASSERT_NEAR(got[size_t(i * width + h * head_dim + d)], want, 1e-5)
-                            << "row " << i << " head " << h << " dim " << d;
-                    }
-                }
+                const std::vector<double> want = attention_by_definition(a, qs, ks, vs, i);
+                for (int j = 0; j < width; ++j)
+                    ASSERT_NEAR(got[size_t(i * width + j)], want[size_t(j)], 1e-5)
+                        << "row " << i << " head " << j / head_dim << " dim " << j % head_dim;
             }
             for (int i = 0; i < n; ++i) {
                 Backend::Attention row = a;
@@ -908,28 +922,10 @@ TEST(CpuOps, AttentionOverFixedKeysIsTheSameForARowAloneAndInABlock) {
         cpu->attention(a);
         const std::vector<float> together = read_floats(*cpu, out);
         for (int r = 0; r < n; ++r) {
-            for (int h = 0; h < n_head; ++h) {
-                const size_t qi = size_t(r * width + h * head_dim);
-                std::vector<double> w(keys);
-                double sum = 0, top = -1e300;
-                for (int t = 0; t < keys; ++t) {
-                    double dot = 0;
-                    for (int d = 0; d < head_dim; ++d)
-                        dot +=
-                            double(qs[qi + size_t(d)]) * ks[size_t(t * width + h * head_dim + d)];
-                    w[size_t(t)] = 0.125 * dot;
-                    top = std::max(top, w[size_t(t)]);
-                }
-                for (double& x : w)
-                    sum += x = std::exp(x - top);
-                for (int d = 0; d < head_dim; ++d) {
-                    double want = 0;
-                    for (int t = 0; t < keys; ++t)
-                        want += w[size_t(t)] / sum * vs[size_t(t * width + h * head_dim + d)];
-                    ASSERT_NEAR(together[qi + size_t(d)], want, 1e-5)
-                        << "row " << r << " head " << h << " dim " << d;
-                }
-            }
+            const std::vector<double> want = attention_by_definition(a, qs, ks, vs, r);
+            for (int j = 0; j < width; ++j)
+                ASSERT_NEAR(together[size_t(r * width + j)], want[size_t(j)], 1e-5)
+                    << "row " << r << " head " << j / head_dim << " dim " << j % head_dim;
         }
         for (int r = 0; r < n; ++r) {
             a.q = q.row_range(r, 1);
