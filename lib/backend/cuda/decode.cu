@@ -1,7 +1,8 @@
 // The verify passes of backend/vulkan/shaders/decode.comp in CUDA, bit for bit: the arithmetic
 // of lib/core/detmath.h (this file is compiled with --fmad=false, so nothing is
 // fused), the same canonical sums, the same Philox streams. The constants and the
-// scratch layout are lib/core/device_abi.h's; read decode.comp for the passes.
+// scratch layout are lib/core/device_abi.h's; read decode.comp for the passes. The row norm of
+// a filtered row finds the same kept set as decode.comp's in fewer passes (row_norm_kernel).
 #include <cfloat>
 
 #include "block_reduce.cuh"
@@ -157,19 +158,6 @@ __device__ float lane_tree(float v, float* sh) {
     return r;
 }
 
-__device__ uint32_t reduce_count(uint32_t v, uint32_t* sh) {
-    const uint32_t l = threadIdx.x;
-    sh[l] = v;
-    for (uint32_t stride = kLanes / 2; stride > 0; stride >>= 1) {
-        __syncthreads();
-        if (l < stride) sh[l] += sh[l + stride];
-    }
-    __syncthreads();
-    const uint32_t r = sh[0];
-    __syncthreads();
-    return r;
-}
-
 struct Best {
     float v;
     uint32_t id;
@@ -239,14 +227,6 @@ __global__ void tile_sum_kernel(Ctx c) {
     if (l == 0) *c.tile_sum(r, j) = __float_as_uint(t);
 }
 
-__device__ uint32_t count_in(const Ctx& c, uint32_t r, uint32_t cut_key, uint32_t cut_id,
-                             uint32_t* sh) {
-    uint32_t n = 0;
-    for (uint32_t x = threadIdx.x; x < c.d.V; x += kLanes)
-        n += in_cut(order_key(c.scaled(r, x)), x, cut_key, cut_id) ? 1 : 0;
-    return reduce_count(n, sh);
-}
-
 __device__ float mass_in(const Ctx& c, uint32_t r, float m, uint32_t cut_key, uint32_t cut_id,
                          uint32_t k_key, uint32_t k_id, float* sh, float* sh_tiles) {
     const uint32_t l = threadIdx.x;
@@ -292,9 +272,148 @@ __device__ void shortest_prefix(const Ctx& c, Pred pred, uint32_t* out_key, uint
     *out_id = jhi;
 }
 
+// Ranked selection and the kept set's search. The rank order is key descending, id ascending;
+// the kept set of a filtered row is a prefix of it. shortest_prefix finds a prefix by bisecting
+// the key space (32 steps) and then the ids (log2 V steps), a pass over the row per step; the
+// functions below find the same prefix in fewer passes: the L-th token of the order by radix
+// selection (counts of each key byte, then id byte: exact in any order of adding), and a top-p
+// prefix by gathering the L first tokens, sorting them, and bisecting their ranks. Every mass
+// compared is mass_in's canonical sum of the same set, so the cut is the one shortest_prefix
+// finds (the set of a rank prefix determines its mass; mass grows with the prefix).
+constexpr uint32_t kRadix = 256, kGather = 1024;
+static_assert(kLanes >= kRadix, "a histogram bin per lane");
+
+// Adds one to hist[digit] for each lane of the warp (kNone: none); the whole warp calls it.
+__device__ void count_digit(uint32_t* hist, uint32_t digit) {
+    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, digit);
+    if (digit != kNone && int(threadIdx.x % 32) == __ffs(int(peers)) - 1)
+        atomicAdd(&hist[digit], uint32_t(__popc(int(peers))));
+}
+
+// The bin holding the need-th counted token, bins taken from the highest down (descending) or
+// from the lowest up, and that token's place among its bin's: warp 0 scans 8 bins a lane.
+__device__ void find_bin(const uint32_t* hist, bool descending, uint32_t need, uint32_t* sh_bin,
+                         uint32_t* sh_need) {
+    const uint32_t l = threadIdx.x;
+    if (l >= 32) return;
+    const auto bin = [&](uint32_t p) { return descending ? kRadix - 1 - p : p; };
+    uint32_t sum = 0;
+    for (uint32_t j = 0; j < 8; ++j)
+        sum += hist[bin(8 * l + j)];
+    uint32_t upto = sum;  // inclusive prefix over the lanes
+    for (uint32_t o = 1; o < 32; o <<= 1) {
+        const uint32_t t = __shfl_up_sync(0xFFFFFFFFu, upto, o);
+        if (l >= o) upto += t;
+    }
+    uint32_t before = upto - sum;
+    if (before < need && need <= upto) {
+        for (uint32_t j = 0; j < 8; ++j) {
+            const uint32_t b = bin(8 * l + j);
+            if (before + hist[b] >= need) {
+                *sh_bin = b;
+                *sh_need = need - before;
+                break;
+            }
+            before += hist[b];
+        }
+    }
+}
+
+// The key and id of the L-th token of the rank order of row r (1 <= L <= V).
+__device__ void select_ranked(const Ctx& c, uint32_t r, uint32_t L, uint32_t* hist,
+                              uint32_t* out_key, uint32_t* out_id) {
+    __shared__ uint32_t sh_bin, sh_need;
+    const uint32_t l = threadIdx.x;
+    uint32_t need = L;
+    // One radix pass: counts the digit at shift of the tokens that digit_of does not exclude.
+    const auto pass = [&](bool descending, auto digit_of) {
+        if (l < kRadix) hist[l] = 0;
+        __syncthreads();
+        for (uint32_t base = 0; base < c.d.V; base += kLanes)
+            count_digit(hist, base + l < c.d.V ? digit_of(base + l) : kNone);
+        __syncthreads();
+        find_bin(hist, descending, need, &sh_bin, &sh_need);
+        __syncthreads();
+        const uint32_t b = sh_bin;
+        need = sh_need;
+        __syncthreads();
+        return b;
+    };
+    uint32_t key = 0, key_mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        key |= pass(true,
+                    [&](uint32_t x) {
+                        const uint32_t k = order_key(c.scaled(r, x));
+                        return (k & key_mask) == key ? (k >> shift) & (kRadix - 1) : kNone;
+                    })
+               << shift;
+        key_mask |= (kRadix - 1) << shift;
+    }
+    uint32_t id = 0, id_mask = 0;
+    const int top = c.d.V > 1 ? 31 - __clz(int(c.d.V - 1)) : 0;  // the largest id's top bit
+    for (int shift = top / 8 * 8; shift >= 0; shift -= 8) {
+        id |= pass(false,
+                   [&](uint32_t x) {
+                       return order_key(c.scaled(r, x)) == key && (x & id_mask) == id
+                                  ? (x >> shift) & (kRadix - 1)
+                                  : kNone;
+                   })
+              << shift;
+        id_mask |= (kRadix - 1) << shift;
+    }
+    *out_key = key;
+    *out_id = id;
+}
+
+// The L (<= kGather) tokens of the prefix cut (cut_key, cut_id), in rank order.
+__device__ void gather_ranked(const Ctx& c, uint32_t r, uint32_t L, uint32_t cut_key,
+                              uint32_t cut_id, uint32_t* keys, uint32_t* ids) {
+    __shared__ uint32_t n;
+    const uint32_t l = threadIdx.x;
+    if (l == 0) n = 0;
+    __syncthreads();
+    for (uint32_t x = l; x < c.d.V; x += kLanes) {
+        const uint32_t key = order_key(c.scaled(r, x));
+        if (in_cut(key, x, cut_key, cut_id)) {
+            const uint32_t i = atomicAdd(&n, 1u);
+            if (i < kGather) {  // L of them: the cut is the L-th token's
+                keys[i] = key;
+                ids[i] = x;
+            }
+        }
+    }
+    uint32_t P = 1;
+    while (P < L)
+        P <<= 1;
+    for (uint32_t i = L + l; i < P; i += kLanes) {  // after every token
+        keys[i] = 0;
+        ids[i] = kNone;
+    }
+    __syncthreads();
+    const auto before = [&](uint32_t a, uint32_t b) {
+        return keys[a] > keys[b] || (keys[a] == keys[b] && ids[a] < ids[b]);
+    };
+    for (uint32_t k = 2; k <= P; k <<= 1) {  // bitonic sort into rank order
+        for (uint32_t j = k >> 1; j > 0; j >>= 1) {
+            for (uint32_t i = l; i < P; i += kLanes) {
+                const uint32_t partner = i ^ j;
+                if (partner > i && ((i & k) == 0 ? before(partner, i) : before(i, partner))) {
+                    const uint32_t tk = keys[i], ti = ids[i];
+                    keys[i] = keys[partner];
+                    ids[i] = ids[partner];
+                    keys[partner] = tk;
+                    ids[partner] = ti;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
 __global__ void row_norm_kernel(Ctx c) {
     __shared__ float sh[kLanes], sh_tiles[kLanes];
     __shared__ uint32_t sh_u[kLanes];
+    __shared__ uint32_t ranked_keys[kGather], ranked_ids[kGather];
     const uint32_t r = blockIdx.x, l = threadIdx.x;
     const float m = row_max(c, r);
     uint32_t cut_key = 0, cut_id = kNone;
@@ -303,23 +422,40 @@ __global__ void row_norm_kernel(Ctx c) {
         sum = lane_tree(l < c.tiles ? bits(*c.tile_sum(r, l)) : 0.0f, sh);
     } else {
         uint32_t k_key = 0, k_id = kNone;
-        if (c.d.top_k > 0 && c.d.top_k < c.d.V)
-            shortest_prefix(
-                c,
-                [&](uint32_t key, uint32_t id) {
-                    return count_in(c, r, key, id, sh_u) >= c.d.top_k;
-                },
-                &k_key, &k_id);
+        const bool top_k = c.d.top_k > 0 && c.d.top_k < c.d.V;
+        if (top_k) select_ranked(c, r, c.d.top_k, sh_u, &k_key, &k_id);
         cut_key = k_key;
         cut_id = k_id;
         if (c.d.top_p < 1.0f) {
             const float target = c.d.top_p * mass_in(c, r, m, 0, kNone, k_key, k_id, sh, sh_tiles);
-            shortest_prefix(
-                c,
-                [&](uint32_t key, uint32_t id) {
-                    return mass_in(c, r, m, key, id, k_key, k_id, sh, sh_tiles) >= target;
-                },
-                &cut_key, &cut_id);
+            const auto reaches = [&](uint32_t key, uint32_t id) {
+                return mass_in(c, r, m, key, id, k_key, k_id, sh, sh_tiles) >= target;
+            };
+            // The nucleus among the first 64 tokens, else the first kGather, of the top-k set;
+            // mass(prefix lo) < target throughout (the empty prefix's 0 to begin with).
+            const uint32_t length = top_k ? c.d.top_k : c.d.V;
+            bool found = false;
+            uint32_t lo = 0;
+            for (uint32_t L : {64u, kGather}) {
+                L = min(L, length);
+                if (found || !(target > 0.0f) || L <= lo) break;
+                uint32_t L_key = k_key, L_id = k_id;
+                if (L < length || !top_k) select_ranked(c, r, L, sh_u, &L_key, &L_id);
+                if (!reaches(L_key, L_id)) {
+                    lo = L;
+                    continue;
+                }
+                gather_ranked(c, r, L, L_key, L_id, ranked_keys, ranked_ids);
+                uint32_t hi = L;
+                while (hi - lo > 1) {
+                    const uint32_t mid = lo + (hi - lo) / 2;
+                    (reaches(ranked_keys[mid - 1], ranked_ids[mid - 1]) ? hi : lo) = mid;
+                }
+                cut_key = ranked_keys[hi - 1];
+                cut_id = ranked_ids[hi - 1];
+                found = true;
+            }
+            if (!found) shortest_prefix(c, reaches, &cut_key, &cut_id);
         }
         sum = mass_in(c, r, m, cut_key, cut_id, cut_key, cut_id, sh, sh_tiles);
     }

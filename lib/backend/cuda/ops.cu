@@ -466,6 +466,12 @@ template <GgmlType T, bool Gated>
 constexpr int mma_shared_bytes(int n) {
     return kMmaWarps * kMmaStages * mma_stage_bytes<T, Gated>(n);
 }
+// The kernel's static shared memory: its warps' partial sums. Static and dynamic bytes together
+// past 48 KiB need the kernel's dynamic limit raised.
+template <int Tiles, bool Gated>
+__host__ __device__ constexpr int mma_partial_bytes() {
+    return int(sizeof(float)) * kMmaWarps * (Gated ? 2 : 1) * kMmaRows * 8 * Tiles;
+}
 
 // D = A B for A 16 x 32 signed bytes (four words a lane: rows g, g + 8 of k = 4 q .. 4 q + 3,
 // then of 16 + 4 q ..), B 32 x 8 (two words: column g, k = 4 q .., then 16 + 4 q ..); D's words:
@@ -511,6 +517,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     static_assert(kMmaWeights<T>, "tensor-core products for Q8_0 and Q4_0 only");
     constexpr int R = kMmaRows, kMats = Gated ? 2 : 1, N = 8 * Tiles;
     __shared__ float partial[kMmaWarps][kMats * R][N];
+    static_assert(sizeof(partial) == mma_partial_bytes<Tiles, Gated>());
     extern __shared__ uint4 stages[];  // Staged: kMmaStages of mma_stage_bytes(n) a warp
     const int t = threadIdx.x, warp = t / kWarp, lane = t % kWarp, g = lane / 4, q = lane % 4;
     const int64_t r0 = int64_t(blockIdx.x) * R, blocks = in / kBlock, stride = row_bytes<T>(in);
@@ -1011,7 +1018,8 @@ void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const
                 const auto go = [&]<int Tiles, bool Staged>() {
                     const auto kernel = matmul_mma_kernel<T, Tiles, Gated, Staged>;
                     const int shared = Staged ? mma_shared_bytes<T, Gated>(m) : 0;
-                    if (shared > 48 * 1024)  // the default limit of dynamic shared memory
+                    if (shared + mma_partial_bytes<Tiles, Gated>() >
+                        48 * 1024)  // the default limit
                         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              shared);
                     kernel<<<blocks(rows, kMmaRows), kMmaThreads, shared, s>>>(
