@@ -1,8 +1,8 @@
 // The verify passes of backend/vulkan/shaders/decode.comp in CUDA, bit for bit: the arithmetic
 // of lib/core/detmath.h (this file is compiled with --fmad=false, so nothing is
 // fused), the same canonical sums, the same Philox streams. The constants and the
-// scratch layout are lib/core/device_abi.h's; read decode.comp for the passes. The row norm of
-// a filtered row finds the same kept set as decode.comp's in fewer passes (row_norm_kernel).
+// scratch layout are lib/core/device_abi.h's; read decode.comp for the passes. The searches of
+// a filtered row's kept set are decode.comp's too (their shared-memory sizes are each file's).
 #include <cfloat>
 
 #include "block_reduce.cuh"

@@ -31,6 +31,15 @@ shared uint sh_u[kDetLanes];
 shared float sh_g[kDetLanes];
 shared uint sh_v[kDetLanes];
 shared float sh_tiles[kDetLanes];
+// The kept set's search (row_norm): the lane partials of kTileGroup tiles (mass_in), or
+// kHistCopies histograms of a radix pass (a quarter of the workgroup each, so fewer atomic adds
+// meet on one bin); the first kGather tokens of the rank order. With the arrays above 13 KiB of
+// shared memory, under the 16 KiB every Vulkan device has.
+const uint kTileGroup = 4u, kRadix = 256u, kHistCopies = 4u, kGather = 512u;
+shared uint sh_big[kTileGroup * kDetLanes];  // also kHistCopies * kRadix
+shared uint sh_ranked_key[kGather];
+shared uint sh_ranked_id[kGather];
+shared uint sh_pick[2];
 
 uint V() { return pc.u0; }
 uint gamma() { return pc.u2; }
@@ -82,18 +91,6 @@ bool better(float v, uint id, float best_v, uint best_id) {
 }
 
 // Workgroup reductions; every invocation calls them (uniform control flow).
-uint reduce_count(uint v) {
-    const uint l = gl_LocalInvocationID.x;
-    sh_u[l] = v;
-    for (uint stride = WG / 2u; stride > 0u; stride >>= 1) {
-        barrier();
-        if (l < stride) sh_u[l] += sh_u[l + stride];
-    }
-    barrier();
-    const uint r = sh_u[0];
-    barrier();
-    return r;
-}
 // The lane tree of det::canonical_sum.
 float lane_tree(float v) {
     const uint l = gl_LocalInvocationID.x;
@@ -146,30 +143,38 @@ void write_row_max(uint r) {
     if (l == 0u) b3[norm_at(r)] = floatBitsToUint(sh_f[0]);
 }
 
-// Tokens of row r inside the cut (key, id), canonically.
-uint count_in(uint r, uint cut_key, uint cut_id) {
-    uint n = 0u;
-    for (uint x = gl_LocalInvocationID.x; x < V(); x += WG)
-        n += in_cut(order_key(scaled(r, x)), x, cut_key, cut_id) ? 1u : 0u;
-    return reduce_count(n);
-}
-// The canonical sum of e(x) over tokens inside both cuts.
+// The canonical sum of e(x) over the tokens inside both cuts. The lane partials of kTileGroup
+// tiles are summed by their trees side by side (each tree's pairs as lane_tree adds them), a
+// barrier per level for the group rather than per level and tile.
 float mass_in(uint r, float m, uint cut_key, uint cut_id, uint k_key, uint k_id) {
     const uint l = gl_LocalInvocationID.x;
-    for (uint j = 0u; j < tiles(); ++j) {
-        precise float acc = 0.0;
-        for (uint k = 0u; k < kDetLaneItems; ++k) {
-            const uint x = j * kDetTile + k * kDetLanes + l;
-            if (x >= V()) break;
-            const float s = scaled(r, x);
-            const uint key = order_key(s);
-            if (in_cut(key, x, cut_key, cut_id) && in_cut(key, x, k_key, k_id))
-                acc = acc + det_exp(s - m);
+    for (uint j0 = 0u; j0 < tiles(); j0 += kTileGroup) {
+        const uint group = min(kTileGroup, tiles() - j0);
+        for (uint g = 0u; g < group; ++g) {
+            precise float acc = 0.0;
+            for (uint k = 0u; k < kDetLaneItems; ++k) {
+                const uint x = (j0 + g) * kDetTile + k * kDetLanes + l;
+                if (x >= V()) break;
+                const float s = scaled(r, x);
+                const uint key = order_key(s);
+                if (in_cut(key, x, cut_key, cut_id) && in_cut(key, x, k_key, k_id))
+                    acc = acc + det_exp(s - m);
+            }
+            sh_big[g * kDetLanes + l] = floatBitsToUint(acc);
         }
-        const float t = lane_tree(acc);
-        if (l == 0u) sh_tiles[j] = t;
+        for (uint stride = WG / 2u; stride > 0u; stride >>= 1) {
+            barrier();
+            for (uint i = l; i < group * stride; i += WG) {
+                const uint at = (i / stride) * kDetLanes + i % stride;
+                precise float t =
+                    uintBitsToFloat(sh_big[at]) + uintBitsToFloat(sh_big[at + stride]);
+                sh_big[at] = floatBitsToUint(t);
+            }
+        }
+        barrier();
+        if (l < group) sh_tiles[j0 + l] = uintBitsToFloat(sh_big[l * kDetLanes]);
+        barrier();
     }
-    barrier();
     return lane_tree(l < tiles() ? sh_tiles[l] : 0.0);
 }
 
@@ -236,6 +241,119 @@ void tile_sum(uint r, uint j) {
         out_id = jhi;                                                            \
     }
 
+// Ranked selection and the kept set's search. The rank order is key descending, id ascending;
+// the kept set of a filtered row is a prefix of it. SHORTEST_PREFIX finds a prefix by bisecting
+// the key space (32 steps) and then the ids (log2 V steps), a pass over the row per step; the
+// functions below find the same prefix in fewer passes: the L-th token of the order by radix
+// selection (counts of each key byte, then id byte: exact in any order of adding), and a top-p
+// prefix by gathering the L first tokens, sorting them, and bisecting their ranks. Every mass
+// compared is mass_in's canonical sum of the same set, so the cut is the one SHORTEST_PREFIX
+// finds (the set of a rank prefix determines its mass; mass grows with the prefix).
+
+// One radix pass over row r: the byte at shift of the keys (by_id false: of the tokens whose
+// key has the bits of prefix under mask) or of the ids (by_id: of the tokens of key `key` whose
+// id has the bits of prefix under mask), counted; the bin holding the need-th of them, bins
+// taken from the highest down for keys and the lowest up for ids. Returns the bin; need becomes
+// the token's place among its bin's.
+uint radix_pass(uint r, bool by_id, uint key, uint prefix, uint mask, uint shift, inout uint need) {
+    const uint l = gl_LocalInvocationID.x;
+    for (uint i = l; i < kHistCopies * kRadix; i += WG) sh_big[i] = 0u;
+    barrier();
+    const uint copy = l / (WG / kHistCopies);
+    for (uint x = l; x < V(); x += WG) {
+        const uint k = order_key(scaled(r, x));
+        const uint bits = by_id ? x : k;
+        if ((by_id ? k == key : true) && (bits & mask) == prefix)
+            atomicAdd(sh_big[copy * kRadix + ((bits >> shift) & (kRadix - 1u))], 1u);
+    }
+    barrier();
+    // Position p of the scan is bin p (ids) or 255 - p (keys); an inclusive scan over positions.
+    const uint bin = by_id ? l : kRadix - 1u - l;
+    uint count = 0u;
+    if (l < kRadix)
+        for (uint c = 0u; c < kHistCopies; ++c) count += sh_big[c * kRadix + bin];
+    sh_u[l] = count;
+    for (uint o = 1u; o < kRadix; o <<= 1) {
+        barrier();
+        const uint t = l >= o && l < kRadix ? sh_u[l - o] : 0u;
+        barrier();
+        sh_u[l] += t;
+    }
+    barrier();
+    if (l < kRadix && sh_u[l] - count < need && need <= sh_u[l]) {
+        sh_pick[0] = bin;
+        sh_pick[1] = need - (sh_u[l] - count);
+    }
+    barrier();
+    const uint picked = sh_pick[0];
+    need = sh_pick[1];
+    barrier();
+    return picked;
+}
+
+// The key and id of the L-th token of the rank order of row r (1 <= L <= V).
+void select_ranked(uint r, uint L, out uint out_key, out uint out_id) {
+    uint need = L, key = 0u, mask = 0u;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        key |= radix_pass(r, false, 0u, key, mask, uint(shift), need) << uint(shift);
+        mask |= (kRadix - 1u) << uint(shift);
+    }
+    uint id = 0u;
+    mask = 0u;
+    const int top = V() > 1u ? findMSB(V() - 1u) : 0;  // the largest id's top bit
+    for (int shift = top / 8 * 8; shift >= 0; shift -= 8) {
+        id |= radix_pass(r, true, key, id, mask, uint(shift), need) << uint(shift);
+        mask |= (kRadix - 1u) << uint(shift);
+    }
+    out_key = key;
+    out_id = id;
+}
+
+// The L (<= kGather) tokens of the prefix cut (cut_key, cut_id) into sh_ranked_*, in rank order.
+bool ranked_before(uint a, uint b) {
+    return sh_ranked_key[a] > sh_ranked_key[b] ||
+           (sh_ranked_key[a] == sh_ranked_key[b] && sh_ranked_id[a] < sh_ranked_id[b]);
+}
+void gather_ranked(uint r, uint L, uint cut_key, uint cut_id) {
+    const uint l = gl_LocalInvocationID.x;
+    if (l == 0u) sh_pick[0] = 0u;
+    barrier();
+    for (uint x = l; x < V(); x += WG) {
+        const uint key = order_key(scaled(r, x));
+        if (in_cut(key, x, cut_key, cut_id)) {
+            const uint i = atomicAdd(sh_pick[0], 1u);
+            if (i < kGather) {  // L of them: the cut is the L-th token's
+                sh_ranked_key[i] = key;
+                sh_ranked_id[i] = x;
+            }
+        }
+    }
+    uint P = 1u;
+    while (P < L) P <<= 1;
+    for (uint i = L + l; i < P; i += WG) {  // after every token
+        sh_ranked_key[i] = 0u;
+        sh_ranked_id[i] = NONE;
+    }
+    barrier();
+    for (uint k = 2u; k <= P; k <<= 1) {  // bitonic sort into rank order
+        for (uint j = k >> 1; j > 0u; j >>= 1) {
+            for (uint i = l; i < P; i += WG) {
+                const uint partner = i ^ j;
+                const bool out_of_order =
+                    (i & k) == 0u ? ranked_before(partner, i) : ranked_before(i, partner);
+                if (partner > i && out_of_order) {
+                    const uint tk = sh_ranked_key[i], ti = sh_ranked_id[i];
+                    sh_ranked_key[i] = sh_ranked_key[partner];
+                    sh_ranked_id[i] = sh_ranked_id[partner];
+                    sh_ranked_key[partner] = tk;
+                    sh_ranked_id[partner] = ti;
+                }
+            }
+            barrier();
+        }
+    }
+}
+
 void row_norm(uint r) {
     const uint l = gl_LocalInvocationID.x;
     const float m = row_max(r);
@@ -245,16 +363,41 @@ void row_norm(uint r) {
         sum = lane_tree(l < tiles() ? uintBitsToFloat(b3[tile_sum_at(r, l)]) : 0.0);
     } else {
         uint k_key = 0u, k_id = NONE;
-        if (pc.u5 > 0u && pc.u5 < V()) {
-#define TOP_K(key, id) (count_in(r, key, id) >= pc.u5)
-            SHORTEST_PREFIX(TOP_K, k_key, k_id)
-        }
+        const bool top_k = pc.u5 > 0u && pc.u5 < V();
+        if (top_k) select_ranked(r, pc.u5, k_key, k_id);
         cut_key = k_key;
         cut_id = k_id;
         if (pc.f1 < 1.0) {
             precise float target = pc.f1 * mass_in(r, m, 0u, NONE, k_key, k_id);
 #define TOP_P(key, id) (mass_in(r, m, key, id, k_key, k_id) >= target)
-            SHORTEST_PREFIX(TOP_P, cut_key, cut_id)
+            // The nucleus among the first 64 tokens, else the first kGather, of the top-k set;
+            // mass(prefix lo) < target throughout (the empty prefix's 0 to begin with).
+            const uint length = top_k ? pc.u5 : V();
+            bool found = false;
+            uint lo = 0u;
+            for (uint attempt = 0u; attempt < 2u; ++attempt) {
+                const uint L = min(attempt == 0u ? 64u : kGather, length);
+                if (found || !(target > 0.0) || L <= lo) break;
+                uint L_key = k_key, L_id = k_id;
+                if (L < length || !top_k) select_ranked(r, L, L_key, L_id);
+                if (!TOP_P(L_key, L_id)) {
+                    lo = L;
+                    continue;
+                }
+                gather_ranked(r, L, L_key, L_id);
+                uint hi = L;
+                while (hi - lo > 1u) {
+                    const uint mid = lo + (hi - lo) / 2u;
+                    if (TOP_P(sh_ranked_key[mid - 1u], sh_ranked_id[mid - 1u]))
+                        hi = mid;
+                    else
+                        lo = mid;
+                }
+                cut_key = sh_ranked_key[hi - 1u];
+                cut_id = sh_ranked_id[hi - 1u];
+                found = true;
+            }
+            if (!found) SHORTEST_PREFIX(TOP_P, cut_key, cut_id)
         }
         sum = mass_in(r, m, cut_key, cut_id, cut_key, cut_id);
     }
