@@ -466,8 +466,7 @@ template <GgmlType T, bool Gated>
 constexpr int mma_shared_bytes(int n) {
     return kMmaWarps * kMmaStages * mma_stage_bytes<T, Gated>(n);
 }
-// The kernel's static shared memory: its warps' partial sums. Static and dynamic bytes together
-// past 48 KiB need the kernel's dynamic limit raised.
+// The kernel's static shared memory: its warps' partial sums.
 template <int Tiles, bool Gated>
 __host__ __device__ constexpr int mma_partial_bytes() {
     return int(sizeof(float)) * kMmaWarps * (Gated ? 2 : 1) * kMmaRows * 8 * Tiles;
@@ -1018,8 +1017,8 @@ void matmul_typed(cudaStream_t s, const void* w, int64_t in, int64_t rows, const
                 const auto go = [&]<int Tiles, bool Staged>() {
                     const auto kernel = matmul_mma_kernel<T, Tiles, Gated, Staged>;
                     const int shared = Staged ? mma_shared_bytes<T, Gated>(m) : 0;
-                    if (shared + mma_partial_bytes<Tiles, Gated>() >
-                        48 * 1024)  // the default limit
+                    // Static and dynamic bytes past the default 48 KiB need the limit raised.
+                    if (shared + mma_partial_bytes<Tiles, Gated>() > 48 * 1024)
                         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              shared);
                     kernel<<<blocks(rows, kMmaRows), kMmaThreads, shared, s>>>(
