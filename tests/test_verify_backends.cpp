@@ -148,6 +148,8 @@ TEST_P(VerifyOn, SameNAndTokensAsTheCpuReference) {
         {1000, 4, 2, sp(1.0f, 50, 0.8f), "top-k 50 + top-p 0.8"},
         {1000, 4, 1, sp(0.7f, 1), "top-k 1"},
         {1000, 4, 1, sp(1.0f, 0, 1e-7f), "top-p tiny"},
+        {300, 4, 1, sp(1.0f, 0, 0.9f), "top-p 0.9 over a row the device gathers whole"},
+        {50, 4, 1, sp(1.0f, 0, 0.9f), "top-p 0.9 over a row shorter than 64"},
         {1000, 0, 4, sp(1.0f), "sampling (gamma 0)"},
         {1000, 0, 2, sp(0.9f, 20, 0.7f), "sampling with top-k and top-p"},
     };

@@ -431,8 +431,9 @@ __global__ void row_norm_kernel(Ctx c) {
             const auto reaches = [&](uint32_t key, uint32_t id) {
                 return mass_in(c, r, m, key, id, k_key, k_id, sh, sh_tiles) >= target;
             };
-            // The nucleus among the first 64 tokens, else the first kGather, of the top-k set;
-            // mass(prefix lo) < target throughout (the empty prefix's 0 to begin with).
+            // The nucleus among the first 64 tokens, else the first kGather, of the top-k set
+            // (the whole set reaches the target: its mass is the target's); mass(prefix lo) <
+            // target throughout (the empty prefix's 0 to begin with).
             const uint32_t length = top_k ? c.d.top_k : c.d.V;
             bool found = false;
             uint32_t lo = 0;
@@ -440,10 +441,12 @@ __global__ void row_norm_kernel(Ctx c) {
                 L = min(L, length);
                 if (found || !(target > 0.0f) || L <= lo) break;
                 uint32_t L_key = k_key, L_id = k_id;
-                if (L < length || !top_k) select_ranked(c, r, L, sh_u, &L_key, &L_id);
-                if (!reaches(L_key, L_id)) {
-                    lo = L;
-                    continue;
+                if (L < length) {
+                    select_ranked(c, r, L, sh_u, &L_key, &L_id);
+                    if (!reaches(L_key, L_id)) {
+                        lo = L;
+                        continue;
+                    }
                 }
                 gather_ranked(c, r, L, L_key, L_id, ranked_keys, ranked_ids);
                 uint32_t hi = L;

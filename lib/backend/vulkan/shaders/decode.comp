@@ -370,8 +370,9 @@ void row_norm(uint r) {
         if (pc.f1 < 1.0) {
             precise float target = pc.f1 * mass_in(r, m, 0u, NONE, k_key, k_id);
 #define TOP_P(key, id) (mass_in(r, m, key, id, k_key, k_id) >= target)
-            // The nucleus among the first 64 tokens, else the first kGather, of the top-k set;
-            // mass(prefix lo) < target throughout (the empty prefix's 0 to begin with).
+            // The nucleus among the first 64 tokens, else the first kGather, of the top-k set
+            // (the whole set reaches the target: its mass is the target's); mass(prefix lo) <
+            // target throughout (the empty prefix's 0 to begin with).
             const uint length = top_k ? pc.u5 : V();
             bool found = false;
             uint lo = 0u;
@@ -379,10 +380,12 @@ void row_norm(uint r) {
                 const uint L = min(attempt == 0u ? 64u : kGather, length);
                 if (found || !(target > 0.0) || L <= lo) break;
                 uint L_key = k_key, L_id = k_id;
-                if (L < length || !top_k) select_ranked(r, L, L_key, L_id);
-                if (!TOP_P(L_key, L_id)) {
-                    lo = L;
-                    continue;
+                if (L < length) {
+                    select_ranked(r, L, L_key, L_id);
+                    if (!TOP_P(L_key, L_id)) {
+                        lo = L;
+                        continue;
+                    }
                 }
                 gather_ranked(r, L, L_key, L_id);
                 uint hi = L;
