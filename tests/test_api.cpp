@@ -312,6 +312,44 @@ TEST_F(Api, SetSamplingGeneratesWhatANewSessionWould) {
     specula_session_free(s);
 }
 
+// A new session of a pair starts from what the last one measured: with a draft that costs
+// about ten times its target (another random model, four times as wide and deep), which no
+// acceptance rate pays for, it does not draft where the first session did, in its third step.
+// Fails if sessions start afresh.
+TEST_F(Api, ANewSessionOfAPairStartsFromWhatTheLastOneMeasured) {
+    specula::RandomLlamaSpec spec = specula::test::small_spec(specula::GgmlType::kQ8_0, 2);
+    spec.n_ctx = 128;
+    spec.n_embd *= 4;
+    spec.n_ff *= 8;
+    spec.n_layer *= 4;
+    specula_model* draft = nullptr;
+    ASSERT_EQ(specula_model_load(backend, specula::test::make_model("api-other", spec).c_str(),
+                                 nullptr, &draft),
+              SPECULA_OK);
+    specula_session_params sp = specula_session_default_params();
+    sp.temperature = 0.0f;
+    sp.draft = draft;
+    sp.gamma_policy = SPECULA_GAMMA_AUTO;
+    std::vector<uint64_t> drafted;
+    for (int session = 0; session < 2; ++session) {
+        specula_session* s = nullptr;
+        ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
+        const auto ids = tokenize("Once upon a time");
+        ASSERT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
+        specula_generate_params gp = specula_generate_default_params();
+        gp.max_tokens = 12;
+        gp.stop_at_eos = false;
+        ASSERT_EQ(specula_generate(s, &gp, nullptr, 0, nullptr), SPECULA_OK);
+        specula_session_stats st{};
+        ASSERT_EQ(specula_session_get_stats(s, &st), SPECULA_OK);
+        drafted.push_back(st.n_drafted);
+        specula_session_free(s);
+    }
+    EXPECT_GE(drafted[0], 2u);  // its measuring step of two drafts
+    EXPECT_EQ(drafted[1], 0u);
+    specula_model_free(draft);
+}
+
 // specula.h: a model may be shared by several sessions. Four threads, each with its own
 // sessions on one model and backend (plain and speculative, greedy and sampled), get the
 // tokens a single thread gets.

@@ -1002,38 +1002,6 @@ TEST(Speculative, DraftingThatRealizesLessThanPlainDecodingStops) {
     EXPECT_LE(drafting_after, 10) << drafting_after << " of 60 steps after the change drafted";
 }
 
-TEST(Speculative, TwoCostlyProbesInARowEndTheProbing) {
-    // A draft that costs 20 ms a token where a plain step costs ~0.1 ms (a few ms in a
-    // sanitized build): after its first steps with drafts (which measure the draft) the policy
-    // decodes plainly, and each probe first evaluates every token the draft missed, so the
-    // probes after 16 and 32 plain steps are both costly (costly_probe()) and there is none
-    // after them: steps with drafts at tokens 2, 8, 24 and 57 of 300 here, where without the
-    // rule the probes went on (121, 249). A new sequence probes again (15, 48). Fails if two
-    // costly probes do not end the probing, or if reset() does not start it again.
-    AnalyticPairOnCpu p;
-    ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p, 512));
-    SlowDecoder slow_draft(*p.pair.draft, std::chrono::milliseconds(20));
-    Generator g(*p.pair.target, &slow_draft, p.config);
-    const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
-    for (int sequence = 0; sequence < 2; ++sequence) {
-        SCOPED_TRACE(sequence == 0 ? "first sequence" : "after reset()");
-        g.reset();
-        ASSERT_TRUE(g.append(prompt).ok());
-        std::vector<int32_t> out;
-        std::vector<int> drafting_at;  // the tokens generated before each step with drafts
-        while (out.size() < 300) {
-            const size_t before = out.size();
-            ASSERT_TRUE(g.step(1 + kMaxGamma, &out).ok());
-            if (g.stats().last_gamma > 0) drafting_at.push_back(int(before));
-        }
-        // Probes at 16 and 32 plain steps after the policy settled on plain decoding, then none
-        // (without the rule, the next ones came after 64 and 128 more).
-        ASSERT_FALSE(drafting_at.empty());
-        EXPECT_GE(drafting_at.back(), 16) << ::testing::PrintToString(drafting_at);
-        EXPECT_LT(drafting_at.back(), 100) << ::testing::PrintToString(drafting_at);
-    }
-}
-
 // A draft whose calls of one or two tokens (the timed ones) sleep `hiccup` longer while armed:
 // a step of drafts on which the thread lost its core.
 class HiccupDecoder : public SlowDecoder {
@@ -1049,6 +1017,77 @@ class HiccupDecoder : public SlowDecoder {
   private:
     std::chrono::microseconds hiccup_;
 };
+
+// The tokens generated before each step with drafts, over the first `n` of a sequence.
+std::vector<int> drafting_steps(Generator& g, std::span<const int32_t> prompt, size_t n) {
+    std::vector<int> at;
+    g.reset();
+    EXPECT_TRUE(g.append(prompt).ok());
+    std::vector<int32_t> out;
+    while (out.size() < n) {
+        const size_t before = out.size();
+        if (!g.step(1 + kMaxGamma, &out).ok()) {
+            ADD_FAILURE() << "a step failed";
+            break;
+        }
+        if (g.stats().last_gamma > 0) at.push_back(int(before));
+    }
+    return at;
+}
+
+TEST(Speculative, TwoCostlyProbesInARowEndTheProbing) {
+    // A draft whose calls of one or two tokens take 40 ms where a plain step takes 10 ms, and
+    // whose catch-up on missed tokens costs what the draft costs (a probe can pay for it): after
+    // its first steps with drafts (which measure the draft) the policy decodes plainly, and the
+    // probes after 16 and 32 plain steps are both costly (costly_probe()), so there is none after
+    // them: steps with drafts at tokens 2, 20 and 54 of 160 here, where without the rule the
+    // probes went on (119). A new sequence probes again (15, 48). Fails if two costly probes do
+    // not end the probing, or if reset() does not start it again.
+    AnalyticPairOnCpu p;
+    ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p, 512));
+    SlowDecoder target(*p.pair.target, {}, std::chrono::milliseconds(10));
+    HiccupDecoder slow_draft(*p.pair.draft, std::chrono::milliseconds(40));
+    slow_draft.armed = true;
+    Generator g(target, &slow_draft, p.config);
+    const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701};
+    for (int sequence = 0; sequence < 2; ++sequence) {
+        SCOPED_TRACE(sequence == 0 ? "first sequence" : "after reset()");
+        const std::vector<int> drafting_at = drafting_steps(g, prompt, 160);
+        // Probes at 16 and 32 plain steps after the policy settled on plain decoding, then none
+        // (without the rule, the next ones came after 64 and 128 more).
+        ASSERT_FALSE(drafting_at.empty());
+        EXPECT_GE(drafting_at.back(), 40) << ::testing::PrintToString(drafting_at);
+        EXPECT_LT(drafting_at.back(), 100) << ::testing::PrintToString(drafting_at);
+    }
+}
+
+TEST(Speculative, AProbeThatCannotPayForItsCatchUpIsNotMade) {
+    // A draft that costs 20 ms a token where a plain step costs ~0.1 ms: the first step with
+    // drafts evaluates the prompt first and measures what a missed token costs the draft, 200
+    // times a plain step, and the first probe measures it again; then a probe after any number
+    // of plain steps costs more than a twentieth of them (probe_priced_out()) and none is made:
+    // steps with drafts at tokens 2 and 18 of 300 here, where without the price the probes went
+    // on (50, 115, 244). Fails if the catch-up is not measured or the probe not priced.
+    AnalyticPairOnCpu p;
+    ASSERT_NO_FATAL_FAILURE(load_analytic_pair_on_cpu(&p, 512));
+    SlowDecoder slow_draft(*p.pair.draft, std::chrono::milliseconds(20));
+    Generator g(*p.pair.target, &slow_draft, p.config);
+    const std::vector<int32_t> prompt = {1,   450,  4996, 17354, 1701, 338,
+                                         263, 1243, 310,  278,   29889};
+    const std::vector<int> drafting_at = drafting_steps(g, prompt, 300);
+    ASSERT_FALSE(drafting_at.empty());
+    EXPECT_LT(drafting_at.back(), 40) << ::testing::PrintToString(drafting_at);
+    EXPECT_GT(g.measurements().catch_up_token, 0.015);
+}
+
+TEST(Speculative, AProbeIsPricedOutWhenItsCatchUpCostsMoreThanThePlainStepsAllow) {
+    // A draft as large as its target on a GPU, 16 tokens missed: 5.9 ms, 1.0 allowed.
+    EXPECT_TRUE(probe_priced_out(0.37e-3, 2, 1.3e-3, 16, 0.0));
+    EXPECT_FALSE(probe_priced_out(0.37e-3, 1, 1.3e-3, 16, 0.0));     // measured once
+    EXPECT_FALSE(probe_priced_out(0.37e-3, 2, 1.3e-3, 16, 5.0e-3));  // drafting saved enough
+    EXPECT_FALSE(probe_priced_out(0.05e-3, 2, 1.3e-3, 16, 0.0));     // a 2-layer draft of 16
+    EXPECT_FALSE(probe_priced_out(0.37e-3, 2, 0.0, 16, 0.0));        // plain decoding unmeasured
+}
 
 TEST(Speculative, ASlowMeasurementOfTheDraftAtTheStartIsCorrected) {
     // On a busy 2-core machine the first measured steps of drafts can take 20 times their

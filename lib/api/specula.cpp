@@ -2,9 +2,11 @@
 // of any exception from the standard library) into specula_status.
 #include "specula.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <span>
@@ -62,12 +64,23 @@ struct StepQueue {
     bool batch_tried = false;
 };
 
+// Serial numbers of loaded models: a freed draft's address can be a new model's.
+uint64_t next_model_serial() {
+    static std::atomic<uint64_t> last{0};
+    return ++last;
+}
 }  // namespace
 
 struct specula_model {
     std::unique_ptr<LlamaModel> impl;
     specula_backend* backend = nullptr;
     StepQueue steps;  // after impl: its batch goes first
+    const uint64_t serial = next_model_serial();
+    // What the γ policy measured of this target with each draft (by the draft's serial; 0 for
+    // none), under the backend's turn: a session starts from what the last one of the pair
+    // measured, as a session's next sequence does, instead of paying again for a step of drafts
+    // after the prompt and the probes that find a draft which cannot pay.
+    std::map<uint64_t, PairMeasurements> measured_with;
 };
 
 struct specula_session {
@@ -77,6 +90,7 @@ struct specula_session {
     // What the γ policy measured of the pair: kept when the generator is rebuilt for new
     // sampling settings (specula_session_set_sampling).
     PairMeasurements measurements;
+    uint64_t draft_serial = 0;  // the key of `measurements` in the model's measured_with
     std::unique_ptr<Generator> generator;
     specula_session_stats stats{};  // the prompt and timing part; the rest comes from the generator
     // Tokens of the last step that were committed but not reported because generation ended
@@ -655,6 +669,12 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
             SPECULA_TRY(model->impl->tokenizer().check_draft(draft.tokenizer()));
             SPECULA_TRY(LlamaContext::create(draft, n_ctx, kMaxBatch, &s->draft));
         }
+        s->draft_serial = p.draft != nullptr ? p.draft->serial : 0;
+        s->measurements = model->measured_with[s->draft_serial];
+        // What the drafts realized was on another conversation's text: a new one starts from
+        // the pair's estimates (costs, α) alone.
+        for (StepMeasurements* m : {&s->measurements.greedy, &s->measurements.sampled})
+            m->realized_model = m->realized_lookup = RealizedRate{};
         s->generator =
             std::make_unique<Generator>(*s->target, s->draft.get(), config, &s->measurements);
         *out = s.release();
@@ -687,6 +707,7 @@ specula_status specula_session_set_sampling(specula_session* session, float temp
 void specula_session_free(specula_session* session) {
     if (session == nullptr) return;
     std::lock_guard turn(session->model->backend->turn);
+    session->model->measured_with[session->draft_serial] = session->measurements;
     delete session;
 }
 

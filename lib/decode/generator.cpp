@@ -13,7 +13,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The backend's time slots of a step on the device (Backend::mark_time()).
-enum TimeMark : int { kStepStart, kDraftsDone, kTargetDone, kVerified, kFirstDraftDone };
+enum TimeMark : int {
+    kStepStart,
+    kDraftsDone,
+    kTargetDone,
+    kVerified,
+    kFirstDraftDone,
+    kCatchUpStart
+};
+
+// What a probe may cost beyond plain decoding: this share of the plain steps before it.
+constexpr double kProbeShare = 1.0 / 20;
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -107,10 +117,15 @@ bool drafting_loses(const RealizedRate& drafting, const RealizedRate& plain) {
 }
 
 bool costly_probe(double step_seconds, size_t emitted, double plain_seconds, int plain_steps) {
-    constexpr double kMostShare = 1.0 / 20;
     if (!(plain_seconds > 0)) return false;  // nothing to weigh it against
     const double overhead = step_seconds - double(emitted) * plain_seconds;
-    return overhead > kMostShare * plain_seconds * double(plain_steps);
+    return overhead > kProbeShare * plain_seconds * double(plain_steps);
+}
+
+bool probe_priced_out(double catch_up_token, int catch_up_samples, double plain_seconds, int missed,
+                      double saved) {
+    if (catch_up_samples < 2 || !(plain_seconds > 0)) return false;
+    return (catch_up_token - kProbeShare * plain_seconds) * double(missed) > saved;
 }
 
 Generator::Generator(Decoder& target, Decoder* draft, const Config& config,
@@ -134,6 +149,7 @@ void Generator::reset() {
     plain_steps_ = 0;
     probe_every_ = kProbeEvery;
     costly_probes_ = 0;
+    drafting_saved_ = 0;
     stats_ = GeneratorStats{};
     masks_.reset();
     masks_from_ = 0;
@@ -203,7 +219,12 @@ int Generator::next_gamma() const {
             // drafting wins, two plain steps now and then keep the cost it is weighed against
             // measured (a lone plain step measures nothing: step_on_device).
             if (m.drafting_since_plain + 1 >= kProbeEvery || plain_steps_ == 1) return 0;
-            const int gamma_min = plain_steps_ + 1 >= probe_every_ ? 1 : 0;
+            const int gamma_min =
+                plain_steps_ + 1 >= probe_every_ &&
+                        !probe_priced_out(m.catch_up_token, m.catch_up_samples, m.target_seconds[1],
+                                          plain_steps_ + 1, drafting_saved_)
+                    ? 1
+                    : 0;
             // Drafting that has realized less than plain decoding stops but for the probes,
             // whatever the estimate says.
             if (gamma_min == 0 && drafting_loses(m.realized_model, m.realized_plain)) return 0;
@@ -385,6 +406,10 @@ Status Generator::run_step(StepPlan plan, int max_tokens, std::vector<int32_t>* 
             if (costly_probes_ >= 2) probe_every_ = kNeverProbe;
         }
     }
+    if (gamma > 0 && !plan.lookup && measured.target_seconds[1] > 0)
+        drafting_saved_ = std::max(
+            drafting_saved_ + double(emitted.size()) * measured.target_seconds[1] - step_seconds,
+            0.0);
     if (gamma > 0)
         (plan.lookup ? measured.realized_lookup : measured.realized_model)
             .add(double(emitted.size()), step_seconds_, RealizedRate::kSkipFirst);
@@ -464,6 +489,7 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
     }
     std::vector<float> unused;
     int draft_first = 0;  // the committed tokens the draft holds when the step's calls start
+    int caught_up = 0;    // the missed tokens it evaluates in one forward before them
     if (model_drafts > 0) {
         SPECULA_TRY(draft_->prepare());
         // The draft is one or two committed tokens behind, which its first timed forward
@@ -476,8 +502,11 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
         draft_first = draft_->n_past();
         be.upload(draft_->input_ids(0, L - draft_first),
                   committed_for(*draft_, size_t(draft_first), size_t(L)).data());
-        if (L - draft_first > 2)
-            SPECULA_TRY(draft_->record(draft_->input_ids(0, L - draft_first - 1), false));
+        if (L - draft_first > 2) {
+            caught_up = L - draft_first - 1;
+            be.mark_time(kCatchUpStart);
+            SPECULA_TRY(draft_->record(draft_->input_ids(0, caught_up), false));
+        }
     }
     if (!forward_done) SPECULA_TRY(catch_up(target_, 1, &unused));
 
@@ -589,6 +618,13 @@ Status Generator::step_on_device(int gamma, const std::vector<int32_t>* proposed
     if (model_drafts > 1)
         m.draft.next = updated_cost(m.draft.next, m.draft_next_samples++,
                                     be.seconds_between(kFirstDraftDone, kDraftsDone) / (gamma - 1));
+    // A forward of a few tokens is priced by its fixed costs (launches, the weights' first read),
+    // not by what a token adds.
+    constexpr int kFewestCaughtUp = 8;
+    if (caught_up >= kFewestCaughtUp)
+        m.catch_up_token =
+            updated_cost(m.catch_up_token, m.catch_up_samples++,
+                         be.seconds_between(kCatchUpStart, kStepStart) / double(caught_up));
     // A plain step right after the prompt or after a step with drafts finds the draft's weights
     // in the caches, where the target's were (on the cpu, a model of 90 MB: 3 ms against 1.6
     // warm); plain decoding does not pay that, so only a plain step after a plain one measures it.

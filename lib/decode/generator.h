@@ -107,6 +107,11 @@ struct StepMeasurements {
     // per sequence: a speech window ends in ~10 steps, and a count per window would never reach
     // the next plain measurement.
     int drafting_since_plain = 0;
+    // The draft's cost of evaluating a token it missed (the prompt, plain steps), in the batched
+    // forward that brings it up to date before a step with drafts: what a probe pays for every
+    // plain step before it (probe_priced_out()).
+    double catch_up_token = 0;
+    int catch_up_samples = 0;
     // The model-free drafts judged and accepted, per length of the suffix the lookup matched
     // (a draft that continues a long match is accepted more often than one after one token).
     std::array<uint64_t, kMaxLookupNgram + 1> lookup_judged{}, lookup_accepted{};
@@ -265,6 +270,9 @@ class Generator {
     static constexpr int kNeverProbe = 1 << 30;
     int probe_every_ = kProbeEvery;  // a step with drafts after this many plain ones
     int costly_probes_ = 0;          // costly_probe()s in a row
+    // What the steps with the draft model's drafts saved in this sequence against plain steps
+    // (at the measured plain cost), never below 0: what a probe may spend (probe_priced_out()).
+    double drafting_saved_ = 0;
     GeneratorStats stats_;
     std::optional<MaskProgram> masks_;
     size_t masks_from_ = 0;  // committed_[masks_from_..] are the tokens the masks see
@@ -314,5 +322,16 @@ double expected_rate(double alpha, const DraftCost& draft, std::span<const doubl
 // weights lost 13-18% of plain decoding to probes every 16-256 steps. Two in a row end the
 // probing until Generator::reset().
 bool costly_probe(double step_seconds, size_t emitted, double plain_seconds, int plain_steps);
+
+// Whether a probe after plain steps costs more than they allow, priced before it is made: the
+// draft first evaluates the `missed` tokens, at `catch_up_token` seconds each, where the plain
+// steps allow a twentieth of their time (`missed` × `plain_seconds`, as costly_probe()) and
+// what drafting saved earlier in the sequence (`saved`). A draft as large as its target (on a
+// GPU a batched forward took 0.37 ms a token against 1.3 ms for a decode step) can probe only
+// on what its drafts saved; a 2-layer draft of 16 layers can probe anyway. The price needs two
+// measurements of the catch-up (`catch_up_samples`; updated_cost() keeps the faster): one
+// slowed by a busy machine would otherwise end the probing, which alone measures it again.
+bool probe_priced_out(double catch_up_token, int catch_up_samples, double plain_seconds, int missed,
+                      double saved);
 
 }  // namespace specula
