@@ -432,7 +432,9 @@ SPECULA_API specula_generate_params specula_generate_default_params(void);
 SPECULA_API void specula_generate_default_params_by_ref(specula_generate_params* params);
 
 /* A context on the model; the caller owns *out (specula_session_free), and the model (and the
- * draft) must outlive it. SPECULA_ERR_VOCAB_MISMATCH: the draft's vocabulary is not the target's
+ * draft) must outlive it. With a draft, the γ policy starts from what the last freed session of
+ * the same target and draft measured (their costs and acceptance rate), as after
+ * specula_session_reset. SPECULA_ERR_VOCAB_MISMATCH: the draft's vocabulary is not the target's
  * (the message names the first difference); SPECULA_ERR_OUT_OF_MEMORY: the context does not
  * fit the backend (nothing is allocated); SPECULA_ERR_INVALID_ARGUMENT: parameters out of range,
  * or a draft on another backend. */
