@@ -11,15 +11,20 @@
 # quick rehearsal on a machine without a GPU), SPECULA_REPORT_SHAPE_8B the 8B file's;
 # SPECULA_REPORT_MODELS is where they are written (default OUT_DIR/models, 1.8 GB, and 4.1 GB
 # while the 8B step runs); SPECULA_REPORT_TEST_SECONDS bounds the test run;
-# SPECULA_REPORT_STEPS picks steps (default: tests bench 8b verify speculative pairs profile).
+# SPECULA_REPORT_STEPS picks steps (default: tests bench 8b verify speculative pairs profile, and
+# peer where LLAMA_CPP_BIN names a folder with llama.cpp's llama-bench and
+# llama-speculative-simple, built elsewhere with its GPU backend: the dialled 8B pair and the 1B
+# file beside it, alternating, three rounds; SPECULA_REPORT_PEER_BACKEND is specula's backend
+# there, default cuda, and SPECULA_REPORT_PAIR_SHAPE the pair's shape options).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${1:-build/release}
 out=${2:-gpu-report}
 mkdir -p "$out"
 shape=${SPECULA_REPORT_SHAPE:-"--n-embd 2048 --n-layer 16 --n-head 32 --n-head-kv 8 --n-ff 8192 --n-ctx 2048"}
 
-steps=" ${SPECULA_REPORT_STEPS:-tests bench 8b verify speculative pairs profile} "
+default_steps="tests bench 8b verify speculative pairs profile${LLAMA_CPP_BIN:+ peer}"
+steps=" ${SPECULA_REPORT_STEPS:-$default_steps} "
 step() { echo "== $1 ($(date +%T))"; }
 want() { [[ "$steps" == *" $1 "* ]]; }
 
@@ -138,6 +143,45 @@ if want pairs; then
     done
   done
   rm -f "$models"/pair-*.gguf
+fi
+if want peer; then
+  # Beside llama.cpp (LLAMA_CPP_BIN): its plain decoding (llama-bench) and speculative decoding
+  # (llama-speculative-simple, drafts of at most 8 and 16, greedy; 8, sampled) against
+  # specula-bench's target alone and pair, on the same files, the programs alternating, three
+  # rounds; then the 1B Q8_0 file's plain decoding.
+  step "beside llama.cpp: the dialled 8B pair, plain and speculative, and the 1B Q8_0 file"
+  peer_prompt="The json module can be used to"
+  # shellcheck disable=SC2086  # pair_maker is a command and its options
+  pair_maker="$build/tools/specula-make-model --vocab tests/data/ggml-vocab-llama-spm.gguf --n-ctx 2048 --head-scale 4 --draft-layers 2"
+  # shellcheck disable=SC2086  # the shape is a list of options
+  $pair_maker ${SPECULA_REPORT_PAIR_SHAPE:---shape llama3.1-8b} --type q4_0 \
+    --late-scale "${SPECULA_REPORT_LATE_8B:-0.05}" -o "$models/pair-8b-t.gguf" \
+    --draft-output "$models/pair-8b-d.gguf" >>"$out/make-pairs.log" 2>&1
+  peer_backend=${SPECULA_REPORT_PEER_BACKEND:-cuda}
+  peer_spec() {
+    "$LLAMA_CPP_BIN/llama-speculative-simple" -m "$models/pair-8b-t.gguf" -md "$models/pair-8b-d.gguf" \
+      --spec-type draft-simple -p "$peer_prompt" -n 128 --spec-draft-n-min 0 -ngl 99 -ngld 99 \
+      -c 2048 "$@" 2>&1 | grep -E "decoded|n_drafted|n_accept|accept  " | tr '\n' ' '
+    echo
+  }
+  for round in 1 2 3; do
+    echo "-- round $round"
+    "$LLAMA_CPP_BIN/llama-bench" -m "$models/pair-8b-t.gguf" -ngl 99 -p 0 -n 128 -r 1 2>&1 | grep -E "tg128|error"
+    for m in 8 16; do printf 'llama.cpp greedy, drafts <= %s: ' $m; peer_spec --spec-draft-n-max $m --temp 0; done
+    printf 'llama.cpp sampled, drafts <= 8: '
+    peer_spec --spec-draft-n-max 8 --temp 0.8 --top-k 40 --top-p 0.95 --seed 1
+    for sampling in "--temp 0" "--temp 0.8 --top-k 40 --top-p 0.95 --seed 1"; do
+      echo "specula $sampling"
+      # shellcheck disable=SC2086  # the sampling options are a list
+      "$build/tools/specula-bench" -m "$models/pair-8b-t.gguf" --model-draft "$models/pair-8b-d.gguf" \
+        --backend "$peer_backend" -p 0 -n 128 -r 3 --verify 0 --gamma-policy auto --gamma 8 $sampling \
+        --prompt-text "$peer_prompt" 2>&1 | tail -n 1
+    done
+    "$LLAMA_CPP_BIN/llama-bench" -m "$models/random-1b-q8_0.gguf" -ngl 99 -p 0 -n 128 -r 1 2>&1 | grep -E "tg128|error"
+    "$build/tools/specula-bench" -m "$models/random-1b-q8_0.gguf" --backend "$peer_backend" -p 0 \
+      -n 128 -r 3 --verify 0 2>&1 | grep -A2 "^| backend" | tail -n 1
+  done | tee "$out/peer.txt"
+  rm -f "$models"/pair-8b-*.gguf
 fi
 if want profile; then
   step "where a decode step's device time goes (Q8_0)"
