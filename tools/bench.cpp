@@ -47,9 +47,9 @@ struct Options {
 
 struct Speculative {
     double decode_tps = 0, alpha = 0, tokens_per_step = 0, mean_gamma = 0, cost_ratio = 0;
-    // The pair's first session (the untimed repetition's, after the target alone had the
-    // weights read in): a new session starts from what the last one measured, so the timed
-    // ones do not pay for measuring the pair again, as a process that runs one session does.
+    // The pair's first session (untimed, after the warm-up): a new session starts from what
+    // the last one measured, so the timed ones do not pay for measuring the pair again, as a
+    // process that runs one session does.
     double first_session_tps = 0;
 };
 
@@ -134,16 +134,28 @@ bool run_api(const Options& o, specula_backend_kind kind, Result* r, specula_mod
                 specula_session_free(session);
                 session = nullptr;
             }
+            // The pair's first session is created before the warm-up's pair session, which
+            // then stores what it measured: it starts afresh but runs after the one-time costs.
+            specula_session* first = nullptr;
+            if (rep < 0 && speculative && s == SPECULA_OK)
+                s = specula_session_create(model, &p, &first);
+            const auto generate_in = [&](specula_session* in, specula_session_stats* out) {
+                specula_status g = specula_session_eval(in, start.data(), start.size());
+                if (g == SPECULA_OK) g = specula_generate(in, &gp, nullptr, 0, nullptr);
+                if (g == SPECULA_OK) g = specula_session_get_stats(in, out);
+                return g;
+            };
             if (s == SPECULA_OK) s = specula_session_create(model, &p, &session);
-            if (s == SPECULA_OK) s = specula_session_eval(session, start.data(), start.size());
-            if (s == SPECULA_OK) s = specula_generate(session, &gp, nullptr, 0, nullptr);
-            if (s == SPECULA_OK) s = specula_session_get_stats(session, &st);
+            if (s == SPECULA_OK) s = generate_in(session, &st);
             specula_session_free(session);
-            if (s != SPECULA_OK) break;
-            if (rep < 0) {
-                if (speculative) first_tg = double(st.n_generated) / st.generate_seconds;
-                continue;
+            if (first != nullptr && s == SPECULA_OK) {
+                specula_session_stats first_st{};
+                s = generate_in(first, &first_st);
+                first_tg = double(first_st.n_generated) / first_st.generate_seconds;
             }
+            specula_session_free(first);
+            if (s != SPECULA_OK) break;
+            if (rep < 0) continue;
             if (!speculative) {
                 pp.push_back(double(prompt_stats.n_prompt_tokens) / prompt_stats.prompt_seconds);
                 tg.push_back(double(st.n_generated) / st.generate_seconds);
