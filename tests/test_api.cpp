@@ -72,7 +72,8 @@ class Api : public ::testing::Test {
         return generate(model, sp, prompt, n);
     }
     std::vector<int32_t> generate(specula_model* m, const specula_session_params& sp,
-                                  const std::string& prompt, int n) {
+                                  const std::string& prompt, int n,
+                                  specula_session_stats* stats = nullptr) {
         specula_session* s = nullptr;
         EXPECT_EQ(specula_session_create(m, &sp, &s), SPECULA_OK);
         const auto ids = tokenize(prompt);
@@ -84,6 +85,9 @@ class Api : public ::testing::Test {
         size_t got = 0;
         EXPECT_EQ(specula_generate(s, &gp, out.data(), out.size(), &got), SPECULA_OK);
         out.resize(got);
+        if (stats != nullptr) {
+            EXPECT_EQ(specula_session_get_stats(s, stats), SPECULA_OK);
+        }
         specula_session_free(s);
         return out;
     }
@@ -332,18 +336,9 @@ TEST_F(Api, ANewSessionOfAPairStartsFromWhatTheLastOneMeasured) {
     sp.gamma_policy = SPECULA_GAMMA_AUTO;
     std::vector<uint64_t> drafted;
     for (int session = 0; session < 2; ++session) {
-        specula_session* s = nullptr;
-        ASSERT_EQ(specula_session_create(model, &sp, &s), SPECULA_OK);
-        const auto ids = tokenize("Once upon a time");
-        ASSERT_EQ(specula_session_eval(s, ids.data(), ids.size()), SPECULA_OK);
-        specula_generate_params gp = specula_generate_default_params();
-        gp.max_tokens = 12;
-        gp.stop_at_eos = false;
-        ASSERT_EQ(specula_generate(s, &gp, nullptr, 0, nullptr), SPECULA_OK);
         specula_session_stats st{};
-        ASSERT_EQ(specula_session_get_stats(s, &st), SPECULA_OK);
+        generate(model, sp, "Once upon a time", 12, &st);
         drafted.push_back(st.n_drafted);
-        specula_session_free(s);
     }
     EXPECT_GE(drafted[0], 2u);  // its measuring step of two drafts
     EXPECT_EQ(drafted[1], 0u);

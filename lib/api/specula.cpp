@@ -671,10 +671,7 @@ specula_status specula_session_create(specula_model* model, const specula_sessio
         }
         s->draft_serial = p.draft != nullptr ? p.draft->serial : 0;
         s->measurements = model->measured_with[s->draft_serial];
-        // What the drafts realized was on another conversation's text: a new one starts from
-        // the pair's estimates (costs, α) alone.
-        for (StepMeasurements* m : {&s->measurements.greedy, &s->measurements.sampled})
-            m->realized_model = m->realized_lookup = RealizedRate{};
+        s->measurements.forget_realized();
         s->generator =
             std::make_unique<Generator>(*s->target, s->draft.get(), config, &s->measurements);
         *out = s.release();
@@ -715,6 +712,7 @@ specula_status specula_session_reset(specula_session* session) {
     return guarded([&] {
         SPECULA_TRY(need(session, "session"));
         session->generator->reset();
+        session->measurements.forget_realized();
         session->unreported.clear();
         session->stats = specula_session_stats{};
         return Status::Ok();

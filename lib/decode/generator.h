@@ -128,6 +128,12 @@ struct StepMeasurements {
 // all its transcriptions (a 5 s window has ~15 tokens, about as many as the probes take).
 struct PairMeasurements {
     StepMeasurements greedy, sampled;
+    // For a new conversation: what the drafts realized was on another text, so it is judged by
+    // the estimates (costs, α) first.
+    void forget_realized() {
+        for (StepMeasurements* m : {&greedy, &sampled})
+            m->realized_model = m->realized_lookup = RealizedRate{};
+    }
 };
 
 // A running mean of a cost after one more measurement of it (`samples` before this one). What
