@@ -747,6 +747,7 @@ SPECULA_INT_KERNEL HWY_INLINE void BlockSums(const uint8_t* blk, int h, const in
 // behind the stream: with three or more inputs, whose products are bound by arithmetic rather
 // than memory, and at every input count where prefetches_every_product() (kernels.h) says so.
 constexpr size_t kPrefetchAhead = 2048;
+constexpr size_t kCacheLineBytes = 64;
 constexpr int kPrefetchFromInputs = 3;
 template <GgmlType T, int C, bool kExpanded = false>
 SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x, int64_t c0,
@@ -771,7 +772,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
             const uint8_t* unit = P::unit(group, b);
             const int8_t* xq = x.q + c0 * x.cols + b * 32;  // input c0 + c at xq + c * x.cols
             if (C >= kPrefetchFromInputs || prefetch)
-                for (size_t line = 0; line < P::kBytes; line += 64)
+                for (size_t line = 0; line < P::kBytes; line += kCacheLineBytes)
                     hwy::Prefetch(blk + kPrefetchAhead + line);
             VI isum[C];
             if constexpr (T == GgmlType::kQ6_K) {
@@ -1091,6 +1092,22 @@ void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const float* 
     }
 }
 
+// Asks for the cache lines of `bytes` bytes from p. The attention kernels read a head's keys
+// and values once per verification (Whisper's cross-attention: 1500 keys of every layer, read
+// from memory at each target call) and compute on each block for several queries; where a core
+// does not overlap that compute with the reads on its own (the values are one head's 256 bytes
+// of every key's row, a strided walk), a target call of 5 positions cost 1.5-1.7x one of 1 on
+// a 2-vCPU Intel Xeon, and 1.2-1.3x with the next keys asked for ahead (docs/benchmarks.md).
+HWY_INLINE void PrefetchBytes(const float* p, size_t bytes) {
+    const auto* first = reinterpret_cast<const uint8_t*>(p);
+    const uint8_t* last = first + bytes - 1;
+    for (const uint8_t* line = first; line < last; line += kCacheLineBytes)
+        hwy::Prefetch(line);
+    hwy::Prefetch(last);
+}
+// The blocks of transposed keys asked for ahead of the one being scored.
+constexpr int kKeyBlocksAhead = 2;
+
 constexpr int kWeighQueries = 4;
 using Weigher = void (*)(const float*, int64_t, int, int, const float*, int64_t, int, float*);
 constexpr std::array<Weigher, kWeighQueries> kWeighers = {&WeighValues<1>, &WeighValues<2>,
@@ -1105,6 +1122,8 @@ void Weigh(const float* p, int64_t p_stride, const float* sums, int n_queries, i
            const float* v, int64_t v_stride, int head_dim, float* out) {
     for (int t0 = 0; t0 < n_keys; t0 += kWeighKeys) {
         const int t1 = std::min(n_keys, t0 + kWeighKeys);
+        for (int t = t1; t < std::min(n_keys, t1 + kWeighKeys); ++t)
+            PrefetchBytes(v + t * v_stride, size_t(head_dim) * sizeof(float));
         for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
             const int queries = std::min(kWeighQueries, n_queries - c0);
             kWeighers[size_t(queries - 1)](p + c0 * p_stride, p_stride, t0, t1, v, v_stride,
@@ -1262,11 +1281,15 @@ void AttendTransposed(const float* q, int n_queries, const int* first, const int
     // A block of keys (4 KiB at head_dim 64) is read from memory once and from L1 by the other
     // queries: with the queries outside, a verification's 5-8 rows read a decoder's
     // cross-attention keys (Whisper's 1500) from memory once per kScoreQueries.
+    const size_t block_floats = size_t(head_dim) * kKeyBlock;
     for (int b = 0; b < blocks; ++b) {
+        if (b + kKeyBlocksAhead < blocks)
+            PrefetchBytes(kt + size_t(b + kKeyBlocksAhead) * block_floats,
+                          block_floats * sizeof(float));
         for (int c0 = 0; c0 < n_queries; c0 += kScoreQueries) {
             const int queries = std::min(kScoreQueries, n_queries - c0);
             kScoresOfABlock[size_t(queries - 1)](q + c0 * head_dim, head_dim,
-                                                 kt + int64_t(b) * head_dim * kKeyBlock,
+                                                 kt + size_t(b) * block_floats,
                                                  scores + c0 * stride + b * kKeyBlock, stride);
         }
     }
