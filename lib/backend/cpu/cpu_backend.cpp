@@ -671,8 +671,7 @@ class CpuBackend final : public Backend {
     // verification batch is one block), each row seeing its own keys. Jobs go head by head: a
     // thread's next job reads the same head's keys and values (768 KiB at Whisper large's 1500
     // keys) from its L2 rather than every head's of the layer (15 MiB) in turn from L3 or
-    // memory, as an encoder window's 188 blocks of rows would (large-v2's encoder window
-    // 11.0 -> 10.4 s, medians of six alternating runs on an Intel Xeon). No sum across lanes per
+    // memory, as an encoder window's 188 blocks of rows would. No sum across lanes per
     // score: 1.6-2.4x faster than attend() over rows of keys (Whisper's 250 or 1500 keys,
     // head_dim 64). False when the transpose cannot be had (no memory): attention() then reads
     // the keys themselves.

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -1092,18 +1093,16 @@ void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const float* 
     }
 }
 
-// Asks for the cache lines of `bytes` bytes from p. The attention kernels read a head's keys
-// and values once per verification (Whisper's cross-attention: 1500 keys of every layer, read
-// from memory at each target call) and compute on each block for several queries; where a core
-// does not overlap that compute with the reads on its own (the values are one head's 256 bytes
-// of every key's row, a strided walk), a target call of 5 positions cost 1.5-1.7x one of 1 on
-// a 2-vCPU Intel Xeon, and 1.2-1.3x with the next keys asked for ahead (docs/benchmarks.md).
+// Asks for every cache line that holds one of `bytes` bytes from p, each once. The attention
+// kernels compute on a block of keys for several queries between reads, and a core need not
+// overlap that with the reads on its own (the values are one head's slice of every key's row, a
+// strided walk): they ask for the next keys themselves (docs/DESIGN.md, "Attention reads the keys
+// transposed").
 HWY_INLINE void PrefetchBytes(const float* p, size_t bytes) {
-    const auto* first = reinterpret_cast<const uint8_t*>(p);
-    const uint8_t* last = first + bytes - 1;
-    for (const uint8_t* line = first; line < last; line += kCacheLineBytes)
-        hwy::Prefetch(line);
-    hwy::Prefetch(last);
+    const auto start = reinterpret_cast<uintptr_t>(p);
+    for (uintptr_t line = start & ~uintptr_t(kCacheLineBytes - 1); line < start + bytes;
+         line += kCacheLineBytes)
+        hwy::Prefetch(reinterpret_cast<const uint8_t*>(line));
 }
 // The blocks of transposed keys asked for ahead of the one being scored.
 constexpr int kKeyBlocksAhead = 2;
