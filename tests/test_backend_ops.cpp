@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
 #include "backend_util.h"
 #include "format/quant.h"
 
@@ -1002,7 +1003,8 @@ TEST(CpuOps, AWideBatchOfQuantizedInputsIsEachRowAlone) {
     auto cpu = create_cpu_backend(2, test::with_path(&specula_backend_options::int8_inputs, true));
     CpuTensors make(*cpu);
     const int64_t cols = 256, rows = 48, n = 600;  // 4800 blocks of inputs: the threads split
-    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+    for (GgmlType type : kWeightTypes) {
+        if (!cpu::has_integer_kernel(type)) continue;
         SCOPED_TRACE(ggml_type_name(type));
         ASSERT_TRUE(cpu->quantizes_inputs(type, n));
         const std::vector<uint8_t> bytes = random_bytes(type, cols, rows, 41);  // read in place
@@ -1019,6 +1021,45 @@ TEST(CpuOps, AWideBatchOfQuantizedInputsIsEachRowAlone) {
             ASSERT_EQ(alone, std::vector<float>(together.begin() + r * rows,
                                                 together.begin() + (r + 1) * rows))
                 << "row " << r;
+        }
+    }
+}
+
+// AMX's tile multiplies (batches of 16 inputs and more, where the CPU has them) give the
+// integer sums of the vector kernels: every type's product is the same floats with them and
+// without, over whole tiles and the inputs past the last, written or added to what out holds.
+TEST(CpuOps, AmxTilesGiveTheVectorKernelsFloats) {
+    if (!cpu::amx_available()) GTEST_SKIP() << "no AMX on this CPU or system";
+    std::unique_ptr<Backend> on = create_cpu_backend(
+                                 2, test::with_path(&specula_backend_options::amx, true)),
+                             off = create_cpu_backend(
+                                 2, test::with_path(&specula_backend_options::amx, false));
+    EXPECT_NE(std::string(on->info().name).find("AMX"), std::string::npos) << on->info().name;
+    EXPECT_EQ(std::string(off->info().name).find("AMX"), std::string::npos) << off->info().name;
+    const int64_t rows = 40, n = 37;  // 2.5 groups of rows; two tiles of inputs and 5 more
+    for (GgmlType type : kWeightTypes) {
+        if (!cpu::has_integer_kernel(type)) continue;
+        for (int64_t cols : row_lengths(type, {96, 256})) {
+            SCOPED_TRACE(case_name(type, cols, n));
+            const std::vector<uint8_t> bytes = random_bytes(type, cols, rows, 43);
+            const std::vector<float> xs = random_floats(size_t(cols * n), 44),
+                                     residual = random_floats(size_t(rows * n), 45);
+            std::vector<float> got[2][2];  // [amx][accumulate]
+            for (int amx = 0; amx < 2; ++amx) {
+                Backend& be = amx ? *on : *off;
+                CpuTensors make(be);
+                std::unique_ptr<Buffer> weights;
+                ASSERT_TRUE(be.load_weights(bytes, type, cols, rows, &weights).ok());
+                const Tensor w{weights.get(), 0, type, cols, rows};
+                const Tensor x = make(cols, n, &xs), out = make(rows, n, nullptr),
+                             sum = make(rows, n, &residual);
+                be.matmul(w, x, out, Backend::Accumulate::kNo);
+                be.matmul(w, x, sum, Backend::Accumulate::kYes);
+                got[amx][0] = read_floats(be, out);
+                got[amx][1] = read_floats(be, sum);
+            }
+            ASSERT_EQ(got[1][0], got[0][0]);
+            ASSERT_EQ(got[1][1], got[0][1]);
         }
     }
 }

@@ -28,6 +28,7 @@ constexpr PathVariable kPaths[] = {
     {&specula_backend_options::tensor_cores, nullptr, nullptr, "SPECULA_CUDA_TENSOR_CORES"},
     {&specula_backend_options::split_attention, nullptr, nullptr, "SPECULA_CUDA_SPLIT_ATTENTION"},
     {&specula_backend_options::host_rules, nullptr, nullptr, "SPECULA_CUDA_HOST_RULES"},
+    {&specula_backend_options::amx, "SPECULA_CPU_AMX", nullptr, nullptr},
 };
 
 const char* variable(const PathVariable& v, specula_backend_kind kind) {

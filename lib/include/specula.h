@@ -148,6 +148,8 @@ typedef struct specula_backend_options {
                                      on) */
     specula_path host_rules;      /* CUDA: mask programs (Whisper's rules) on the host (default
                                      off) */
+    specula_path amx;             /* cpu: batches of 16 inputs and more by AMX tile multiplies
+                                     (default: where the CPU and the system have them) */
     bool barrier_every_dispatch;  /* Vulkan: a barrier after every dispatch (a baseline) */
     bool profile;                 /* cpu, Vulkan: each op timed, the table written to stderr
                                      when the backend is freed */

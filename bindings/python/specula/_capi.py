@@ -28,7 +28,7 @@ class DeviceInfo(Structure):
 PATH_AUTO, PATH_ON, PATH_OFF = 0, 1, 2  # specula_path
 BACKEND_PATHS = ("int8_inputs", "tiled", "fused_norm", "fused_rope", "fused_gate", "subgroups",
                  "pin_subgroup", "small_storage", "staged", "tensor_cores", "split_attention",
-                 "host_rules")
+                 "host_rules", "amx")
 
 
 class BackendOptions(Structure):

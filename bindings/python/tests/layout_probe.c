@@ -29,6 +29,7 @@ int main(void) {
     FIELD(specula_backend_options, tensor_cores);
     FIELD(specula_backend_options, split_attention);
     FIELD(specula_backend_options, host_rules);
+    FIELD(specula_backend_options, amx);
     FIELD(specula_backend_options, barrier_every_dispatch);
     FIELD(specula_backend_options, profile);
     FIELD(specula_backend_options, max_binding_bytes);

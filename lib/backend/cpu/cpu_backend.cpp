@@ -237,11 +237,12 @@ class CpuBackend final : public Backend {
     CpuBackend(int n_threads, const specula_backend_options& options)
         : profile_(options.profile),
           pool_(n_threads),
-          int8_inputs_(path_on(options.int8_inputs, true)) {
+          int8_inputs_(path_on(options.int8_inputs, true)),
+          amx_(path_on(options.amx, true) && cpu::amx_available()) {
         info_.kind = SPECULA_BACKEND_CPU;
         info_.index = 0;
-        std::snprintf(info_.name, sizeof info_.name, "cpu (%d threads, %s)", pool_.size(),
-                      cpu::simd_target());
+        std::snprintf(info_.name, sizeof info_.name, "cpu (%d threads, %s%s)", pool_.size(),
+                      cpu::simd_target(), amx_ ? ", AMX" : "");
     }
 
     const specula_device_info& info() const override { return info_; }
@@ -747,8 +748,8 @@ class CpuBackend final : public Backend {
     }
 
     // The arguments of a matmul; qx: x quantized (quantized()), for weights with integer kernels.
-    static cpu::MatmulArgs matmul_args(const Tensor& w, const Tensor& x, const Tensor& out,
-                                       Accumulate accumulate, const cpu::QuantizedInputs* qx) {
+    cpu::MatmulArgs matmul_args(const Tensor& w, const Tensor& x, const Tensor& out,
+                                Accumulate accumulate, const cpu::QuantizedInputs* qx) const {
         cpu::MatmulArgs a{w.type,   bytes_of(w), w.row_bytes(),
                           w.cols,   f32(x),      x.rows,
                           f32(out), out.cols,    accumulate == Accumulate::kYes};
@@ -756,6 +757,7 @@ class CpuBackend final : public Backend {
             a.qx = qx;
             // Packed at load time when the tensor is a whole loaded matrix; else as it is used.
             if (w.offset == 0) a.packed = static_cast<CpuBuffer*>(w.buffer)->packed();
+            a.amx = amx_;
         }
         return a;
     }
@@ -816,6 +818,7 @@ class CpuBackend final : public Backend {
     OpProfile profile_;
     ThreadPool pool_;
     bool int8_inputs_;              // options.int8_inputs
+    bool amx_;                      // options.amx, where cpu::amx_available()
     cpu::QuantizedInputArrays qx_;  // quantized(): the inputs of the current matmul
     struct {                        // where qx_ was read from
         const Buffer* buffer = nullptr;

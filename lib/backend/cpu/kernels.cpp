@@ -573,6 +573,71 @@ struct IntSums {
     }
     HWY_INLINE VI get() const { return s; }
 };
+// AMX (Intel's tile multiplies, from Sapphire Rapids on): one TDPBSUD multiplies a tile of 16
+// inputs' 32 signed bytes by a packed block's 8 chunks of 16 rows x 4 unsigned bytes (the
+// layout AMX reads its second operand in) into the 16 x 16 integer sums of a group tile of
+// kTileInputs inputs: the sums IntSums gives, so the epilogue, and every float, is the same.
+// The inputs are first copied in tile order (TileOrder): a tile's block is 512 contiguous
+// bytes. The sums of the next kAmxSums tiles' blocks are asked for before the float epilogue
+// of the current ones, which hides the tile multiplies' latency behind it. Tiles 0-3: sums
+// (16 x 16 int32); 4, 5: inputs; 6, 7: weights (Q6_K: each block's halves apart, 16 columns).
+#define SPECULA_AMX_KERNEL __attribute__((target(HWY_TARGET_STR ",avx512vnni,amx-tile,amx-int8")))
+constexpr bool kHasAmxKernel = true;
+static_assert(kGroupRows == 16 && kLanes == 16 && kTileInputs == 16);
+constexpr int64_t kTileBlockBytes = kTileInputs * 32;  // a tile's inputs of one block
+constexpr int kAmxSums = 4;                            // tiles of sums in flight
+using AmxSums = int32_t[kAmxSums][kTileInputs * kGroupRows];
+struct alignas(64) AmxTiles {
+    uint8_t palette = 1, start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+};
+// kHalves: Q6_K's, whose blocks have a scale per half.
+SPECULA_AMX_KERNEL void AmxConfigure(bool halves) {
+    static const AmxTiles whole{.bytes_per_row = {64, 64, 64, 64, 32, 32, 64, 64},
+                                .rows = {16, 16, 16, 16, 16, 16, 8, 8}},
+        half{.bytes_per_row = {64, 64, 64, 64, 16, 16, 64, 64},
+             .rows = {16, 16, 16, 16, 16, 16, 4, 4}};
+    _tile_loadconfig(halves ? &half : &whole);
+}
+SPECULA_AMX_KERNEL void AmxRelease() {
+    _tile_release();
+}
+// Sums tile k (< count) of the integer sums of weights w[k] (4 or 8 chunks of 64 bytes) with
+// inputs x[k] (a tile's, 32 bytes apart): sums[k][c * 16 + r].
+SPECULA_AMX_KERNEL HWY_NOINLINE void AmxTileSums(const uint8_t* const* w, const int8_t* const* x,
+                                                 int count, AmxSums& sums) {
+    // GCC's tile intrinsics are asm statements that do not say they read or write memory.
+    asm volatile("" ::: "memory");
+    _tile_zero(0);
+    _tile_loadd(4, x[0], 32);
+    _tile_loadd(6, w[0], 64);
+    _tile_dpbsud(0, 4, 6);
+    if (count > 1) {
+        _tile_zero(1);
+        _tile_loadd(5, x[1], 32);
+        _tile_loadd(7, w[1], 64);
+        _tile_dpbsud(1, 5, 7);
+    }
+    if (count > 2) {
+        _tile_zero(2);
+        _tile_loadd(4, x[2], 32);
+        _tile_loadd(6, w[2], 64);
+        _tile_dpbsud(2, 4, 6);
+    }
+    if (count > 3) {
+        _tile_zero(3);
+        _tile_loadd(5, x[3], 32);
+        _tile_loadd(7, w[3], 64);
+        _tile_dpbsud(3, 5, 7);
+    }
+    _tile_stored(0, sums[0], 64);
+    if (count > 1) _tile_stored(1, sums[1], 64);
+    if (count > 2) _tile_stored(2, sums[2], 64);
+    if (count > 3) _tile_stored(3, sums[3], 64);
+    asm volatile("" ::: "memory");
+}
 #else
 #define SPECULA_INT_KERNEL
 // Highway 1.0.3 has no 8-bit dot product: bytes are widened to 16 bits and multiplied and
@@ -608,6 +673,9 @@ struct IntSums {
 #endif
 #else
 #define SPECULA_INT_KERNEL
+#endif
+#if HWY_TARGET != HWY_AVX3_DL
+constexpr bool kHasAmxKernel = false;
 #endif
 
 // Inputs computed together by one group tile (accumulators: C float vectors and C integer
@@ -748,13 +816,21 @@ SPECULA_INT_KERNEL HWY_INLINE void BlockSums(const uint8_t* blk, int h, const in
 // behind the stream: with three or more inputs, whose products are bound by arithmetic rather
 // than memory, and at every input count where prefetches_every_product() (kernels.h) says so.
 constexpr size_t kPrefetchAhead = 2048;
+// Bytes of 8-bit inputs that IntegerMatmulRows multiplies with each group of rows in turn.
+constexpr int64_t kInputBlockBytes = int64_t(512) << 10;
 constexpr size_t kCacheLineBytes = 64;
 constexpr int kPrefetchFromInputs = 3;
-template <GgmlType T, int C, bool kExpanded = false>
+// kAmx: the integer sums by AmxBlockSums (C = kTileInputs, a block's values one a byte), the
+// inputs c0 .. c0 + C - 1 also at `tiled` in tile order.
+template <GgmlType T, int C, bool kExpanded = false, bool kAmx = false>
 SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x, int64_t c0,
                                   int rows, float* out, int64_t out_stride, bool accumulate,
-                                  bool prefetch) {
+                                  bool prefetch, [[maybe_unused]] const int8_t* tiled = nullptr) {
     using P = Packed<T, kExpanded>;
+    static_assert(!kAmx || (kHasAmxKernel && C == kTileInputs && P::kChunks == 8));
+#if HWY_TARGET == HWY_AVX3_DL
+    [[maybe_unused]] HWY_ALIGN AmxSums amx_sums[2];
+#endif
     const DF df;
     const DI di;
     const hn::Rebind<hwy::float16_t, DF> dh;
@@ -775,10 +851,49 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
             if (C >= kPrefetchFromInputs || prefetch)
                 for (size_t line = 0; line < P::kBytes; line += kCacheLineBytes)
                     hwy::Prefetch(blk + kPrefetchAhead + line);
-            VI isum[C];
-            if constexpr (T == GgmlType::kQ6_K) {
-                VI hi[C];
-                BlockSums<T, C, kExpanded>(blk, h, xq, x.cols, isum, hi);
+            // The integer sums of input c: lo(c), and for Q6_K's second halves hi(c).
+            constexpr bool kHalves = T == GgmlType::kQ6_K;
+            [[maybe_unused]] VI isum[kAmx ? 1 : C], isum_hi[kAmx || !kHalves ? 1 : C];
+            // AMX: block b's sums (Q6_K: of its first half, and of its second at tile_hi)
+            [[maybe_unused]] const int32_t *tile = nullptr, *tile_hi = nullptr;
+#if HWY_TARGET == HWY_AVX3_DL
+            if constexpr (kAmx) {
+                // The sums of blocks b .. b + per - 1 are in amx_sums[(b / per) % 2], asked for
+                // on the turn of the blocks before them.
+                constexpr int64_t per = kHalves ? kAmxSums / 2 : kAmxSums;
+                const auto ask = [&](int64_t b0) {
+                    const uint8_t* w[kAmxSums];
+                    const int8_t* in[kAmxSums];
+                    const int count = int(std::min(per, nb - b0) * (kHalves ? 2 : 1));
+                    for (int k = 0; k < count; ++k) {
+                        const int64_t bk = b0 + (kHalves ? k / 2 : k);
+                        const int half = kHalves ? k % 2 : 0;
+                        w[k] = P::block(group, bk) + kGroupRows * P::kScaleBytes + half * 4 * 64;
+                        in[k] = tiled + bk * kTileBlockBytes + half * 16;
+                    }
+                    AmxTileSums(w, in, count, amx_sums[(b0 / per) % 2]);
+                };
+                if (b == 0) ask(0);
+                if (b % per == 0 && b + per < nb) ask(b + per);
+                const int k = int(b % per) * (kHalves ? 2 : 1);
+                tile = amx_sums[(b / per) % 2][k];
+                tile_hi = amx_sums[(b / per) % 2][kHalves ? k + 1 : k];
+            }
+#endif
+            if constexpr (!kAmx) BlockSums<T, C, kExpanded>(blk, h, xq, x.cols, isum, isum_hi);
+            [[maybe_unused]] const auto lo = [&](int c) {
+                if constexpr (kAmx)
+                    return hn::Load(di, tile + c * kLanes);
+                else
+                    return isum[c];
+            };
+            [[maybe_unused]] const auto hi = [&](int c) {
+                if constexpr (kAmx)
+                    return hn::Load(di, tile_hi + c * kLanes);
+                else
+                    return isum_hi[c];
+            };
+            if constexpr (kHalves) {
                 const hn::Rebind<int8_t, DF> d8;
                 const auto* s8 = reinterpret_cast<const int8_t*>(blk) + h * kLanes;
                 const VI s_lo = hn::PromoteTo(di, hn::LoadU(d8, s8));
@@ -792,14 +907,13 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
                 for (int c = 0; c < C; ++c) {
                     const int64_t i = (c0 + c) * nb + b;
                     const VF dx = hn::Set(df, x.d[i]);
-                    acc[c] = hn::MulAdd(hn::ConvertTo(df, isum[c]), hn::Mul(d_lo, dx), acc[c]);
-                    acc[c] = hn::MulAdd(hn::ConvertTo(df, hi[c]), hn::Mul(d_hi, dx), acc[c]);
+                    acc[c] = hn::MulAdd(hn::ConvertTo(df, lo(c)), hn::Mul(d_lo, dx), acc[c]);
+                    acc[c] = hn::MulAdd(hn::ConvertTo(df, hi(c)), hn::Mul(d_hi, dx), acc[c]);
                     acc[c] = hn::MulAdd(hn::Set(df, x.dsum_lo[i]), off_lo, acc[c]);
                     acc[c] = hn::MulAdd(hn::Set(df, x.dsum_hi[i]), off_hi, acc[c]);
                 }
                 continue;
             }
-            BlockSums<T, C, kExpanded>(blk, h, xq, x.cols, isum, nullptr);
             if constexpr (has_block_min(T)) {
                 VF d1, m1;
                 if constexpr (is_k_quant(T)) {
@@ -820,7 +934,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
                 for (int c = 0; c < C; ++c) {
                     const int64_t i = (c0 + c) * nb + b;
                     const VF dx = hn::Set(df, x.d[i]);
-                    acc[c] = hn::MulAdd(hn::ConvertTo(df, isum[c]), hn::Mul(d1, dx), acc[c]);
+                    acc[c] = hn::MulAdd(hn::ConvertTo(df, lo(c)), hn::Mul(d1, dx), acc[c]);
 #if HWY_NATIVE_FMA
                     acc[c] = hn::MulAdd(hn::Set(df, x.dsum[i]), neg_m1, acc[c]);
 #else
@@ -834,7 +948,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
                 const VF dw = halves(blk, h);
                 for (int c = 0; c < C; ++c) {
                     const int64_t i = (c0 + c) * nb + b;
-                    const VI exact = hn::Sub(isum[c], hn::Set(di, P::kOffset * x.sum[i]));
+                    const VI exact = hn::Sub(lo(c), hn::Set(di, P::kOffset * x.sum[i]));
                     acc[c] = hn::MulAdd(hn::ConvertTo(df, exact), hn::Mul(dw, hn::Set(df, x.d[i])),
                                         acc[c]);
                 }
@@ -857,7 +971,7 @@ SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x
 
 template <GgmlType T>
 using GroupTileFn = void (*)(const uint8_t*, const QuantizedInputs&, int64_t, int, float*, int64_t,
-                             bool, bool);
+                             bool, bool, const int8_t*);
 template <GgmlType T, int... Cs>
 constexpr std::array<GroupTileFn<T>, sizeof...(Cs)> GroupTileTable(
     std::integer_sequence<int, Cs...>) {
@@ -867,49 +981,96 @@ constexpr std::array<GroupTileFn<T>, sizeof...(Cs)> GroupTileTable(
 template <GgmlType T>
 constexpr auto kGroupTiles = GroupTileTable<T>(std::make_integer_sequence<int, kIntCols>());
 
-// Groups of rows in [row_begin, row_end) (row_begin a multiple of kGroupRows), each for all
-// inputs, kIntCols at a time: a group's weights are read from L1 for all of them.
+#if HWY_TARGET == HWY_AVX3_DL
+// The quantized values of `tiles` tiles of kTileInputs inputs from c0 on, in tile order: tile t's
+// inputs of block b are kTileBlockBytes at (t * blocks + b) * kTileBlockBytes, input by input.
+void TileOrder(const QuantizedInputs& x, int64_t c0, int64_t tiles, AlignedVector<int8_t>* out) {
+    const int64_t nb = x.cols / 32;
+    out->resize(size_t(tiles * kTileInputs * x.cols));
+    for (int64_t t = 0; t < tiles; ++t)
+        for (int64_t c = 0; c < kTileInputs; ++c) {
+            const int8_t* src = x.q + (c0 + t * kTileInputs + c) * x.cols;
+            int8_t* dst = out->data() + t * nb * kTileBlockBytes + c * 32;
+            for (int64_t b = 0; b < nb; ++b)
+                std::memcpy(dst + b * kTileBlockBytes, src + b * 32, 32);
+        }
+}
+#endif
+
+// Groups of rows in [row_begin, row_end) (row_begin a multiple of kGroupRows), each for a
+// block of inputs, kIntCols (AMX: kTileInputs) at a time: a group's weights are read from L1 or
+// L2 for all of them.
 template <GgmlType T>
 void IntegerMatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end) {
     const size_t group_bytes = Packed<T>::group_bytes(a.cols);
     const bool prefetch = prefetches_every_product();
     thread_local AlignedVector<uint8_t> scratch, expanded;
+    thread_local AlignedVector<int8_t> tiled;  // AMX: the block's inputs in tile order
 #if HWY_TARGET != HWY_SCALAR
     const bool expand = Packed<T>::kNibbles && a.n >= 2 * kIntCols;
     if (expand) expanded.resize(Packed<T, true>::group_bytes(a.cols));
 #else
     const bool expand = false;
 #endif
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += kGroupRows) {
-        const int64_t g = r0 / kGroupRows;
-        const uint8_t* group = nullptr;
-        if (a.packed != nullptr) {
-            group = a.packed + size_t(g) * group_bytes;
-        } else {
-            scratch.resize(group_bytes);
-            PackRowsOf<T>(a.w, a.row_bytes, row_end, a.cols, g, g + 1, scratch.data());
-            group = scratch.data();
-        }
-        const int rows = int(std::min(kGroupRows, row_end - r0));
-#if HWY_TARGET != HWY_SCALAR
-        if constexpr (Packed<T>::kNibbles) {
-            if (expand) ExpandGroup<T>(group, a.cols / 32, expanded.data());
-        }
+#if HWY_TARGET == HWY_AVX3_DL
+    const bool amx = a.amx && a.n >= kTileInputs && (expand || !Packed<T>::kNibbles);
+    if (amx) AmxConfigure(T == GgmlType::kQ6_K);
+#else
+    const bool amx = false;
 #endif
-        for (int64_t c0 = 0; c0 < a.n; c0 += kIntCols) {
-            const int n = int(std::min<int64_t>(kIntCols, a.n - c0));
-            float* out = a.out + c0 * a.out_stride + r0;
-            if constexpr (Packed<T>::kNibbles) {
-                if (expand && n == kIntCols) {
-                    GroupTile<T, kIntCols, true>(expanded.data(), *a.qx, c0, rows, out,
-                                                 a.out_stride, a.accumulate, prefetch);
-                    continue;
-                }
+    // The inputs a block at a time, each block's groups in turn: the block stays in L2 while
+    // every group of rows reads it, and a group is read once per block. Streamed past each
+    // group, all of a Whisper encoder's 1500 inputs came from L3 once per 16 rows.
+    const int64_t block =
+        std::max<int64_t>(kTileInputs, kInputBlockBytes / a.cols / kTileInputs * kTileInputs);
+    for (int64_t cb = 0; cb < a.n; cb += block) {
+        const int64_t cb_end = std::min(a.n, cb + block);
+#if HWY_TARGET == HWY_AVX3_DL
+        if (amx) TileOrder(*a.qx, cb, (cb_end - cb) / kTileInputs, &tiled);
+#endif
+        for (int64_t r0 = row_begin; r0 < row_end; r0 += kGroupRows) {
+            const int64_t g = r0 / kGroupRows;
+            const uint8_t* group = nullptr;
+            if (a.packed != nullptr) {
+                group = a.packed + size_t(g) * group_bytes;
+            } else {
+                scratch.resize(group_bytes);
+                PackRowsOf<T>(a.w, a.row_bytes, row_end, a.cols, g, g + 1, scratch.data());
+                group = scratch.data();
             }
-            kGroupTiles<T>[size_t(n - 1)](group, *a.qx, c0, rows, out, a.out_stride, a.accumulate,
-                                          prefetch);
+            const int rows = int(std::min(kGroupRows, row_end - r0));
+#if HWY_TARGET != HWY_SCALAR
+            if constexpr (Packed<T>::kNibbles) {
+                if (expand) ExpandGroup<T>(group, a.cols / 32, expanded.data());
+            }
+#endif
+            int64_t c0 = cb;
+            if constexpr (kHasAmxKernel) {
+                // Stored bytes (Q8_0) or the expanded group: AMX reads a block's values as bytes.
+                const uint8_t* bytes = Packed<T>::kNibbles ? expanded.data() : group;
+                for (; amx && c0 + kTileInputs <= cb_end; c0 += kTileInputs)
+                    GroupTile<T, kTileInputs, Packed<T>::kNibbles, true>(
+                        bytes, *a.qx, c0, rows, a.out + c0 * a.out_stride + r0, a.out_stride,
+                        a.accumulate, prefetch, tiled.data() + (c0 - cb) * a.cols);
+            }
+            for (; c0 < cb_end; c0 += kIntCols) {
+                const int n = int(std::min<int64_t>(kIntCols, cb_end - c0));
+                float* out = a.out + c0 * a.out_stride + r0;
+                if constexpr (Packed<T>::kNibbles) {
+                    if (expand && n == kIntCols) {
+                        GroupTile<T, kIntCols, true>(expanded.data(), *a.qx, c0, rows, out,
+                                                     a.out_stride, a.accumulate, prefetch);
+                        continue;
+                    }
+                }
+                kGroupTiles<T>[size_t(n - 1)](group, *a.qx, c0, rows, out, a.out_stride,
+                                              a.accumulate, prefetch, nullptr);
+            }
         }
     }
+#if HWY_TARGET == HWY_AVX3_DL
+    if (amx) AmxRelease();  // the tiles' 8 KB of state no longer saved at each context switch
+#endif
 }
 
 // Up to kRowCols inputs (a decode step, a verification batch) read each weight once: a row
@@ -1317,6 +1478,12 @@ const char* TargetName() {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "core/fp16.h"
 
 namespace specula::cpu {
@@ -1337,6 +1504,24 @@ bool prefetches_every_product() {
 #if defined(__x86_64__) || defined(__i386__)
     static const bool amd = __builtin_cpu_is("amd");
     return !amd;
+#else
+    return false;
+#endif
+}
+
+bool amx_available() {
+#if defined(__x86_64__) && defined(__linux__)
+    static const bool available = [] {
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+        constexpr unsigned kAmxTile = 1u << 24, kAmxInt8 = 1u << 25;  // CPUID.(7, 0):EDX
+        if ((edx & kAmxTile) == 0 || (edx & kAmxInt8) == 0) return false;
+        // The tiles' state is off until the process asks for it (Linux 5.16 on).
+        constexpr long kRequestPermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+        constexpr long kTileData = 18;               // XFEATURE_XTILEDATA
+        return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+    }();
+    return available;
 #else
     return false;
 #endif

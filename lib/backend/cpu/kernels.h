@@ -80,7 +80,17 @@ struct MatmulArgs {
     // the weights packed by pack_rows() (nullptr: each group is packed as it is used).
     const QuantizedInputs* qx = nullptr;
     const uint8_t* packed = nullptr;
+    // Tiles of kTileInputs inputs by AMX's tile multiplies where amx_available() (the rest as
+    // without): the same integer sums, so the same floats.
+    bool amx = false;
 };
+
+// Inputs per AMX tile multiply: a tile of 16 inputs x 32 columns times a packed block's 16 rows.
+constexpr int64_t kTileInputs = 16;
+// Whether this CPU has AMX's int8 tile multiplies and the operating system lets the process use
+// them (Linux asks for the permission once, arch_prctl ARCH_REQ_XCOMP_PERM); the kernels use
+// them on the AVX3_DL instruction set only.
+bool amx_available();
 
 // Whether the integer kernels prefetch the weights themselves at every input count, not only
 // from three inputs on. Where one input streams at the memory's rate unaided (AMD EPYC, Zen 4:
