@@ -1002,7 +1002,9 @@ TEST(BackendSupports, NormedMatmulIsWhatNormedDoes) {
 TEST(CpuOps, AWideBatchOfQuantizedInputsIsEachRowAlone) {
     auto cpu = create_cpu_backend(2, test::with_path(&specula_backend_options::int8_inputs, true));
     CpuTensors make(*cpu);
-    const int64_t cols = 256, rows = 48, n = 600;  // 4800 blocks of inputs: the threads split
+    // 76800 blocks of inputs, which the threads split; the products take them 128 inputs at a
+    // time (512 KiB), the last 88.
+    const int64_t cols = 4096, rows = 48, n = 600;
     for (GgmlType type : kWeightTypes) {
         if (!cpu::has_integer_kernel(type)) continue;
         SCOPED_TRACE(ggml_type_name(type));
@@ -1036,10 +1038,12 @@ TEST(CpuOps, AmxTilesGiveTheVectorKernelsFloats) {
                                  2, test::with_path(&specula_backend_options::amx, false));
     EXPECT_NE(std::string(on->info().name).find("AMX"), std::string::npos) << on->info().name;
     EXPECT_EQ(std::string(off->info().name).find("AMX"), std::string::npos) << off->info().name;
-    const int64_t rows = 40, n = 37;  // 2.5 groups of rows; two tiles of inputs and 5 more
+    // 2.5 groups of rows; 150 inputs: 9 tiles and 6 more, at 4096 columns in two blocks of
+    // inputs (128, then 22)
+    const int64_t rows = 40, n = 150;
     for (GgmlType type : kWeightTypes) {
         if (!cpu::has_integer_kernel(type)) continue;
-        for (int64_t cols : row_lengths(type, {96, 256})) {
+        for (int64_t cols : row_lengths(type, {96, 4096})) {
             SCOPED_TRACE(case_name(type, cols, n));
             const std::vector<uint8_t> bytes = random_bytes(type, cols, rows, 43);
             const std::vector<float> xs = random_floats(size_t(cols * n), 44),

@@ -593,7 +593,7 @@ struct alignas(64) AmxTiles {
     uint16_t bytes_per_row[16];
     uint8_t rows[16];
 };
-// kHalves: Q6_K's, whose blocks have a scale per half.
+// halves: the tiles of Q6_K, whose blocks have a scale per half (16 columns a tile).
 SPECULA_AMX_KERNEL void AmxConfigure(bool halves) {
     static const AmxTiles whole{.bytes_per_row = {64, 64, 64, 64, 32, 32, 64, 64},
                                 .rows = {16, 16, 16, 16, 16, 16, 8, 8}},
@@ -820,7 +820,7 @@ constexpr size_t kPrefetchAhead = 2048;
 constexpr int64_t kInputBlockBytes = int64_t(512) << 10;
 constexpr size_t kCacheLineBytes = 64;
 constexpr int kPrefetchFromInputs = 3;
-// kAmx: the integer sums by AmxBlockSums (C = kTileInputs, a block's values one a byte), the
+// kAmx: the integer sums by AmxTileSums (C = kTileInputs, a block's values one a byte), the
 // inputs c0 .. c0 + C - 1 also at `tiled` in tile order.
 template <GgmlType T, int C, bool kExpanded = false, bool kAmx = false>
 SPECULA_INT_KERNEL void GroupTile(const uint8_t* group, const QuantizedInputs& x, int64_t c0,
@@ -1019,8 +1019,9 @@ void IntegerMatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end) 
     const bool amx = false;
 #endif
     // The inputs a block at a time, each block's groups in turn: the block stays in L2 while
-    // every group of rows reads it, and a group is read once per block. Streamed past each
-    // group, all of a Whisper encoder's 1500 inputs came from L3 once per 16 rows.
+    // every group of rows reads it, and a group is read (or packed, or expanded) once per
+    // block. Streamed past each group, a Whisper encoder's 1500 inputs came from L3 once per
+    // 16 rows.
     const int64_t block =
         std::max<int64_t>(kTileInputs, kInputBlockBytes / a.cols / kTileInputs * kTileInputs);
     for (int64_t cb = 0; cb < a.n; cb += block) {
