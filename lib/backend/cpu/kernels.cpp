@@ -610,28 +610,20 @@ SPECULA_AMX_KERNEL HWY_NOINLINE void AmxTileSums(const uint8_t* const* w, const 
                                                  int count, AmxSums& sums) {
     // GCC's tile intrinsics are asm statements that do not say they read or write memory.
     asm volatile("" ::: "memory");
-    _tile_zero(0);
-    _tile_loadd(4, x[0], 32);
-    _tile_loadd(6, w[0], 64);
-    _tile_dpbsud(0, 4, 6);
-    if (count > 1) {
-        _tile_zero(1);
-        _tile_loadd(5, x[1], 32);
-        _tile_loadd(7, w[1], 64);
-        _tile_dpbsud(1, 5, 7);
-    }
-    if (count > 2) {
-        _tile_zero(2);
-        _tile_loadd(4, x[2], 32);
-        _tile_loadd(6, w[2], 64);
-        _tile_dpbsud(2, 4, 6);
-    }
-    if (count > 3) {
-        _tile_zero(3);
-        _tile_loadd(5, x[3], 32);
-        _tile_loadd(7, w[3], 64);
-        _tile_dpbsud(3, 5, 7);
-    }
+// Sums tile k from inputs loaded into tile `in` and weights into tile `wt` (a macro: GCC's
+// tile intrinsics take a tile's number as a token).
+#define SPECULA_AMX_SUM(k, in, wt) \
+    do {                           \
+        _tile_zero(k);             \
+        _tile_loadd(in, x[k], 32); \
+        _tile_loadd(wt, w[k], 64); \
+        _tile_dpbsud(k, in, wt);   \
+    } while (false)
+    SPECULA_AMX_SUM(0, 4, 6);
+    if (count > 1) SPECULA_AMX_SUM(1, 5, 7);
+    if (count > 2) SPECULA_AMX_SUM(2, 4, 6);
+    if (count > 3) SPECULA_AMX_SUM(3, 5, 7);
+#undef SPECULA_AMX_SUM
     _tile_stored(0, sums[0], 64);
     if (count > 1) _tile_stored(1, sums[1], 64);
     if (count > 2) _tile_stored(2, sums[2], 64);
