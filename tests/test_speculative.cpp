@@ -873,8 +873,7 @@ TEST(Speculative, TheAnalyticPolicyKeepsWhatItMeasuredOfThePair) {
     EXPECT_EQ(greedy.accepted, before.accepted);
     // The next step is what a new sequence given these measurements takes: the best γ for them,
     // or a plain step where they say that drafting realized less than plain decoding or that a
-    // plain measurement is due (which of them this machine's speed decided; comparing with
-    // analytic_gamma() alone failed on a loaded machine).
+    // plain measurement is due (the machine's speed decides which).
     PairMeasurements kept;
     kept.greedy = greedy;
     EXPECT_EQ(g.next_gamma(), Generator(*target, draft, config, &kept).next_gamma());
