@@ -663,7 +663,12 @@ TEST_P(DraftChangesNoTranscript, OnBackend) {
     // takes.
     ASSERT_TRUE(transcribe(nullptr, 0.6f, &alone_sampled, 0.4f).ok());
     EXPECT_GT(alone_sampled.stats.fallbacks, 0);
+    // On Vulkan (llvmpipe: a minute for the runs below) the unrelated draft with its own encoder
+    // and the shared encoder's sampled run are left to the cpu's run: the host code they add is
+    // the same there, and the device's acceptance and resampling are draft 1's.
+    const bool vulkan = kind == SPECULA_BACKEND_VULKAN;
     for (size_t d = 0; d < models.size(); ++d) {
+        if (vulkan && d == 2) continue;
         std::unique_ptr<WhisperContext> other;
         if (d > 0) {
             ASSERT_TRUE(WhisperContext::create(*models[d], 1, &other).ok());
@@ -679,7 +684,7 @@ TEST_P(DraftChangesNoTranscript, OnBackend) {
         // The sampled attempts draw each draft with the target's noise at its position (the
         // coupled acceptance): the transcript is the target alone's for the seed, fallback
         // included. Drafts 1 (some rejected) and 3 (the shared encoder) only: CI time.
-        if (d != 1 && d != 3) continue;
+        if (d != 1 && (d != 3 || vulkan)) continue;
         Transcript sampled;
         ASSERT_TRUE(transcribe(other.get(), 0.6f, &sampled, 0.4f).ok());
         EXPECT_EQ(sampled.stats.fallbacks, alone_sampled.stats.fallbacks) << "draft " << d;
