@@ -46,11 +46,11 @@ cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_CUDA=$
 cmake --build build/release -j "$jobs"
 stage "release tests"
 # Twice as many tests as cores: part of many tests' time is spent starting Python and NumPy,
-# writing model files and waiting on llvmpipe's threads (a third of the suite took 63 s at -j4
+# writing model files and waiting on llvmpipe's threads (47 of the suite's tests took 63 s at -j4
 # and 82 s at -j2 on two cores). The sanitized suite below is bound by its arithmetic: -j4
 # gained nothing there. The tokenizer and chat template oracles of host code alone run once, in
-# the sanitized suite (the largest vocabularies, GPT-4o's and the Gemmas', run here: their every
-# token took 34 s and more there).
+# the sanitized suite, but for the largest vocabularies, GPT-4o's and the Gemmas', which run
+# here (GPT-4o's took 34 s under the sanitizers, 18 s here).
 ctest --test-dir build/release -j "$(( 2 * jobs ))" --output-on-failure \
   -E '^(tokenizer_oracle_(llama3|qwen3|llama2|mistral_nemo)|chat_oracle_.*)$'
 
@@ -110,7 +110,7 @@ stage "sanitizer tests"
 # cpu runs of the same tests and the remaining Vulkan ones cover (about 290 s), and the NumPy
 # parity of the real models' shapes (the small models' parity runs the same host code), and
 # the NumPy parity on Vulkan (the model tests run its host code here), the Gemmas' and
-# GPT-4o's tokenizer oracles (every one of their 256,000, 262,144 and 200,000 tokens; the other
+# GPT-4o's tokenizer oracles (every one of their 256,000, 262,144 and ~200,000 tokens; the other
 # oracles run the same SentencePiece and byte-level BPE code), and live transcription's measured
 # runs (142 s, and the hour that repeats it; test_stream runs the same library code on shorter
 # audio).
