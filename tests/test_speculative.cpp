@@ -829,7 +829,8 @@ void load_analytic_pair_on_cpu(AnalyticPairOnCpu* p, int n_ctx = 256) {
     specula_backend_params params = specula_backend_default_params();
     params.kind = SPECULA_BACKEND_CPU;
     params.n_threads = 1;
-    ASSERT_TRUE(create_backend(params, &p->backend).ok());
+    const Status created = create_backend(params, &p->backend);
+    ASSERT_TRUE(created.ok()) << created.message();
     ASSERT_NO_FATAL_FAILURE(load_pair(*p->backend, n_ctx, &p->pair));
     p->config.policy = GammaPolicy::kAnalytic;
     p->config.gamma = 5;
