@@ -22,12 +22,15 @@ inline const char* backend_name(specula_backend_kind kind) {
     return specula_backend_kind_name(kind);
 }
 
-// The backend with `options`, or nullptr with *why set when it cannot be created here.
+// The backend with `options` (and, on the cpu, `n_threads`; 0 = all), or nullptr with *why set
+// when it cannot be created here.
 inline std::unique_ptr<Backend> try_backend(specula_backend_kind kind, std::string* why,
-                                            const specula_backend_options& options = {}) {
+                                            const specula_backend_options& options = {},
+                                            int n_threads = 0) {
     specula_backend_params p = specula_backend_default_params();
     p.kind = kind;
     p.options = options;
+    p.n_threads = n_threads;
     std::unique_ptr<Backend> b;
     const Status s = create_backend(p, &b);
     if (!s.ok()) *why = std::string("no ") + backend_name(kind) + " device: " + s.message();

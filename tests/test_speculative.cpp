@@ -826,11 +826,9 @@ struct AnalyticPairOnCpu {
     Generator::Config config;
 };
 void load_analytic_pair_on_cpu(AnalyticPairOnCpu* p, int n_ctx = 256) {
-    specula_backend_params params = specula_backend_default_params();
-    params.kind = SPECULA_BACKEND_CPU;
-    params.n_threads = 1;
-    const Status created = create_backend(params, &p->backend);
-    ASSERT_TRUE(created.ok()) << created.message();
+    std::string why;
+    p->backend = test::try_backend(SPECULA_BACKEND_CPU, &why, {}, /*n_threads=*/1);
+    ASSERT_NE(p->backend, nullptr) << why;
     ASSERT_NO_FATAL_FAILURE(load_pair(*p->backend, n_ctx, &p->pair));
     p->config.policy = GammaPolicy::kAnalytic;
     p->config.gamma = 5;
