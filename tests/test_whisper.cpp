@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <numeric>
@@ -221,23 +222,25 @@ std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type 
 }
 
 // A Distil-Whisper-shaped draft: the encoder of one file, the decoder of another (same shape).
-std::string distil_whisper(const std::string& encoder_from, const std::string& decoder_from) {
-    const std::string path = encoder_from + ".distil.bin";
-    std::unique_ptr<MappedFile> enc_file, dec_file;
-    WhisperGgmlFile enc, dec;
-    EXPECT_TRUE(MappedFile::open(encoder_from, &enc_file).ok());
-    EXPECT_TRUE(MappedFile::open(decoder_from, &dec_file).ok());
-    EXPECT_TRUE(WhisperGgmlFile::parse(enc_file->bytes(), &enc).ok());
-    EXPECT_TRUE(WhisperGgmlFile::parse(dec_file->bytes(), &dec).ok());
+// A whisper file at `path` with `base`'s hyperparameters and tensors, but those that
+// `from_donor` names, which are `donor`'s (of the same shapes and types).
+std::string spliced_whisper(const std::string& base, const std::string& donor,
+                            const std::function<bool(const std::string&)>& from_donor,
+                            const std::string& path) {
+    std::unique_ptr<MappedFile> base_file, donor_file;
+    WhisperGgmlFile b, d;
+    EXPECT_TRUE(MappedFile::open(base, &base_file).ok());
+    EXPECT_TRUE(MappedFile::open(donor, &donor_file).ok());
+    EXPECT_TRUE(WhisperGgmlFile::parse(base_file->bytes(), &b).ok());
+    EXPECT_TRUE(WhisperGgmlFile::parse(donor_file->bytes(), &d).ok());
     WhisperFileSpec spec;
-    spec.header_path = encoder_from;
-    spec.hparams = dec.hparams();
-    spec.weight_type = dec.weight_type();
+    spec.header_path = base;
+    spec.hparams = b.hparams();
+    spec.weight_type = b.weight_type();
     const Status s = write_whisper(
         spec,
         [&](const WhisperTensorSpec& want, GgmlType, std::vector<uint8_t>* data) {
-            const GgufTensorInfo* t =
-                (want.name.starts_with("encoder.") ? enc : dec).find_tensor(want.name);
+            const GgufTensorInfo* t = (from_donor(want.name) ? d : b).find_tensor(want.name);
             if (t == nullptr) return FormatError("no " + want.name);
             data->assign(t->data.begin(), t->data.end());
             return Status::Ok();
@@ -245,6 +248,14 @@ std::string distil_whisper(const std::string& encoder_from, const std::string& d
         path);
     EXPECT_TRUE(s.ok()) << s.message();
     return path;
+}
+
+// A Distil-Whisper-shaped model: one model's encoder, another's decoder.
+std::string distil_whisper(const std::string& encoder_from, const std::string& decoder_from) {
+    return spliced_whisper(
+        decoder_from, encoder_from,
+        [](const std::string& name) { return name.starts_with("encoder."); },
+        encoder_from + ".distil.bin");
 }
 
 std::vector<float> chirp(double seconds) {
@@ -522,6 +533,45 @@ TEST(WhisperDecoder, SpeculativeGreedyIsTheTargetsGreedy) {
     EXPECT_LT(other.accepted, other.drafted);
 }
 
+// A draft quantized more coarsely than its target (distil-large-v2 in Q4_0 beside large-v2 in
+// Q8_0) has the target's encoder up to rounding: it shares the target's encoding instead of
+// encoding each window itself. Another model's encoder, at the same type or another, is not the
+// target's. Fails if two types are taken as the same weights whatever they hold, or if the
+// rounding of Q4_0 against F16 is taken for other weights.
+TEST(WhisperModel, AnEncoderQuantizedAgainIsTheSameEncoder) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_TRUE(backend) << why;
+    std::vector<std::unique_ptr<WhisperModel>> same, other;
+    for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_1}) {
+        SCOPED_TRACE(ggml_type_name(type));
+        same.emplace_back();
+        ASSERT_TRUE(load_whisper(*backend, small_whisper(9, true, type), &same.back()).ok());
+        other.emplace_back();
+        ASSERT_TRUE(load_whisper(*backend, small_whisper(10, true, type), &other.back()).ok());
+    }
+    for (size_t i = 0; i < same.size(); ++i)
+        for (size_t j = 0; j < same.size(); ++j) {
+            EXPECT_TRUE(same[i]->same_encoder(*same[j])) << i << " " << j;
+            EXPECT_FALSE(same[i]->same_encoder(*other[j])) << i << " " << j;
+        }
+    // The target's encoder in Q4_0 but for one matrix, another model's: its norms and biases
+    // (F32, byte for byte the target's) leave the matrices to tell.
+    const std::string q4 = small_whisper(9, true, GgmlType::kQ4_0);
+    std::unique_ptr<WhisperModel> one_other;
+    ASSERT_TRUE(load_whisper(*backend,
+                             spliced_whisper(
+                                 q4, small_whisper(10, true, GgmlType::kQ4_0),
+                                 [](const std::string& name) {
+                                     return name == "encoder.blocks.0.mlp.0.weight";
+                                 },
+                                 q4 + ".one-other.bin"),
+                             &one_other)
+                    .ok());
+    EXPECT_FALSE(same[0]->same_encoder(*one_other));
+    EXPECT_FALSE(one_other->same_encoder(*same[1]));
+}
+
 // A draft sharing the target's encoder takes the window lazily (encode_shared_later): its
 // cross K/V are computed by its first use, not before (a draft the γ policy leaves idle costs
 // nothing), give the logits an eager encode_shared gives, and a window the target has replaced
@@ -616,12 +666,13 @@ void same_segments(const Transcript& t, const Transcript& expected, size_t d) {
 // Speculative transcription: the rules mask every drafted and verified row on the device, each
 // from the tokens before it, so a draft changes nothing of a transcript (segments, times,
 // tokens), greedy or through the temperature fallback's sampled attempts, whether it agrees
-// always (the target itself), often (its weights in Q4_0) or seldom (an unrelated model, or its
-// decoder reading the target's encoder output: the Distil-Whisper case); and a draft equal to
-// the target has every sampled draft accepted, which holds only where both sides' rows are
-// masked alike at every position (and, the encoder being shared, only where the draft's cross
-// K/V come from the window the target encoded). One test per backend, so that they run side
-// by side.
+// always (the target itself), often (its weights in Q4_0, decoding from the target's encoding:
+// its encoder is the target's up to rounding) or seldom (an unrelated model, with its own
+// encoder, or its decoder reading the target's encoder output: the Distil-Whisper case); and a
+// draft equal to the target has every sampled draft accepted, which holds only where both
+// sides' rows are masked alike at every position (and, the encoder being shared, only where the
+// draft's cross K/V come from the window the target encoded). One test per backend, so that
+// they run side by side.
 class DraftChangesNoTranscript : public ::testing::TestWithParam<specula_backend_kind> {};
 
 TEST_P(DraftChangesNoTranscript, OnBackend) {
@@ -631,7 +682,8 @@ TEST_P(DraftChangesNoTranscript, OnBackend) {
     if (!backend) GTEST_SKIP() << why;
     std::vector<std::unique_ptr<WhisperModel>> models;
     // The target, itself in Q4_0, an unrelated model, and the target's encoder with the
-    // unrelated model's decoder (a Distil-Whisper draft: its encoder runs once for both).
+    // unrelated model's decoder (a Distil-Whisper draft). The encoder runs once for all but the
+    // unrelated model.
     const std::string target_path = small_whisper(9), other_path = small_whisper(10);
     for (const std::string& path : {target_path, small_whisper(9, true, GgmlType::kQ4_0),
                                     other_path, distil_whisper(target_path, other_path)}) {
@@ -639,7 +691,7 @@ TEST_P(DraftChangesNoTranscript, OnBackend) {
         ASSERT_TRUE(load_whisper(*backend, path, &models.back()).ok());
     }
     for (size_t d = 0; d < models.size(); ++d)
-        EXPECT_EQ(models[d]->same_encoder(*models[0]), d == 0 || d == 3) << "model " << d;
+        EXPECT_EQ(models[d]->same_encoder(*models[0]), d != 2) << "model " << d;
     std::unique_ptr<WhisperContext> target, self;
     ASSERT_TRUE(WhisperContext::create(*models[0], kMaxGamma + 1, &target).ok());
     ASSERT_TRUE(WhisperContext::create(*models[0], 1, &self).ok());
@@ -747,6 +799,40 @@ TEST(WhisperTranscribe, ADialledDraftAtScaleZeroIsTheTarget) {
         ASSERT_TRUE(asr::transcribe(*target, audio, p, &sampled.segments, &sampled.stats).ok());
         expect_drafts(sampled.stats.decoding, true);
     }
+}
+
+// --draft-type: the draft's matrices in another type, drawn from the same values as the
+// target's, so that its encoder is the target's up to rounding (shared) and its decoder agrees
+// with the target's often but not always. Fails if the draft's values are drawn anew.
+TEST(WhisperTranscribe, ADraftOfAnotherTypeIsTheTargetRounded) {
+    std::string why;
+    auto backend = test::try_backend(SPECULA_BACKEND_CPU, &why);
+    ASSERT_TRUE(backend) << why;
+    RandomWhisperSpec spec = small_whisper_spec(5, true, GgmlType::kQ8_0);
+    spec.hparams.n_text_layer = 3;
+    spec.late_scale = 0.0f;
+    spec.draft_weight_type = GgmlType::kQ4_0;
+    const std::string target_path = (test::temp_dir() / "rounded-whisper.bin").string();
+    spec.draft_path = (test::temp_dir() / "rounded-whisper-draft.bin").string();
+    ASSERT_TRUE(write_random_whisper(spec, target_path).ok());
+    std::unique_ptr<WhisperModel> target_model, draft_model;
+    ASSERT_TRUE(load_whisper(*backend, target_path, &target_model).ok());
+    ASSERT_TRUE(load_whisper(*backend, spec.draft_path, &draft_model).ok());
+    EXPECT_EQ(draft_model->weight_type(), GgmlType::kQ4_0);
+    EXPECT_TRUE(draft_model->same_encoder(*target_model));
+    std::unique_ptr<WhisperContext> target, draft;
+    ASSERT_TRUE(WhisperContext::create(*target_model, kMaxGamma + 1, &target).ok());
+    ASSERT_TRUE(WhisperContext::create(*draft_model, 1, &draft).ok());
+    asr::TranscribeParams p;
+    p.temperature_increment = 0.0f;
+    p.gamma_policy = GammaPolicy::kFixed;
+    p.gamma = 3;
+    p.draft = draft.get();
+    Transcript paired;
+    ASSERT_TRUE(asr::transcribe(*target, chirp(3.0), p, &paired.segments, &paired.stats).ok());
+    const GeneratorStats& g = paired.stats.decoding;
+    EXPECT_GT(g.accepted, g.drafted / 2);
+    EXPECT_LT(g.accepted, g.drafted);
 }
 
 // --position-scale: the decoder's positional embedding drawn P wide (P times a block's output),

@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
                    "decoder blocks and its last");
     app.add_option("--draft-decoder-layers", spec.draft_decoder_layers,
                    "the draft's decoder blocks (default 2)");
+    std::string draft_type;
+    app.add_option("--draft-type", draft_type,
+                   "the draft's matrix type (default the target's): its encoder is then the "
+                   "target's rounded to it");
     app.add_option("--head-scale", spec.head_scale,
                    "the logits about this wide (the token embedding drawn wider), as a trained "
                    "model's are peaked");
@@ -65,6 +69,11 @@ int main(int argc, char** argv) {
                                 {n_mels, &h.n_mels}})
         if (value > 0) *field = value;
     if (s.ok()) s = specula::parse_weight_type(type, &spec.weight_type);
+    if (s.ok() && !draft_type.empty()) {
+        specula::GgmlType t{};
+        s = specula::parse_weight_type(draft_type, &t);
+        spec.draft_weight_type = t;
+    }
     spec.threads = int(std::max(1u, std::thread::hardware_concurrency()));
     if (s.ok()) s = specula::write_random_whisper(spec, out);
     if (!s.ok()) {

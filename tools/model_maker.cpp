@@ -484,9 +484,18 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
         const int b = decoder_block(name);
         return b < 0 || b < kept - 1 || b == layers - 1;
     };
-    // What the draft shares with the target, as written (its encoder included, for a draft
-    // whose encoder is the target's byte for byte).
+    // What the draft shares with the target, as written: the same draws in the draft's types
+    // (its encoder included: the target's byte for byte at the same type, or the same weights
+    // rounded to the draft's).
     std::map<std::string, std::vector<uint8_t>> shared;
+    const GgmlType draft_type = s.draft_weight_type.value_or(s.weight_type);
+    const auto draft_tensor_type = [&](const WhisperTensorSpec& spec, GgmlType type) {
+        using K = WhisperTensorSpec::Kind;
+        if (spec.kind == K::kMatrix) return draft_type;
+        if (spec.kind == K::kConvolution)
+            return draft_type == GgmlType::kF32 ? GgmlType::kF32 : GgmlType::kF16;
+        return type;
+    };
     Gaussian g(s.seed, s.threads);
     SPECULA_TRY(write_whisper(
         s,
@@ -503,39 +512,51 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
                 spec.name.ends_with(".out.weight") || spec.name.ends_with(".out.bias") ||
                 spec.name.ends_with("mlp.2.weight") || spec.name.ends_with("mlp.2.bias");
             const float scale = with_draft && !in_draft(spec.name) && update ? s.late_scale : 1.0f;
-            if (spec.name == "encoder.positional_embedding") {
-                // Whisper's sinusoids: position p, channel c < width/2: sin(p * 10000^(-c /
-                // (width/2 - 1))), then the cosines.
-                std::vector<float> pe(size_t(cols * rows));
-                const int64_t half = cols / 2;
-                for (int64_t p = 0; p < rows; ++p)
-                    for (int64_t c = 0; c < half; ++c) {
-                        const double inv =
-                            std::exp(-std::log(10000.0) * double(c) / double(half - 1));
-                        pe[size_t(p * cols + c)] = float(std::sin(double(p) * inv));
-                        pe[size_t(p * cols + half + c)] = float(std::cos(double(p) * inv));
-                    }
-                *data = float_bytes(pe);
-            } else if (spec.name == "decoder.positional_embedding" && s.position_scale > 0) {
-                *data = random_matrix(g, type, cols, rows, s.position_scale);
-            } else if (spec.kind == K::kF32Only) {
-                *data = random_matrix(g, type, cols, rows, scale * (norm_weight ? 0.1f : 0.02f),
-                                      norm_weight ? 1.0f : 0.0f);
-            } else {
+            // The tensor's values in `t`, drawn from `from`.
+            const auto draw = [&](Gaussian& from, GgmlType t) {
+                if (spec.name == "encoder.positional_embedding") {
+                    // Whisper's sinusoids: position p, channel c < width/2: sin(p * 10000^(-c /
+                    // (width/2 - 1))), then the cosines.
+                    std::vector<float> pe(size_t(cols * rows));
+                    const int64_t half = cols / 2;
+                    for (int64_t p = 0; p < rows; ++p)
+                        for (int64_t c = 0; c < half; ++c) {
+                            const double inv =
+                                std::exp(-std::log(10000.0) * double(c) / double(half - 1));
+                            pe[size_t(p * cols + c)] = float(std::sin(double(p) * inv));
+                            pe[size_t(p * cols + half + c)] = float(std::cos(double(p) * inv));
+                        }
+                    return float_bytes(pe);
+                }
+                if (spec.name == "decoder.positional_embedding" && s.position_scale > 0)
+                    return random_matrix(from, t, cols, rows, s.position_scale);
+                if (spec.kind == K::kF32Only)
+                    return random_matrix(from, t, cols, rows, scale * (norm_weight ? 0.1f : 0.02f),
+                                         norm_weight ? 1.0f : 0.0f);
                 // Fan-in: the columns (times the kernel width for convolutions).
                 const int64_t fan_in = spec.kind == K::kConvolution ? cols * spec.shape[1] : cols;
                 const float head = spec.name == "decoder.token_embedding.weight" && s.head_scale > 0
                                        ? s.head_scale
                                        : 1.0f;
-                *data = random_matrix(g, type, cols, rows, head * scale / std::sqrt(float(fan_in)));
+                return random_matrix(from, t, cols, rows, head * scale / std::sqrt(float(fan_in)));
+            };
+            if (with_draft && in_draft(spec.name)) {
+                const GgmlType t = draft_tensor_type(spec, type);
+                if (t != type) {
+                    Gaussian same_draws = g;
+                    shared[spec.name] = draw(same_draws, t);
+                }
             }
-            if (with_draft && in_draft(spec.name)) shared[spec.name] = *data;
+            *data = draw(g, type);
+            if (with_draft && in_draft(spec.name) && !shared.contains(spec.name))
+                shared[spec.name] = *data;
             return Status::Ok();
         },
         path));
     if (!with_draft) return Status::Ok();
     RandomWhisperSpec d = s;
     d.hparams.n_text_layer = kept;
+    d.weight_type = draft_type;
     return write_whisper(
         d,
         [&](const WhisperTensorSpec& spec, GgmlType, std::vector<uint8_t>* data) {

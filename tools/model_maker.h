@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,9 @@ struct RandomWhisperSpec : WhisperFileSpec {
     // function and larger values make them agree less.
     std::string draft_path;
     int draft_decoder_layers = 2;
+    // The draft's matrix type, when not the target's (a draft quantized more coarsely: its
+    // encoder is then the target's up to rounding, which WhisperModel::same_encoder accepts).
+    std::optional<GgmlType> draft_weight_type;
     float late_scale = 1.0f;
     // > 0: the token embedding (also the output projection) drawn S times wider, so that the
     // logits are about S wide, as a trained model's are peaked; 0: 1 wide (over 51,864 tokens,

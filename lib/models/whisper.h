@@ -56,8 +56,10 @@ class WhisperModel {
     Backend& backend() const { return backend_; }
     GgmlType weight_type() const { return weight_type_; }
     uint64_t n_params() const { return n_params_; }
-    // Whether the other model's encoder is this one's, tensor for tensor and byte for byte (a
-    // Distil-Whisper draft's): then one encoder run serves both decoders.
+    // Whether the other model's encoder is this one's (a Distil-Whisper draft's): tensor for
+    // tensor, byte for byte where both store a tensor in the same type, and otherwise the same
+    // weights up to their rounding (a draft quantized more coarsely than its target). Then one
+    // encoder run serves both decoders; the draft decodes from the target's encoding.
     bool same_encoder(const WhisperModel& other) const;
 
     // Makes this model a draft that proposes only `tokens` and the tokens from <|endoftext|> on
