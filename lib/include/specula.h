@@ -543,8 +543,9 @@ typedef struct specula_asr_params {
     uint64_t seed;             /* for the sampled fallbacks */
     /* Speculative decoding: a draft Whisper on the same backend with the target's vocabulary
      * (else SPECULA_ERR_VOCAB_MISMATCH), mel bins and window length; it encodes each window
-     * itself, unless its encoder is the target's byte for byte (a Distil-Whisper draft: then
-     * its decoder reads the target's encoding and the encoder runs once per window). NULL
+     * itself, unless its encoder is the target's, byte for byte or quantized to another type (a
+     * Distil-Whisper draft: then its decoder reads the target's encoding and the encoder runs
+     * once per window). NULL
      * decodes with the target alone. The transcript is the target alone's, greedy or sampled
      * (the temperature fallback draws each draft with the target's noise at its position, the
      * coupled acceptance), with Whisper's rules on every position either way.
