@@ -221,7 +221,6 @@ std::string small_whisper(uint64_t seed = 9, bool english = true, GgmlType type 
     return path;
 }
 
-// A Distil-Whisper-shaped draft: the encoder of one file, the decoder of another (same shape).
 // A whisper file at `path` with `base`'s hyperparameters and tensors, but those that
 // `from_donor` names, which are `donor`'s (of the same shapes and types).
 std::string spliced_whisper(const std::string& base, const std::string& donor,
@@ -250,7 +249,7 @@ std::string spliced_whisper(const std::string& base, const std::string& donor,
     return path;
 }
 
-// A Distil-Whisper-shaped model: one model's encoder, another's decoder.
+// A Distil-Whisper-shaped draft: the encoder of one file, the decoder of another (same shape).
 std::string distil_whisper(const std::string& encoder_from, const std::string& decoder_from) {
     return spliced_whisper(
         decoder_from, encoder_from,
