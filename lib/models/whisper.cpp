@@ -67,12 +67,18 @@ bool same_weights(const GgufTensorInfo& t, const GgufTensorInfo& u) {
         t_row * uint64_t(rows) > t.data.size() || u_row * uint64_t(rows) > u.data.size())
         return false;
     std::vector<float> a(static_cast<size_t>(cols)), b(a.size());
+    // A row copied before it is read: whisper.cpp's files do not align their tensors.
+    std::vector<uint8_t> row(std::max(t_row, u_row));
+    const auto decode = [&](const GgufTensorInfo& x, uint64_t row_bytes, int64_t r, float* out) {
+        std::memcpy(row.data(), &x.data[size_t(uint64_t(r) * row_bytes)], size_t(row_bytes));
+        dequantize_row(x.type, row.data(), out, size_t(cols));
+    };
     const int64_t samples = std::min(rows, kSameWeightsRows);
     double diff = 0.0, norm = 0.0;
     for (int64_t s = 0; s < samples; ++s) {
         const int64_t r = samples == 1 ? 0 : s * (rows - 1) / (samples - 1);
-        dequantize_row(t.type, &t.data[size_t(uint64_t(r) * t_row)], a.data(), size_t(cols));
-        dequantize_row(u.type, &u.data[size_t(uint64_t(r) * u_row)], b.data(), size_t(cols));
+        decode(t, t_row, r, a.data());
+        decode(u, u_row, r, b.data());
         for (size_t i = 0; i < a.size(); ++i) {
             diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
             norm += double(a[i]) * a[i];
