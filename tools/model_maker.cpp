@@ -89,6 +89,16 @@ std::vector<uint8_t> random_matrix(Gaussian& g, GgmlType type, int64_t cols, int
     return out;
 }
 
+// The type whisper.cpp's converter and quantizer give a tensor in a file whose matrices are of
+// `matrix_type`: the convolutions F16 (F32 in an F32 file), the rest F32.
+GgmlType whisper_tensor_type(WhisperTensorSpec::Kind kind, GgmlType matrix_type) {
+    using K = WhisperTensorSpec::Kind;
+    if (kind == K::kMatrix) return matrix_type;
+    if (kind == K::kConvolution)
+        return matrix_type == GgmlType::kF32 ? GgmlType::kF32 : GgmlType::kF16;
+    return GgmlType::kF32;
+}
+
 }  // namespace
 
 Status parse_weight_type(const std::string& name, GgmlType* out) {
@@ -442,12 +452,8 @@ Status write_whisper(const WhisperFileSpec& s, const WhisperTensorSource& source
         put(t.data(), t.size());
     }
 
-    const GgmlType conv_type = s.weight_type == GgmlType::kF32 ? GgmlType::kF32 : GgmlType::kF16;
     for (const WhisperTensorSpec& spec : whisper_tensor_specs(h)) {
-        using K = WhisperTensorSpec::Kind;
-        const GgmlType type = spec.kind == K::kMatrix        ? s.weight_type
-                              : spec.kind == K::kConvolution ? conv_type
-                                                             : GgmlType::kF32;
+        const GgmlType type = whisper_tensor_type(spec.kind, s.weight_type);
         std::vector<uint8_t> data;
         SPECULA_TRY(source(spec, type, &data));
         uint64_t count = 0, bytes = 0;
@@ -489,13 +495,6 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
     // rounded to the draft's).
     std::map<std::string, std::vector<uint8_t>> shared;
     const GgmlType draft_type = s.draft_weight_type.value_or(s.weight_type);
-    const auto draft_tensor_type = [&](const WhisperTensorSpec& spec, GgmlType type) {
-        using K = WhisperTensorSpec::Kind;
-        if (spec.kind == K::kMatrix) return draft_type;
-        if (spec.kind == K::kConvolution)
-            return draft_type == GgmlType::kF32 ? GgmlType::kF32 : GgmlType::kF16;
-        return type;
-    };
     Gaussian g(s.seed, s.threads);
     SPECULA_TRY(write_whisper(
         s,
@@ -540,16 +539,14 @@ Status write_random_whisper(const RandomWhisperSpec& s, const std::string& path)
                                        : 1.0f;
                 return random_matrix(from, t, cols, rows, head * scale / std::sqrt(float(fan_in)));
             };
-            if (with_draft && in_draft(spec.name)) {
-                const GgmlType t = draft_tensor_type(spec, type);
-                if (t != type) {
-                    Gaussian same_draws = g;
-                    shared[spec.name] = draw(same_draws, t);
-                }
+            const bool shared_with_draft = with_draft && in_draft(spec.name);
+            const GgmlType t = whisper_tensor_type(spec.kind, draft_type);
+            if (shared_with_draft && t != type) {
+                Gaussian same_draws = g;
+                shared[spec.name] = draw(same_draws, t);
             }
             *data = draw(g, type);
-            if (with_draft && in_draft(spec.name) && !shared.contains(spec.name))
-                shared[spec.name] = *data;
+            if (shared_with_draft && t == type) shared[spec.name] = *data;
             return Status::Ok();
         },
         path));
