@@ -30,6 +30,10 @@ class MappedFile {
     }
 
     std::span<const uint8_t> bytes() const { return {data_, size_}; }
+    // Gives back the pages that lie wholly inside `range` (bytes of this file) where the file
+    // is mapped: touched again, they are read from the file again. A model's weights once the
+    // backend holds its own copy, which would otherwise stay resident as long as the model.
+    void release(std::span<const uint8_t> range) const;
 
   private:
     MappedFile(const uint8_t* data, size_t size) : data_(data), size_(size) {}

@@ -997,6 +997,51 @@ TEST(BackendSupports, NormedMatmulIsWhatNormedDoes) {
     EXPECT_GE(checked, 1);
 }
 
+// Weights that a model multiplies only as whole matrices (WeightUse::kMatmul) are kept only
+// repacked, read straight from unaligned bytes (whisper.cpp's files do not align their tensors)
+// without a copy of the file's layout: the products are those of the same bytes loaded for any
+// use, the buffer no longer reads the host, and reading its rows otherwise is a status, not a
+// crash. Fails if the unaligned groups are packed from the wrong rows or kept as a copy.
+TEST(CpuOps, WeightsForProductsOnlyAreKeptOnlyRepacked) {
+    auto cpu = create_cpu_backend(2, test::with_path(&specula_backend_options::int8_inputs, true));
+    CpuTensors make(*cpu);
+    const int64_t cols = 256, rows = 40, n = 3;  // two whole groups of 16 rows and a part
+    for (GgmlType type : kWeightTypes) {
+        if (!cpu::has_integer_kernel(type)) continue;
+        SCOPED_TRACE(ggml_type_name(type));
+        const std::vector<uint8_t> bytes = random_bytes(type, cols, rows, 43);
+        std::vector<uint8_t> shifted(bytes.size() + 1);  // the same bytes at an odd address
+        std::copy(bytes.begin(), bytes.end(), shifted.begin() + 1);
+        const std::span<const uint8_t> odd(shifted.data() + 1, bytes.size());
+        std::unique_ptr<Buffer> any, only;
+        ASSERT_TRUE(cpu->load_weights(bytes, type, cols, rows, WeightUse::kAny, &any).ok());
+        ASSERT_TRUE(cpu->load_weights(odd, type, cols, rows, WeightUse::kMatmul, &only).ok());
+        EXPECT_TRUE(any->reads_host());
+        EXPECT_FALSE(only->reads_host());
+        const std::vector<float> xs = random_floats(size_t(cols * n), 44);
+        const Tensor x = make(cols, n, &xs), out = make(rows, n, nullptr);
+        cpu->matmul({any.get(), 0, type, cols, rows}, x, out, Backend::Accumulate::kNo);
+        const std::vector<float> expected = read_floats(*cpu, out);
+        cpu->matmul({only.get(), 0, type, cols, rows}, x, out, Backend::Accumulate::kNo);
+        EXPECT_EQ(read_floats(*cpu, out), expected);
+
+        const int32_t id = 1;
+        std::unique_ptr<Buffer> id_buffer;
+        ASSERT_TRUE(cpu->allocate(sizeof id, &id_buffer).ok());
+        const Tensor ids{id_buffer.get(), 0, GgmlType::kI32, 1, 1};
+        cpu->upload(ids, &id);
+        cpu->get_rows({only.get(), 0, type, cols, rows}, ids, make(cols, 1, nullptr));
+        EXPECT_EQ(cpu->flush().code(), SPECULA_ERR_INVALID_ARGUMENT);
+        std::vector<uint8_t> row(bytes.size());
+        EXPECT_EQ(cpu->download({only.get(), 0, type, cols, rows}, row.data()).code(),
+                  SPECULA_ERR_INVALID_ARGUMENT);
+        // A view at an offset is multiplied from the file's layout, which it does not keep.
+        const Tensor view = Tensor{only.get(), 0, type, cols, rows}.row_range(16, 16);
+        cpu->matmul(view, x, make(16, n, nullptr), Backend::Accumulate::kNo);
+        EXPECT_EQ(cpu->flush().code(), SPECULA_ERR_INVALID_ARGUMENT);
+    }
+}
+
 // A prompt's inputs are quantized for the integer kernels by the backend's threads, a share of
 // the blocks each: a row's product is bit for bit what it is alone, however wide the batch.
 TEST(CpuOps, AWideBatchOfQuantizedInputsIsEachRowAlone) {
@@ -1011,7 +1056,7 @@ TEST(CpuOps, AWideBatchOfQuantizedInputsIsEachRowAlone) {
         ASSERT_TRUE(cpu->quantizes_inputs(type, n));
         const std::vector<uint8_t> bytes = random_bytes(type, cols, rows, 41);  // read in place
         std::unique_ptr<Buffer> weights;
-        ASSERT_TRUE(cpu->load_weights(bytes, type, cols, rows, &weights).ok());
+        ASSERT_TRUE(cpu->load_weights(bytes, type, cols, rows, WeightUse::kAny, &weights).ok());
         const Tensor w{weights.get(), 0, type, cols, rows};
         const std::vector<float> xs = random_floats(size_t(cols * n), 42);
         const Tensor x = make(cols, n, &xs), out = make(rows, n, nullptr);
@@ -1053,7 +1098,8 @@ TEST(CpuOps, AmxTilesGiveTheVectorKernelsFloats) {
                 Backend& be = amx ? *on : *off;
                 CpuTensors make(be);
                 std::unique_ptr<Buffer> weights;
-                ASSERT_TRUE(be.load_weights(bytes, type, cols, rows, &weights).ok());
+                ASSERT_TRUE(
+                    be.load_weights(bytes, type, cols, rows, WeightUse::kAny, &weights).ok());
                 const Tensor w{weights.get(), 0, type, cols, rows};
                 const Tensor x = make(cols, n, &xs), out = make(rows, n, nullptr),
                              sum = make(rows, n, &residual);

@@ -1,9 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "format/gguf.h"
 #include "format/quant.h"
+#include "platform/mapped_file.h"
 #include "test_util.h"
 
 using namespace specula;
@@ -274,4 +278,30 @@ TEST(RandomModels, AreOneStreamOnEveryMachine) {
 // threads stalled.
 TEST(RandomModels, AreOneStreamOnAnyNumberOfThreads) {
     EXPECT_EQ(random_model_hash(3), kRandomModelHash);
+}
+
+// A mapped file's pages given back (a model's weights once the backend holds its own copy) are
+// read from the file again: its bytes are unchanged. A file read into memory is left as it is
+// (the same advice on heap memory would have zeroed it).
+TEST(MappedFile, PagesGivenBackAreReadAgain) {
+    const std::string path = (test::temp_dir() / "mapped-file-release.bin").string();
+    std::vector<uint8_t> bytes(size_t(5) << 20);
+    for (size_t i = 0; i < bytes.size(); ++i)
+        bytes[i] = uint8_t(i * 2654435761u >> 13);
+    {
+        std::FILE* f = std::fopen(path.c_str(), "wb");
+        ASSERT_NE(f, nullptr);
+        ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+        std::fclose(f);
+    }
+    for (bool copy : {false, true}) {
+        SCOPED_TRACE(copy ? "read into memory" : "mapped");
+        std::unique_ptr<MappedFile> file;
+        ASSERT_TRUE(MappedFile::open(path, &file, copy).ok());
+        const std::span<const uint8_t> all = file->bytes();
+        ASSERT_TRUE(std::equal(all.begin(), all.end(), bytes.begin(), bytes.end()));
+        file->release(all.subspan(1000, all.size() - 2000));
+        file->release(all.subspan(0, 100));  // within one page: nothing
+        EXPECT_TRUE(std::equal(all.begin(), all.end(), bytes.begin(), bytes.end()));
+    }
 }

@@ -745,6 +745,10 @@ TEST_P(DraftChangesNoTranscript, OnBackend) {
     Transcript sampled;
     ASSERT_TRUE(transcribe(self.get(), 1.0f, &sampled).ok());
     expect_drafts(sampled.stats.decoding, true);
+    // Only the models that encoded a window themselves uploaded their encoders: the target and
+    // the unrelated draft (where it ran); the drafts that share the target's never did.
+    for (size_t d = 0; d < models.size(); ++d)
+        EXPECT_EQ(models[d]->encoder_loaded(), d == 0 || (d == 2 && !vulkan)) << "model " << d;
 }
 
 INSTANTIATE_TEST_SUITE_P(WhisperTranscribe, DraftChangesNoTranscript,

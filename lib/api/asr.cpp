@@ -265,6 +265,8 @@ specula_status specula_asr_context_create(specula_asr_model* model, specula_asr_
         std::lock_guard turn(model->backend->turn);
         // Logits for a verification's rows: a draft may come with any transcription.
         SPECULA_TRY(WhisperContext::create(*model->impl, kMaxGamma + 1, &c->impl));
+        // A target's encoder, uploaded now rather than by the first transcription.
+        SPECULA_TRY(model->impl->load_encoder());
         *out = c.release();
         return Status::Ok();
     });

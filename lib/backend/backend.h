@@ -35,7 +35,15 @@ class Buffer {
   public:
     virtual ~Buffer() = default;
     virtual size_t size() const = 0;
+    // Whether the buffer reads the host memory it was loaded from (the cpu's weights read in
+    // place). Where it does not, the model may give that memory's pages back once it is loaded.
+    virtual bool reads_host() const { return false; }
 };
+
+// How a model reads a weight matrix once it is loaded. kMatmul: only as the whole matrix of
+// products (matmul and its fused forms; never by rows, a view at an offset or a download), so
+// a backend may keep only the form its kernels multiply by.
+enum class WeightUse { kAny, kMatmul };
 
 // A non-owning view of `rows` rows of `cols` elements, row-major, at a byte
 // offset in a buffer. Quantized rows hold cols / block_size blocks.
@@ -117,11 +125,11 @@ class Backend {
     // Device memory for activations and caches, zero-filled.
     virtual Status allocate(size_t bytes, std::unique_ptr<Buffer>* out) = 0;
     // A weight matrix (rows x cols of `type`) from host memory that outlives the buffer (a
-    // model's mapping): a GPU backend copies it; the cpu backend reads it in place (copies it
-    // when it is not 8-byte aligned), and keeps a copy repacked for its integer kernels where
-    // it has them.
+    // model's mapping): a GPU backend copies it; the cpu backend keeps a copy repacked for its
+    // integer kernels where it has them and, unless that is all `use` needs, reads the matrix
+    // in place too (copies it when it is not 8-byte aligned).
     virtual Status load_weights(std::span<const uint8_t> host, GgmlType type, int64_t cols,
-                                int64_t rows, std::unique_ptr<Buffer>* out) = 0;
+                                int64_t rows, WeightUse use, std::unique_ptr<Buffer>* out) = 0;
 
     // Host <-> device copies; both happen in order with recorded ops.
     virtual void upload(const Tensor& dst, const void* src) = 0;

@@ -505,7 +505,10 @@ typedef struct specula_asr_model_info {
 } specula_asr_model_info;
 
 /* Loads a whisper.cpp model file onto the backend (params as for specula_model_load; NULL for
- * the defaults). A GGUF file or another format: SPECULA_ERR_UNSUPPORTED / SPECULA_ERR_FORMAT. */
+ * the defaults). A GGUF file or another format: SPECULA_ERR_UNSUPPORTED / SPECULA_ERR_FORMAT.
+ * The encoder's weights are checked here but uploaded by the model's first context
+ * (specula_asr_context_create): a model that serves only as a draft decoding from its target's
+ * encoding (a Distil-Whisper draft) never holds them. */
 SPECULA_API specula_status specula_asr_model_load(specula_backend* backend, const char* path,
                                                   const specula_model_params* params,
                                                   specula_asr_model** out);
@@ -578,7 +581,8 @@ typedef struct specula_asr_timings {
 SPECULA_API specula_asr_params specula_asr_default_params(void);
 SPECULA_API void specula_asr_default_params_by_ref(specula_asr_params* params);
 /* A transcription state on the model's backend (the encoder's output and the decoder's caches).
- * The model (and a draft it is given) must outlive it; one thread at a time. */
+ * The first for a model also uploads its encoder's weights (SPECULA_ERR_OUT_OF_MEMORY leaves the
+ * model as it was). The model (and a draft it is given) must outlive it; one thread at a time. */
 SPECULA_API specula_status specula_asr_context_create(specula_asr_model* model,
                                                       specula_asr_context** out);
 SPECULA_API void specula_asr_context_free(specula_asr_context* ctx);

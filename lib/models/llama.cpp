@@ -269,15 +269,20 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         const std::span<const uint8_t> data =
             info->data.subspan(size_t(part.first) * row_bytes, size_t(part.count) * row_bytes);
         const int64_t out_rows = rows == 1 ? 1 : part.count;
+        // The token table is read by rows; every other matrix only by products.
+        const WeightUse use =
+            norm || name == "token_embd.weight" ? WeightUse::kAny : WeightUse::kMatmul;
         std::unique_ptr<Buffer> buffer;
         if (neox_pairs && neox) {
             // Host memory that outlives the buffer, as load_weights() asks (the cpu reads it).
             m->reordered_.push_back(
                 neox_rows_as_pairs(data.data(), row_bytes, part.count, c.head_dim, c.n_rot));
-            SPECULA_TRY(
-                backend.load_weights(m->reordered_.back(), info->type, cols, out_rows, &buffer));
+            SPECULA_TRY(backend.load_weights(m->reordered_.back(), info->type, cols, out_rows, use,
+                                             &buffer));
+            if (!buffer->reads_host()) m->reordered_.pop_back();
         } else {
-            SPECULA_TRY(backend.load_weights(data, info->type, cols, out_rows, &buffer));
+            SPECULA_TRY(backend.load_weights(data, info->type, cols, out_rows, use, &buffer));
+            if (!buffer->reads_host()) file->release(data);
         }
         *t = Tensor{buffer.get(), 0, info->type, cols, out_rows};
         m->buffers_.push_back(std::move(buffer));

@@ -49,15 +49,15 @@ namespace {
 // Whisper file holds). Different weights differ by about their RMS (√2 of it for independent
 // draws).
 constexpr double kSameWeightsRelativeRms = 0.25;
-// Rows compared between two types: spread over the matrix, and cheap next to loading it.
+// Rows compared: spread over the matrix, and cheap next to loading it (a model's encoder is
+// most of its file, which the backend no longer reads once it holds its own copy).
 constexpr int64_t kSameWeightsRows = 16;
 
-// Whether two stored tensors hold the same weights: byte for byte at the same type; at two
-// types, rows spread over the matrix that differ by no more than their rounding.
+// Whether two stored tensors hold the same weights: rows spread over the matrix (all of a
+// vector's), byte for byte at the same type, and at two types differing by no more than their
+// rounding.
 bool same_weights(const GgufTensorInfo& t, const GgufTensorInfo& u) {
     if (u.shape != t.shape) return false;
-    if (u.type == t.type)
-        return std::equal(t.data.begin(), t.data.end(), u.data.begin(), u.data.end());
     if (t.shape.empty() || t.shape[0] <= 0) return false;
     const int64_t cols = t.shape[0], rows = int64_t(t.n_elements) / cols;
     uint64_t n = 0, t_row = 0, u_row = 0;
@@ -66,6 +66,17 @@ bool same_weights(const GgufTensorInfo& t, const GgufTensorInfo& u) {
         !ggml_tensor_bytes(u.type, row_shape, &n, &u_row) ||
         t_row * uint64_t(rows) > t.data.size() || u_row * uint64_t(rows) > u.data.size())
         return false;
+    const int64_t samples = std::min(rows, kSameWeightsRows);
+    const auto sampled = [&](int64_t s) {
+        return samples == 1 ? 0 : s * (rows - 1) / (samples - 1);
+    };
+    if (u.type == t.type) {
+        for (int64_t s = 0; s < samples; ++s) {
+            const auto at = size_t(uint64_t(sampled(s)) * t_row);
+            if (std::memcmp(&t.data[at], &u.data[at], size_t(t_row)) != 0) return false;
+        }
+        return true;
+    }
     std::vector<float> a(static_cast<size_t>(cols)), b(a.size());
     // A row copied before it is read: whisper.cpp's files do not align their tensors.
     std::vector<uint8_t> row(std::max(t_row, u_row));
@@ -73,10 +84,9 @@ bool same_weights(const GgufTensorInfo& t, const GgufTensorInfo& u) {
         std::memcpy(row.data(), &x.data[size_t(uint64_t(r) * row_bytes)], size_t(row_bytes));
         dequantize_row(x.type, row.data(), out, size_t(cols));
     };
-    const int64_t samples = std::min(rows, kSameWeightsRows);
     double diff = 0.0, norm = 0.0;
     for (int64_t s = 0; s < samples; ++s) {
-        const int64_t r = samples == 1 ? 0 : s * (rows - 1) / (samples - 1);
+        const int64_t r = sampled(s);
         decode(t, t_row, r, a.data());
         decode(u, u_row, r, b.data());
         for (size_t i = 0; i < a.size(); ++i) {
@@ -85,6 +95,22 @@ bool same_weights(const GgufTensorInfo& t, const GgufTensorInfo& u) {
         }
     }
     return diff <= kSameWeightsRelativeRms * kSameWeightsRelativeRms * norm;
+}
+
+// A tensor's shape as the model reads it: rows are the last dimension (a convolution's output
+// channels), except for the convolutions' biases (1 x width), which are one row. conv1's rows
+// (3 x n_mels) are copied with zero columns added up to whole 32-wide blocks (`padded`), which
+// every backend's matmul takes, and im2col writes zeros there.
+struct TensorLayout {
+    int64_t rows = 0, cols = 0, padded = 0;
+};
+TensorLayout layout_of(const std::string& name, const GgufTensorInfo& info) {
+    const auto n = int64_t(info.n_elements);
+    const int64_t rows = info.shape.size() == 1 || info.shape[0] == 1 ? 1 : info.shape.back();
+    const int64_t cols = n / rows;
+    const int64_t padded =
+        name == "encoder.conv1.weight" && cols % 32 != 0 ? (cols + 31) / 32 * 32 : cols;
+    return {rows, cols, padded};
 }
 
 }  // namespace
@@ -99,7 +125,12 @@ bool WhisperModel::same_encoder(const WhisperModel& other) const {
     for (const GgufTensorInfo& t : ggml_.tensors()) {
         if (!t.name.starts_with("encoder.")) continue;
         const GgufTensorInfo* u = other.ggml_.find_tensor(t.name);
-        if (u == nullptr || !same_weights(t, *u)) return false;
+        if (u == nullptr) return false;
+        const bool same = same_weights(t, *u);
+        // The pages read around the compared rows (the backends hold their own copies).
+        file_->release(t.data);
+        other.file_->release(u->data);
+        if (!same) return false;
     }
     return true;
 }
@@ -126,40 +157,29 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     m->weight_type_ = g.weight_type();
     m->filters_ = {g.n_mel_filters(), g.mel_filters()};
 
-    const size_t n_expected = g.tensors().size();
+    // The encoder's tensors are checked now and uploaded by load_encoder(); the callback
+    // counts the others.
+    const auto n_expected =
+        size_t(std::count_if(g.tensors().begin(), g.tensors().end(), [](const GgufTensorInfo& t) {
+            return !t.name.starts_with("encoder.");
+        }));
     size_t n_loaded = 0;
-    // conv1's rows (3 x n_mels) are copied with zero columns added up to whole 32-wide blocks,
-    // which every backend's matmul takes, and im2col writes zeros there.
-    auto load = [&](const std::string& name, Tensor* t) -> Status {
+    m->file_ = std::move(file);
+    auto load = [&](const std::string& name, Tensor* t, WeightUse use = WeightUse::kAny) -> Status {
         const GgufTensorInfo* info = g.find_tensor(name);
         if (info == nullptr) return FormatError("the whisper model lacks tensor '" + name + "'");
         SPECULA_TRY(check_weight_type(backend, name, info->type));
         // The decoder's tables are read by rows too.
         if (name == "decoder.token_embedding.weight" || name == "decoder.positional_embedding")
             SPECULA_TRY(check_weight_type(backend, name, info->type, Backend::Op::kGetRows));
-        // Rows are the last dimension (a convolution's output channels), except for the
-        // convolutions' biases (1 x width), which are one row.
-        const auto n = int64_t(info->n_elements);
-        const int64_t rows =
-            info->shape.size() == 1 || info->shape[0] == 1 ? 1 : info->shape.back();
-        const int64_t cols = n / rows;
-        std::span<const uint8_t> data = info->data;
-        int64_t padded = cols;
-        if (name == "encoder.conv1.weight" && cols % 32 != 0) {
-            // The reader allows F32 and F16 only for the convolutions.
-            padded = (cols + 31) / 32 * 32;
-            const size_t elem = info->type == GgmlType::kF32 ? 4 : 2;
-            m->conv1_padded_.assign(size_t(padded * rows) * elem, 0);
-            for (int64_t r = 0; r < rows; ++r)
-                std::memcpy(&m->conv1_padded_[size_t(r * padded) * elem],
-                            &data[size_t(r * cols) * elem], size_t(cols) * elem);
-            data = m->conv1_padded_;
-        }
-        std::unique_ptr<Buffer> buffer;
-        SPECULA_TRY(backend.load_weights(data, info->type, padded, rows, &buffer));
-        *t = Tensor{buffer.get(), 0, info->type, padded, rows};
-        m->buffers_.push_back(std::move(buffer));
         m->n_params_ += info->n_elements;
+        if (name.starts_with("encoder.")) {
+            const TensorLayout l = layout_of(name, *info);
+            *t = Tensor{nullptr, 0, info->type, l.padded, l.rows};
+            m->encoder_.uploads.push_back({name, t, use});
+            return Status::Ok();
+        }
+        SPECULA_TRY(m->upload(name, use, t, &m->buffers_));
         if (progress && !progress(float(++n_loaded) / float(n_expected)))
             return {SPECULA_ERR_ABORTED, "model loading was cancelled by the progress callback"};
         return Status::Ok();
@@ -169,7 +189,7 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         return Unsupported("a Whisper width of " + std::to_string(h.n_audio_state) +
                            " (3 x width must be a multiple of 32)");
     auto linear = [&](const std::string& p, bool bias, WhisperModel::Linear* l) -> Status {
-        SPECULA_TRY(load(p + ".weight", &l->w));
+        SPECULA_TRY(load(p + ".weight", &l->w, WeightUse::kMatmul));
         return bias ? load(p + ".bias", &l->b) : Status::Ok();
     };
     auto block = [&](const std::string& p, bool decoder, Block* b) -> Status {
@@ -193,14 +213,16 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
         SPECULA_TRY(linear(p + "mlp.0", true, &b->mlp0));
         return linear(p + "mlp.2", true, &b->mlp2);
     };
-    SPECULA_TRY(load("encoder.positional_embedding", &m->enc_pos_));
-    SPECULA_TRY(linear("encoder.conv1", true, &m->conv1_));
-    SPECULA_TRY(linear("encoder.conv2", true, &m->conv2_));
-    SPECULA_TRY(load("encoder.ln_post.weight", &m->enc_ln_w_));
-    SPECULA_TRY(load("encoder.ln_post.bias", &m->enc_ln_b_));
-    m->enc_.resize(size_t(h.n_audio_layer));
+    Encoder& e = m->encoder_;
+    SPECULA_TRY(load("encoder.positional_embedding", &e.pos));
+    SPECULA_TRY(linear("encoder.conv1", true, &e.conv1));
+    SPECULA_TRY(linear("encoder.conv2", true, &e.conv2));
+    SPECULA_TRY(load("encoder.ln_post.weight", &e.ln_w));
+    SPECULA_TRY(load("encoder.ln_post.bias", &e.ln_b));
+    e.blocks.resize(size_t(h.n_audio_layer));
     for (int l = 0; l < h.n_audio_layer; ++l)
-        SPECULA_TRY(block("encoder.blocks." + std::to_string(l) + ".", false, &m->enc_[size_t(l)]));
+        SPECULA_TRY(
+            block("encoder.blocks." + std::to_string(l) + ".", false, &e.blocks[size_t(l)]));
     SPECULA_TRY(load("decoder.positional_embedding", &m->dec_pos_));
     SPECULA_TRY(load("decoder.token_embedding.weight", &m->token_embd_));
     SPECULA_TRY(load("decoder.ln.weight", &m->dec_ln_w_));
@@ -208,8 +230,44 @@ Status WhisperModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
     m->dec_.resize(size_t(h.n_text_layer));
     for (int l = 0; l < h.n_text_layer; ++l)
         SPECULA_TRY(block("decoder.blocks." + std::to_string(l) + ".", true, &m->dec_[size_t(l)]));
-    m->file_ = std::move(file);
     *out = std::move(m);
+    return Status::Ok();
+}
+
+Status WhisperModel::upload(const std::string& name, WeightUse use, Tensor* t,
+                            std::vector<std::unique_ptr<Buffer>>* buffers) const {
+    const GgufTensorInfo& info = *ggml_.find_tensor(name);
+    const TensorLayout l = layout_of(name, info);
+    std::span<const uint8_t> data = info.data;
+    if (l.padded != l.cols) {
+        // The reader allows F32 and F16 only for the convolutions.
+        const size_t elem = info.type == GgmlType::kF32 ? 4 : 2;
+        conv1_padded_.assign(size_t(l.padded * l.rows) * elem, 0);
+        for (int64_t r = 0; r < l.rows; ++r)
+            std::memcpy(&conv1_padded_[size_t(r * l.padded) * elem],
+                        &data[size_t(r * l.cols) * elem], size_t(l.cols) * elem);
+        data = conv1_padded_;
+    }
+    std::unique_ptr<Buffer> buffer;
+    SPECULA_TRY(backend_.load_weights(data, info.type, l.padded, l.rows, use, &buffer));
+    if (!buffer->reads_host()) file_->release(info.data);
+    *t = Tensor{buffer.get(), 0, info.type, l.padded, l.rows};
+    buffers->push_back(std::move(buffer));
+    return Status::Ok();
+}
+
+Status WhisperModel::load_encoder() const {
+    if (encoder_.loaded) return Status::Ok();
+    std::vector<std::unique_ptr<Buffer>> buffers;
+    std::vector<Tensor> tensors(encoder_.uploads.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        const Encoder::Upload& u = encoder_.uploads[i];
+        SPECULA_TRY(upload(u.name, u.use, &tensors[i], &buffers));
+    }
+    for (size_t i = 0; i < tensors.size(); ++i)
+        *encoder_.uploads[i].tensor = tensors[i];
+    encoder_.buffers = std::move(buffers);
+    encoder_.loaded = true;
     return Status::Ok();
 }
 
@@ -238,14 +296,15 @@ Status WhisperModel::restrict_output(std::span<const int32_t> tokens) {
     for (size_t j = 0; j < ids.size(); ++j)
         std::memcpy(&bytes[j * row_bytes], &info->data[size_t(ids[j]) * row_bytes], row_bytes);
     std::unique_ptr<Buffer> head, head_ids;
-    SPECULA_TRY(backend_.load_weights(bytes, token_embd_.type, token_embd_.cols, rows, &head));
+    SPECULA_TRY(backend_.load_weights(bytes, token_embd_.type, token_embd_.cols, rows,
+                                      WeightUse::kMatmul, &head));
     SPECULA_TRY(backend_.allocate(ids.size() * sizeof(int32_t), &head_ids));
     const Tensor ids_tensor{head_ids.get(), 0, GgmlType::kI32, rows, 1};
     backend_.upload(ids_tensor, ids.data());
     SPECULA_TRY(backend_.flush());
     head_ = Tensor{head.get(), 0, token_embd_.type, token_embd_.cols, rows};
     head_ids_ = ids_tensor;
-    head_bytes_ = std::move(bytes);
+    if (head->reads_host()) head_bytes_ = std::move(bytes);
     buffers_.push_back(std::move(head));
     buffers_.push_back(std::move(head_ids));
     head_rows_ = rows;
@@ -267,9 +326,9 @@ Status WhisperContext::create(const WhisperModel& model, int max_logit_rows,
         plan.add(t, GgmlType::kF32, cols, rows);
     };
     f32(&c->mel_, h.n_mels, frames);
-    f32(&c->cols1_, model.conv1_.w.cols, frames);
+    f32(&c->cols1_, model.encoder_.conv1.w.cols, frames);
     f32(&c->conv1_out_, w, frames);
-    f32(&c->cols2_, model.conv2_.w.cols, audio);
+    f32(&c->cols2_, model.encoder_.conv2.w.cols, audio);
     for (Tensor* t :
          {&c->enc_x_, &c->enc_h_, &c->enc_q_, &c->enc_k_, &c->enc_v_, &c->enc_a_, &c->enc_out_})
         f32(t, w, audio);
@@ -366,6 +425,7 @@ Status WhisperContext::encode(const audio::LogMel& mel, int first) {
     if (first < 0 || first > mel.n_frames ||
         int64_t(mel.data.size()) != int64_t(mel.n_mel) * mel.n_frames)
         return InvalidArgument("mel frames out of range");
+    SPECULA_TRY(model_.load_encoder());
     const int count = std::min(frames, mel.n_frames - first);
     shared_source_ = nullptr;  // this window is its own
     later_mel_ = nullptr;
@@ -380,23 +440,23 @@ Status WhisperContext::encode(const audio::LogMel& mel, int first) {
                 mel.data[size_t(m) * size_t(mel.n_frames) + size_t(first + t)];
     be.upload(mel_, rows.data());
 
-    const WhisperModel& m = model_;
+    const WhisperModel::Encoder& m = model_.encoder_;
     // Whisper's stem: two convolutions of kernel 3, padding 1, the second of stride 2, each
     // followed by GELU (the exact form, as it was trained).
     constexpr auto kGelu = Backend::Activation::kGeluErf;
     be.im2col(mel_, {.kernel = 3, .stride = 1, .padding = 1}, cols1_);
-    be.matmul(m.conv1_.w, cols1_, conv1_out_, A::kNo);
-    be.add_bias(conv1_out_, m.conv1_.b);
+    be.matmul(m.conv1.w, cols1_, conv1_out_, A::kNo);
+    be.add_bias(conv1_out_, m.conv1.b);
     be.activate(kGelu, conv1_out_, conv1_out_);
     be.im2col(conv1_out_, {.kernel = 3, .stride = 2, .padding = 1}, cols2_);
-    be.matmul(m.conv2_.w, cols2_, enc_x_, A::kNo);
-    be.add_bias(enc_x_, m.conv2_.b);
+    be.matmul(m.conv2.w, cols2_, enc_x_, A::kNo);
+    be.add_bias(enc_x_, m.conv2.b);
     be.activate(kGelu, enc_x_, enc_x_);
-    be.add_bias(enc_x_, m.enc_pos_);
+    be.add_bias(enc_x_, m.pos);
     const int n = hp.n_audio_ctx;
-    for (const WhisperModel::Block& b : m.enc_)
+    for (const WhisperModel::Block& b : m.blocks)
         block(b, enc_x_, n, false, 0);
-    be.layer_norm(enc_x_, m.enc_ln_w_, m.enc_ln_b_, 1e-5f, enc_out_);
+    be.layer_norm(enc_x_, m.ln_w, m.ln_b, 1e-5f, enc_out_);
     return cross_keys_values(enc_out_);
 }
 

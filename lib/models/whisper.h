@@ -57,9 +57,11 @@ class WhisperModel {
     GgmlType weight_type() const { return weight_type_; }
     uint64_t n_params() const { return n_params_; }
     // Whether the other model's encoder is this one's (a Distil-Whisper draft's): tensor for
-    // tensor, byte for byte where both store a tensor in the same type, and otherwise the same
-    // weights up to their rounding (a draft quantized more coarsely than its target). Then one
-    // encoder run serves both decoders; the draft decodes from the target's encoding.
+    // tensor, 16 rows spread over each matrix (all of a vector), byte for byte where both store
+    // it in the same type, and otherwise the same weights up to their rounding (a draft
+    // quantized more coarsely than its target). Then one encoder run serves both decoders; the
+    // draft decodes from the target's encoding. Reads a few pages of each file, not the
+    // encoder's whole (which the backend no longer reads once it holds its own copy).
     bool same_encoder(const WhisperModel& other) const;
 
     // Makes this model a draft that proposes only `tokens` and the tokens from <|endoftext|> on
@@ -73,6 +75,13 @@ class WhisperModel {
     // The rows of the output projection: n_vocab, or fewer after restrict_output().
     int32_t output_rows() const { return head_rows_ > 0 ? head_rows_ : hparams_.n_vocab; }
     bool output_restricted() const { return head_rows_ > 0; }
+    // The encoder's weights are uploaded by the model's first context made to transcribe
+    // (specula_asr_context_create) or its first own encoding, not by load(): a draft that
+    // decodes from its target's encoding (same_encoder()) never holds them, ~0.7 GB of a
+    // Distil-Whisper large draft's 0.8 GB in Q8_0. Out of memory here leaves the model as it
+    // was; the next call tries again.
+    Status load_encoder() const;
+    bool encoder_loaded() const { return encoder_.loaded; }
     // SPECULA_ERR_INVALID_ARGUMENT for a restricted model, which only proposes: its
     // distribution is not the file's, so it transcribes nothing as a target.
     Status check_target() const {
@@ -95,23 +104,41 @@ class WhisperModel {
         Tensor mlp_ln_w, mlp_ln_b;
         Linear mlp0, mlp2;
     };
+    // The encoder's tensors: their shapes from load(), their buffers from load_encoder().
+    struct Encoder {
+        Linear conv1, conv2;
+        Tensor pos, ln_w, ln_b;
+        std::vector<Block> blocks;
+        // What load_encoder() uploads, and into which tensor.
+        struct Upload {
+            std::string name;
+            Tensor* tensor;
+            WeightUse use;
+        };
+        std::vector<Upload> uploads;
+        std::vector<std::unique_ptr<Buffer>> buffers;
+        bool loaded = false;
+    };
     explicit WhisperModel(Backend& backend) : backend_(backend) {}
+    // Uploads tensor `name` (checked by load()) as *t, its buffer into `buffers`.
+    Status upload(const std::string& name, WeightUse use, Tensor* t,
+                  std::vector<std::unique_ptr<Buffer>>* buffers) const;
 
     Backend& backend_;
     std::unique_ptr<MappedFile> file_;
     WhisperGgmlFile ggml_;
     std::vector<std::unique_ptr<Buffer>> buffers_;
-    std::vector<uint8_t> conv1_padded_;  // conv1's rows padded to whole blocks, when they are not
+    // conv1's rows padded to whole blocks, when they are not (host memory its buffer may read)
+    mutable std::vector<uint8_t> conv1_padded_;
     WhisperHparams hparams_;
     WhisperTokens tokens_;
     audio::MelFilters filters_;
     GgmlType weight_type_ = GgmlType::kF32;
     uint64_t n_params_ = 0;
-    Linear conv1_, conv2_;
-    Tensor enc_pos_, enc_ln_w_, enc_ln_b_;
-    std::vector<Block> enc_, dec_;
+    mutable Encoder encoder_;
+    std::vector<Block> dec_;
     Tensor dec_pos_, token_embd_, dec_ln_w_, dec_ln_b_;
-    // restrict_output(): the kept rows of token_embd_ (host copy the backend may read in place),
+    // restrict_output(): the kept rows of token_embd_ (a host copy, where the backend reads it),
     // their matrix, and their ids (I32, ascending).
     int32_t head_rows_ = 0;
     std::vector<uint8_t> head_bytes_;

@@ -108,10 +108,20 @@ class CpuBuffer final : public Buffer {
         data_ = owned_.data();
     }
     explicit CpuBuffer(std::span<const uint8_t> borrowed)
-        : data_(const_cast<uint8_t*>(borrowed.data())), size_(borrowed.size()), read_only_(true) {}
+        : data_(const_cast<uint8_t*>(borrowed.data())),
+          size_(borrowed.size()),
+          read_only_(true),
+          borrowed_(true) {}
+    // Weights that only the integer kernels read (WeightUse::kMatmul): no bytes in the file's
+    // layout, only those of allocate_packed(); `bytes` is the layout's size.
+    static std::unique_ptr<CpuBuffer> packed_only(size_t bytes) {
+        return std::unique_ptr<CpuBuffer>(new CpuBuffer(bytes, PackedOnly{}));
+    }
 
     size_t size() const override { return size_; }
+    bool reads_host() const override { return borrowed_; }
     bool allocated() const { return data_ != nullptr || size_ == 0; }
+    // nullptr for packed_only() weights.
     uint8_t* data() const { return data_; }
     bool read_only() const { return read_only_; }
     // The weights repacked for the integer kernels (cpu::pack_rows), or nullptr.
@@ -164,15 +174,25 @@ class CpuBuffer final : public Buffer {
 
   private:
     ZeroedPages owned_;
+    struct PackedOnly {};
+    CpuBuffer(size_t bytes, PackedOnly) : size_(bytes), read_only_(true) {}
     ZeroedPages packed_;
     std::vector<std::unique_ptr<KeyTranspose>> transposes_;
     uint8_t* data_ = nullptr;
     size_t size_ = 0;
     bool read_only_ = false;
+    bool borrowed_ = false;  // data_ is the host memory the buffer was made from
 };
 
+// What an op that reads weights kept only repacked (CpuBuffer::packed_only()) otherwise than
+// as a whole matrix's products says.
+constexpr const char* kNoBytes =
+    "weights loaded for whole-matrix products only (WeightUse::kMatmul) were read otherwise";
+
+// nullptr for weights kept only repacked.
 uint8_t* bytes_of(const Tensor& t) {
-    return static_cast<CpuBuffer*>(t.buffer)->data() + t.offset;
+    uint8_t* data = static_cast<CpuBuffer*>(t.buffer)->data();
+    return data != nullptr ? data + t.offset : nullptr;
 }
 float* f32(const Tensor& t) {
     return reinterpret_cast<float*>(bytes_of(t));
@@ -297,13 +317,19 @@ class CpuBackend final : public Backend {
     }
 
     Status load_weights(std::span<const uint8_t> host, GgmlType type, int64_t cols, int64_t rows,
-                        std::unique_ptr<Buffer>* out) override {
-        // In place, unless the data is not 8-byte aligned (whisper.cpp's files do not pad their
-        // tensor records): then a copy, since the kernels load floats and scales directly.
+                        WeightUse use, std::unique_ptr<Buffer>* out) override {
+        const bool packs = int8_inputs_ && cpu::has_integer_kernel(type);
+        const bool aligned = reinterpret_cast<uintptr_t>(host.data()) % alignof(uint64_t) == 0;
         std::unique_ptr<CpuBuffer> buffer;
-        if (reinterpret_cast<uintptr_t>(host.data()) % alignof(uint64_t) == 0) {
-            buffer = std::make_unique<CpuBuffer>(host);
+        if (packs && use == WeightUse::kMatmul) {
+            // Only the repacked copy: no op reads the file's layout, so the model may give
+            // the host's pages back (a whisper.cpp file's copy cost as much memory again).
+            buffer = CpuBuffer::packed_only(host.size());
+        } else if (aligned) {
+            buffer = std::make_unique<CpuBuffer>(host);  // in place
         } else {
+            // whisper.cpp's files do not pad their tensor records, and the kernels load floats
+            // and scales directly: a copy.
             buffer = std::make_unique<CpuBuffer>(host.size());
             if (!buffer->allocated())
                 return OutOfMemory("cannot allocate " + std::to_string(host.size()) +
@@ -311,7 +337,7 @@ class CpuBackend final : public Backend {
             std::memcpy(buffer->data(), host.data(), host.size());
             host = {buffer->data(), host.size()};
         }
-        if (int8_inputs_ && cpu::has_integer_kernel(type)) {
+        if (packs) {
             const size_t bytes = cpu::packed_bytes(type, rows, cols);
             uint8_t* packed = buffer->allocate_packed(bytes);
             if (packed == nullptr)
@@ -319,9 +345,23 @@ class CpuBackend final : public Backend {
                                    " bytes for repacked weights");
             const size_t row_bytes = Tensor{nullptr, 0, type, cols, rows}.row_bytes();
             const size_t group_bytes = cpu::packed_bytes(type, cpu::kGroupRows, cols);
+            const bool in_place = reinterpret_cast<uintptr_t>(host.data()) % alignof(uint64_t) == 0;
             pool_.parallel_for(bytes / group_bytes, [&](size_t begin, size_t end) {
-                cpu::pack_rows(type, host.data(), row_bytes, rows, cols, int64_t(begin),
-                               int64_t(end), packed + begin * group_bytes);
+                if (in_place)
+                    return cpu::pack_rows(type, host.data(), row_bytes, rows, cols, int64_t(begin),
+                                          int64_t(end), packed + begin * group_bytes);
+                // Unaligned rows are read as blocks from an aligned copy of their group.
+                std::vector<uint64_t> group(
+                    (size_t(cpu::kGroupRows) * row_bytes + sizeof(uint64_t) - 1) /
+                    sizeof(uint64_t));
+                for (size_t g = begin; g < end; ++g) {
+                    const int64_t first = int64_t(g) * cpu::kGroupRows;
+                    const int64_t n = std::min(cpu::kGroupRows, rows - first);
+                    std::memcpy(group.data(), host.data() + size_t(first) * row_bytes,
+                                size_t(n) * row_bytes);
+                    cpu::pack_rows(type, reinterpret_cast<const uint8_t*>(group.data()), row_bytes,
+                                   n, cols, 0, 1, packed + g * group_bytes);
+                }
             });
         }
         *out = std::move(buffer);
@@ -338,6 +378,7 @@ class CpuBackend final : public Backend {
     Status download(const Tensor& src, void* dst) override {
         if (src.offset + src.bytes() > src.buffer->size())
             return InvalidArgument("a download reaches past the end of its buffer");
+        if (bytes_of(src) == nullptr) return InvalidArgument(kNoBytes);
         SPECULA_TRY(flush());
         std::memcpy(dst, bytes_of(src), src.bytes());
         return Status::Ok();
@@ -356,6 +397,7 @@ class CpuBackend final : public Backend {
         const OpProfile::Scope timed(profile_, "get_rows");
         wrote(out);
         const auto* id = reinterpret_cast<const int32_t*>(bytes_of(ids));
+        if (bytes_of(table) == nullptr) return fail(InvalidArgument(kNoBytes));
         for (int64_t i = 0; i < ids.cols * ids.rows; ++i) {
             if (id[i] < 0 || id[i] >= table.rows) {
                 fail(InvalidArgument("token id " + std::to_string(id[i]) +
@@ -389,6 +431,7 @@ class CpuBackend final : public Backend {
         wrote(out);
         const Tensor x = apply_norm(input);
         const cpu::MatmulArgs args = matmul_args(w, x, out, accumulate, quantized(x, w.type));
+        if (!weights_readable(args)) return;
         parallel_for_rows(w, x, 1,
                           [&](int64_t begin, int64_t end) { cpu::matmul_rows(args, begin, end); });
     }
@@ -414,6 +457,7 @@ class CpuBackend final : public Backend {
         static_assert(cpu::kRowTile % 2 == 0);
         const Tensor x = apply_norm(input);
         const cpu::MatmulArgs args = matmul_args(w, x, out, Accumulate::kNo, quantized(x, w.type));
+        if (!weights_readable(args)) return;
         parallel_for_rows(w, x, 1, [&](int64_t begin, int64_t end) {
             cpu::matmul_rows(args, begin, end);
             for (int64_t i = 0; i < x.rows; ++i)
@@ -594,6 +638,7 @@ class CpuBackend final : public Backend {
         if (qx == nullptr) qx = quantized(x, w_up.type);
         const cpu::MatmulArgs gate_args = matmul_args(w_gate, x, out, Accumulate::kNo, qx);
         const cpu::MatmulArgs up_args = matmul_args(w_up, x, up, Accumulate::kNo, qx);
+        if (!weights_readable(gate_args) || !weights_readable(up_args)) return;
         parallel_for_rows(w_gate, x, 2, [&](int64_t begin, int64_t end) {
             cpu::matmul_rows(gate_args, begin, end);
             cpu::matmul_rows(up_args, begin, end);
@@ -760,6 +805,14 @@ class CpuBackend final : public Backend {
             a.amx = amx_;
         }
         return a;
+    }
+
+    // Whether the kernels can read a matmul's weights: not those kept only repacked
+    // (WeightUse::kMatmul) where the product does not read that copy (a view at an offset).
+    bool weights_readable(const cpu::MatmulArgs& a) {
+        if (a.w != nullptr || a.packed != nullptr) return true;
+        fail(InvalidArgument(kNoBytes));
+        return false;
     }
 
     // x quantized per block for the integer kernels where weights of `type` have them (and the

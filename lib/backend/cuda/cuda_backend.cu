@@ -151,7 +151,8 @@ class CudaBackend final : public Backend {
     }
 
     Status load_weights(std::span<const uint8_t> host, GgmlType /*type*/, int64_t /*cols*/,
-                        int64_t /*rows*/, std::unique_ptr<Buffer>* out) override {
+                        int64_t /*rows*/, WeightUse /*use*/,
+                        std::unique_ptr<Buffer>* out) override {
         std::unique_ptr<Buffer> b;
         SPECULA_TRY(allocate(host.size(), &b));
         SPECULA_TRY(

@@ -611,7 +611,7 @@ class VulkanBackend final : public Backend {
     }
 
     Status load_weights(std::span<const uint8_t> host, GgmlType type, int64_t cols, int64_t rows,
-                        std::unique_ptr<Buffer>* out) override {
+                        WeightUse /*use*/, std::unique_ptr<Buffer>* out) override {
         SPECULA_TRY(usable());
         const size_t range = weight_range();
         if (host.size() <= range) return upload_weights(host, out);
