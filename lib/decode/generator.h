@@ -253,6 +253,15 @@ class Generator {
     // The most drafts a step can have: the rows of the step's buffers.
     int max_drafts() const { return std::max(config_.gamma, config_.gamma_max); }
     void commit(std::span<const int32_t> tokens);
+    // Whether the last plain step took more than kSlowPlainStep times a plain forward's running
+    // mean (target_seconds[1], which one slow measurement moves little): a thread that lost its
+    // core, not plain decoding's rate, so realized_plain does not count it. While drafting
+    // wins, plain steps are measured only in a pair every kProbeEvery steps, and the realized
+    // rates decay by the step: one such step set the rate drafting was judged against
+    // (drafting_loses()) for several pairs, and a draft that had stopped agreeing kept drafting
+    // (17 of 60 steps on a loaded machine, where 1-2 is its due).
+    bool slow_plain_step(const StepMeasurements& m) const;
+    static constexpr double kSlowPlainStep = 1.25;
     void adapt_gamma(int n_accepted, int gamma);
     // The steps of the current sampling's kind, of the pair's measurements (*measured_); a
     // const generator reads them only.
