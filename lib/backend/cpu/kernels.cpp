@@ -1584,11 +1584,26 @@ void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_di
     const int64_t head_floats = transposed_key_blocks(capacity) * head_dim * kKeyBlock;
     for (int h = 0; h < n_head_kv; ++h) {
         float* head = kt + h * head_floats;
-        for (int64_t t = begin; t < end; ++t) {
-            const float* key = k + t * k_stride + int64_t(h) * head_dim;
-            float* column = head + (t / kKeyBlock) * head_dim * kKeyBlock + t % kKeyBlock;
-            for (int i = 0; i < head_dim; ++i)
-                column[i * kKeyBlock] = key[i];
+        for (int64_t t = begin; t < end;) {
+            const int64_t first = t % kKeyBlock, n = std::min(end - t, kKeyBlock - first);
+            const float* keys = k + t * k_stride + int64_t(h) * head_dim;
+            float* block = head + (t / kKeyBlock) * head_dim * kKeyBlock;
+            if (n == kKeyBlock) {
+                // A whole block: each dimension's 16 keys gathered into a row written at once.
+                // Written a float at a time, 64 bytes apart, a large-v2 window's
+                // cross-attention keys took 0.44 s on 2 vCPUs (0.1 s so).
+                for (int i = 0; i < head_dim; ++i) {
+                    alignas(64) float row[kKeyBlock];
+                    for (int64_t j = 0; j < kKeyBlock; ++j)
+                        row[j] = keys[j * k_stride + i];
+                    std::memcpy(block + i * kKeyBlock, row, sizeof row);
+                }
+            } else {
+                for (int64_t j = 0; j < n; ++j)
+                    for (int i = 0; i < head_dim; ++i)
+                        block[i * kKeyBlock + first + j] = keys[j * k_stride + i];
+            }
+            t += n;
         }
     }
 }
