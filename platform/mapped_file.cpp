@@ -54,12 +54,15 @@ Status MappedFile::open(const std::string& path, std::unique_ptr<MappedFile>* ou
 }
 
 void MappedFile::release(std::span<const uint8_t> range) const {
-    if (!copy_.empty() || data_ == nullptr || range.data() < data_ ||
-        range.data() + range.size() > data_ + size_)
+    // Addresses as integers: `<` between pointers into different objects is unspecified.
+    const auto first = reinterpret_cast<uintptr_t>(range.data());
+    const auto mapped = reinterpret_cast<uintptr_t>(data_);
+    if (!copy_.empty() || data_ == nullptr || first < mapped ||
+        first + range.size() > mapped + size_)
         return;
     const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
-    const uintptr_t begin = (reinterpret_cast<uintptr_t>(range.data()) + page - 1) & ~(page - 1);
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(range.data()) + range.size()) & ~(page - 1);
+    const uintptr_t begin = (first + page - 1) & ~(page - 1);
+    const uintptr_t end = (first + range.size()) & ~(page - 1);
     // Advice: a mapping that keeps its pages is only larger.
     if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }

@@ -274,7 +274,8 @@ Status LlamaModel::load(Backend& backend, std::unique_ptr<MappedFile> file,
             norm || name == "token_embd.weight" ? WeightUse::kAny : WeightUse::kMatmul;
         std::unique_ptr<Buffer> buffer;
         if (neox_pairs && neox) {
-            // Host memory that outlives the buffer, as load_weights() asks (the cpu reads it).
+            // Host memory that outlives the buffer, as load_weights() asks, where the buffer
+            // reads it (the cpu, unless it keeps only its repacked copy).
             m->reordered_.push_back(
                 neox_rows_as_pairs(data.data(), row_bytes, part.count, c.head_dim, c.n_rot));
             SPECULA_TRY(backend.load_weights(m->reordered_.back(), info->type, cols, out_rows, use,
