@@ -116,11 +116,6 @@ bool drafting_loses(const RealizedRate& drafting, const RealizedRate& plain) {
     return drafting.steps >= 3.0 && plain.steps >= 1.0 && drafting.rate() < plain.rate();
 }
 
-bool Generator::slow_plain_step(const StepMeasurements& m) const {
-    const double forward = m.target_seconds[1];
-    return m.target_samples[1] >= 2 && step_seconds_ > kSlowPlainStep * forward;
-}
-
 bool costly_probe(double step_seconds, size_t emitted, double plain_seconds, int plain_steps) {
     if (!(plain_seconds > 0)) return false;  // nothing to weigh it against
     const double overhead = step_seconds - double(emitted) * plain_seconds;
@@ -419,8 +414,10 @@ Status Generator::run_step(StepPlan plan, int max_tokens, std::vector<int32_t>* 
         (plan.lookup ? measured.realized_lookup : measured.realized_model)
             .add(double(emitted.size()), step_seconds_, RealizedRate::kSkipFirst);
     else if (!forward_done && (plain_steps_ > 0 || draft_ == nullptr))  // as step_on_device
-        if (!slow_plain_step(measured))
-            measured.realized_plain.add(double(emitted.size()), step_seconds_, 0);
+        measured.realized_plain.add(double(emitted.size()), step_seconds_, 0,
+                                    measured.target_samples[1] >= 2
+                                        ? RealizedRate::kSlowPlainStep * measured.target_seconds[1]
+                                        : 0.0);
     plain_steps_ = gamma == 0 ? plain_steps_ + 1 : 0;
     if (gamma > 0) ++measured.drafting_since_plain;
     adapt_gamma(n_accepted, gamma);

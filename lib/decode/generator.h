@@ -67,15 +67,22 @@ struct DraftCost {
 // of drafting), decaying: each step adds itself at full weight and takes kDecay off what the ones
 // before weigh (about the last five steps count). The first `skip` steps are not counted (steps
 // with drafts: a first use of the draft), and a step slower than three times the mean of those
-// before it (a thread that lost its core) counts as three times the mean. What the analytic
-// policy's estimates are checked against.
+// before it (a thread that lost its core) counts as three times the mean. A step slower than
+// `slowest` (> 0) is not counted at all: a plain step is one target forward, so one over
+// kSlowPlainStep times a plain forward's running mean (which one slow measurement moves
+// little) is a lost core, not plain decoding's rate. Plain steps are measured in a pair only
+// every kProbeEvery steps while drafting wins, so one such step, clamped at three times the
+// mean, still set the rate drafting was judged against (drafting_loses()) for several pairs:
+// a draft that had stopped agreeing kept drafting 16-18 of 60 steps, 7 with the bound. What
+// the analytic policy's estimates are checked against.
 struct RealizedRate {
     static constexpr double kDecay = 0.8;
     static constexpr int kSkipFirst = 2;
+    static constexpr double kSlowPlainStep = 1.25;
     double tokens = 0, seconds = 0, steps = 0;
     int seen = 0;
-    void add(double step_tokens, double step_seconds, int skip) {
-        if (++seen <= skip) return;
+    void add(double step_tokens, double step_seconds, int skip, double slowest = 0) {
+        if (++seen <= skip || (slowest > 0 && step_seconds > slowest)) return;
         if (steps >= 2) step_seconds = std::min(step_seconds, 3.0 * seconds / steps);
         tokens = kDecay * tokens + step_tokens;
         seconds = kDecay * seconds + step_seconds;
@@ -253,15 +260,6 @@ class Generator {
     // The most drafts a step can have: the rows of the step's buffers.
     int max_drafts() const { return std::max(config_.gamma, config_.gamma_max); }
     void commit(std::span<const int32_t> tokens);
-    // Whether the last plain step took more than kSlowPlainStep times a plain forward's running
-    // mean (target_seconds[1], which one slow measurement moves little): a thread that lost its
-    // core, not plain decoding's rate, so realized_plain does not count it. While drafting
-    // wins, plain steps are measured only in a pair every kProbeEvery steps, and the realized
-    // rates decay by the step: one such step set the rate drafting was judged against
-    // (drafting_loses()) for several pairs, and a draft that had stopped agreeing kept drafting
-    // (17 of 60 steps on a loaded machine, where 1-2 is its due).
-    bool slow_plain_step(const StepMeasurements& m) const;
-    static constexpr double kSlowPlainStep = 1.25;
     void adapt_gamma(int n_accepted, int gamma);
     // The steps of the current sampling's kind, of the pair's measurements (*measured_); a
     // const generator reads them only.

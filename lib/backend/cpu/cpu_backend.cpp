@@ -349,7 +349,8 @@ class CpuBackend final : public Backend {
                                    " bytes for repacked weights");
             const size_t row_bytes = Tensor{nullptr, 0, type, cols, rows}.row_bytes();
             const size_t group_bytes = cpu::packed_bytes(type, cpu::kGroupRows, cols);
-            const bool in_place = reinterpret_cast<uintptr_t>(host.data()) % alignof(uint64_t) == 0;
+            // An unaligned host was copied above unless only the repacked form is kept.
+            const bool in_place = aligned || use != WeightUse::kMatmul;
             pool_.parallel_for(bytes / group_bytes, [&](size_t begin, size_t end) {
                 if (in_place)
                     return cpu::pack_rows(type, host.data(), row_bytes, rows, cols, int64_t(begin),
