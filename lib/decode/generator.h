@@ -70,11 +70,10 @@ struct DraftCost {
 // before it (a thread that lost its core) counts as three times the mean. A step slower than
 // `slowest` (> 0) is not counted at all: a plain step is one target forward, so one over
 // kSlowPlainStep times a plain forward's running mean (which one slow measurement moves
-// little) is a lost core, not plain decoding's rate. Plain steps are measured in a pair only
-// every kProbeEvery steps while drafting wins, so one such step, clamped at three times the
-// mean, still set the rate drafting was judged against (drafting_loses()) for several pairs:
-// a draft that had stopped agreeing kept drafting 16-18 of 60 steps, 7 with the bound. What
-// the analytic policy's estimates are checked against.
+// little) is a lost core, not plain decoding's rate; plain steps come only in a pair every
+// kProbeEvery steps while drafting wins, so even clamped such a step would set the rate
+// drafting is judged against (drafting_loses()) for several pairs. What the analytic policy's
+// estimates are checked against.
 struct RealizedRate {
     static constexpr double kDecay = 0.8;
     static constexpr int kSkipFirst = 2;
