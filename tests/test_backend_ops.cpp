@@ -4,6 +4,7 @@
 // only in summation order and in exp/sqrt.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
 #include "backend_util.h"
+#include "core/fp16.h"
 #include "format/quant.h"
 
 using namespace specula;
@@ -1164,6 +1166,147 @@ TEST(CpuOps, CausalAttentionReadsTheKeysAsTheyAreNow) {
     ASSERT_TRUE(cpu->download(k.row_range(6, 4), written.data()).ok());
     std::copy(written.begin(), written.end(), keys.begin() + 6 * kv_width);
     EXPECT_EQ(attend(*cpu, make, k, v, 6, 4), fresh(keys, 6, 4));
+}
+
+// Floats whose nearest halves test every branch of a rounding to F16: ties to even in the
+// normal and subnormal ranges, the edges of both, overflow, infinities, NaN, zeros, and a
+// sweep of bit patterns.
+std::vector<float> half_rounding_cases() {
+    std::vector<float> xs = {0.0f,
+                             -0.0f,
+                             1.0f + 0x1p-11f,
+                             1.0f + 3 * 0x1p-11f,  // ties: down, up
+                             -(1.0f + 0x1p-11f),
+                             0x1p-25f,  // tie below the least half
+                             3 * 0x1p-25f,
+                             0x1p-14f - 0x1p-26f,  // subnormal tie; edge
+                             0x1p-14f,
+                             65504.0f,
+                             65519.99f,
+                             65520.0f,
+                             -65520.0f,
+                             1e30f,
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::denorm_min(),
+                             std::numeric_limits<float>::quiet_NaN()};
+    for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += 4099)
+        xs.push_back(std::bit_cast<float>(uint32_t(bits)));
+    return xs;
+}
+
+// round_to_half is core/fp16.h's conversion there and back, bit for bit (NaN as a NaN), on every
+// instruction set this build runs here.
+TEST(CpuOps, RoundToHalfIsTheNearestHalfOnEveryInstructionSet) {
+    const std::vector<float> xs = half_rounding_cases();
+    std::string targets = cpu::runnable_simd_targets();
+    std::vector<std::string> names;
+    for (size_t at = 0; at < targets.size();) {
+        const size_t end = std::min(targets.find(' ', at), targets.size());
+        names.push_back(targets.substr(at, end - at));
+        at = end + 1;
+    }
+    for (const std::string& target : names) {
+        ASSERT_EQ(cpu::use_simd_target(target), cpu::SimdChoice::kChosen);
+        SCOPED_TRACE(target);
+        std::vector<float> got = xs;
+        cpu::round_to_half(got.data(), int64_t(got.size()));
+        int wrong = 0;
+        for (size_t i = 0; i < xs.size() && wrong < 5; ++i) {
+            const float want = half_to_float(float_to_half(xs[i]));
+            if (std::isnan(want) ? std::isnan(got[i])
+                                 : std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want))
+                continue;
+            ++wrong;
+            ADD_FAILURE() << std::hexfloat << xs[i] << " -> " << got[i] << ", not " << want;
+        }
+    }
+    cpu::use_simd_target(names.front());  // the best again
+}
+
+// Keys and values exact in F16, read from the copies in halves (Attention::half_exact), give the
+// floats the copies in floats give, bit for bit: a decoder's cross-attention (every row sees
+// every key; 1, 5 and 37 rows) and causal rows, and after values and keys are written anew.
+TEST(CpuOps, HalfExactAttentionIsTheSameFloatsAsOverFloats) {
+    const int n_head = 6, head_dim = 64, width = n_head * head_dim;
+    for (const int n_keys : {1500, 37, 0}) {
+        SCOPED_TRACE("n_keys " + std::to_string(n_keys));
+        const int ctx = n_keys > 0 ? n_keys : 300;
+        auto cpu = create_cpu_backend(2);
+        CpuTensors make(*cpu);
+        const std::vector<float> qs = random_floats(size_t(width) * 37, 61);
+        std::vector<float> ks = random_floats(size_t(width) * size_t(ctx), 62);
+        std::vector<float> vs = random_floats(size_t(width) * size_t(ctx), 63);
+        for (auto* x : {&ks, &vs})
+            for (float& f : *x)
+                f = half_to_float(float_to_half(f * 4.0f));
+        const Tensor k = make(width, ctx, &ks), v = make(width, ctx, &vs);
+        const auto attend = [&](int pos0, int rows, bool half_exact) {
+            const Tensor q = make(width, rows, &qs), out = make(width, rows, nullptr);
+            cpu->attention({.q = q,
+                            .k = k,
+                            .v = v,
+                            .out = out,
+                            .n_head = n_head,
+                            .n_head_kv = n_head,
+                            .head_dim = head_dim,
+                            .scale = 0.125f,
+                            .pos0 = pos0,
+                            .n_keys = n_keys,
+                            .half_exact = half_exact});
+            return read_floats(*cpu, out);
+        };
+        for (const int rows : {1, 5, 37}) {
+            const int pos0 = n_keys > 0 ? 0 : ctx - rows;
+            const std::vector<float> halves = attend(pos0, rows, true);
+            EXPECT_EQ(halves, attend(pos0, rows, false)) << rows << " rows";
+        }
+        // Values 20..29 and keys 3..5 anew, after both copies were read.
+        const std::vector<float> other = random_floats(size_t(width) * 10, 64);
+        for (size_t i = 0; i < other.size(); ++i)
+            vs[20 * size_t(width) + i] = half_to_float(float_to_half(other[i]));
+        cpu->upload(v.row_range(20, 10), vs.data() + 20 * width);
+        for (size_t i = 0; i < 3 * size_t(width); ++i)
+            ks[3 * size_t(width) + i] = -ks[3 * size_t(width) + i];
+        cpu->upload(k.row_range(3, 3), ks.data() + 3 * width);
+        const int pos0 = n_keys > 0 ? 0 : ctx - 5;
+        const std::vector<float> halves = attend(pos0, 5, true);
+        EXPECT_EQ(halves, attend(pos0, 5, false));
+        auto fresh = create_cpu_backend(2);
+        CpuTensors make_fresh(*fresh);
+        const Tensor q = make_fresh(width, 5, &qs), out = make_fresh(width, 5, nullptr);
+        fresh->attention({.q = q,
+                          .k = make_fresh(width, ctx, &ks),
+                          .v = make_fresh(width, ctx, &vs),
+                          .out = out,
+                          .n_head = n_head,
+                          .n_head_kv = n_head,
+                          .head_dim = head_dim,
+                          .scale = 0.125f,
+                          .pos0 = pos0,
+                          .n_keys = n_keys});
+        EXPECT_EQ(halves, read_floats(*fresh, out));
+    }
+}
+
+// round_to_half gives the cpu's floats, bit for bit.
+TEST_P(BackendOps, RoundToHalfIsTheCpus) {
+    std::vector<float> xs = half_rounding_cases();
+    xs.resize(xs.size() / 64 * 64);
+    const auto n = int64_t(xs.size() / 64);
+    auto x = p.tensor(GgmlType::kF32, 64, n, as_bytes(xs));
+    p.on_each([&](Backend& be, auto side) { be.round_to_half(side(x)); });
+    std::vector<float> a(xs.size()), b(xs.size());
+    ASSERT_TRUE(p.cpu->download(x.first, a.data()).ok());
+    ASSERT_TRUE(p.gpu->download(x.second, b.data()).ok());
+    int wrong = 0;
+    for (size_t i = 0; i < a.size() && wrong < 5; ++i) {
+        if (std::isnan(a[i]) ? std::isnan(b[i])
+                             : std::bit_cast<uint32_t>(a[i]) == std::bit_cast<uint32_t>(b[i]))
+            continue;
+        ++wrong;
+        ADD_FAILURE() << std::hexfloat << xs[i] << ": cpu " << a[i] << ", gpu " << b[i];
+    }
 }
 
 // Two backends of one kind used in turn from one thread (two GPUs, or one GPU twice): each

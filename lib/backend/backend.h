@@ -226,6 +226,10 @@ class Backend {
         int window = 0;
         // > 0: scores are capped smoothly at ±soft_cap (Gemma 2's attention logit soft-capping).
         float soft_cap = 0.0f;
+        // Every key and value is exact in F16 (round_to_half): a backend may read them from a
+        // copy in F16, which gives the same floats at half the bytes (a decoder's
+        // cross-attention, read by every token).
+        bool half_exact = false;
         int keys_seen(int64_t row) const { return n_keys > 0 ? n_keys : pos0 + int(row) + 1; }
         // The first key row i sees; it sees keys first_key(i) .. keys_seen(i) - 1.
         int first_key(int64_t row) const {
@@ -249,6 +253,9 @@ class Backend {
     virtual void add_bias(const Tensor& x, const Tensor& bias) = 0;
     // x *= factor, element-wise, in place (Gemma's embeddings scaled by sqrt(n_embd)).
     virtual void scale(const Tensor& x, float factor) = 0;
+    // x = the IEEE half nearest x (ties to even; from 65520 on, infinity), element-wise, in place,
+    // as floats (Whisper's cross-attention keys and values, which whisper.cpp keeps in F16).
+    virtual void round_to_half(const Tensor& x) = 0;
     // x = cap * tanh(x / cap), element-wise, in place (Gemma 2's final logit soft-capping).
     virtual void soft_cap(const Tensor& x, float cap) = 0;
     // A 1-D convolution's shape: kernel taps, stride and zero padding on each side.

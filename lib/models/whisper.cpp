@@ -407,6 +407,7 @@ void WhisperContext::block(const WhisperModel::Block& b, const Tensor& x, int n,
         att.v = cross_v_[l];
         att.pos0 = 0;
         att.n_keys = hp.n_audio_ctx;
+        att.half_exact = true;
         be.attention(att);
         linear(b.co, a, x, A::kYes);
     }
@@ -516,6 +517,10 @@ Status WhisperContext::cross_keys_values(const Tensor& enc_out) {
         be.matmul(m.dec_[l].ck.w, enc_out, cross_k_[l], Backend::Accumulate::kNo);
         be.matmul(m.dec_[l].cv.w, enc_out, cross_v_[l], Backend::Accumulate::kNo);
         be.add_bias(cross_v_[l], m.dec_[l].cv.b);
+        // F16, as whisper.cpp keeps them: every token reads them all (0.49 GB a token in floats
+        // for large), and a backend may then read a copy in halves (Attention::half_exact).
+        be.round_to_half(cross_k_[l]);
+        be.round_to_half(cross_v_[l]);
     }
     n_past_ = 0;
     encoded_ = false;

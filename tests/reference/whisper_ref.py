@@ -117,6 +117,8 @@ def block(f, p, x, n_head, cross=None, cache=None, pos0=0):
         h = layer_norm(x, f(p + "cross_attn_ln.weight"), f(p + "cross_attn_ln.bias"))
         q = linear(f, p + "cross_attn.query", h)
         k, v = linear(f, p + "cross_attn.key", cross, False), linear(f, p + "cross_attn.value", cross)
+        # kept in F16, as whisper.cpp keeps them (Backend::round_to_half)
+        k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
         x = x + linear(f, p + "cross_attn.out", attention(q, k, v, n_head))
     h = layer_norm(x, f(p + "mlp_ln.weight"), f(p + "mlp_ln.bias"))
     return x + linear(f, p + "mlp.2", gelu(linear(f, p + "mlp.0", h)))

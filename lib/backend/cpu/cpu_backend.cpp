@@ -132,41 +132,51 @@ class CpuBuffer final : public Buffer {
         return packed_.data();
     }
 
-    // The transpose of a key cache held in this buffer (cpu::transpose_keys), for causal
-    // attention. Its first `valid` keys are the cache's: every op that writes into the buffer
-    // lowers that count to the first key it wrote (wrote()).
-    struct KeyTranspose {
+    // A copy of a key or value cache held in this buffer in the layout attention reads: the
+    // keys' transpose (cpu::transpose_keys), in floats or, for values exact in F16, in halves;
+    // or such values as halves (cpu::values_to_halves). Its first `valid` rows are the cache's:
+    // every op that writes into the buffer lowers that count to the first row it wrote
+    // (wrote()).
+    enum class CopyKind { kKeysTransposed, kKeysTransposedHalves, kValuesHalves };
+    struct CacheCopy {
+        CopyKind kind = CopyKind::kKeysTransposed;
         size_t offset = 0;  // the cache tensor: its bytes at offset, rows of `cols` floats
         int64_t cols = 0, rows = 0;
         int head_dim = 0;
         int64_t valid = 0;
         // Huge pages where the kernel grants them: a context's first decoder forward writes
         // the transposes of every layer's cross-attention keys for the first time (0.25 GB
-        // for Whisper large), 1.5 s in 4 KiB pages on a 2-vCPU machine, 0.7 s in huge pages.
+        // in floats for Whisper large), 1.5 s in 4 KiB pages on a 2-vCPU machine, 0.7 s in
+        // huge pages.
         ZeroedPages pages;
-        float* keys() const { return reinterpret_cast<float*>(pages.data()); }
+        float* floats() const { return reinterpret_cast<float*>(pages.data()); }
+        uint16_t* halves() const { return reinterpret_cast<uint16_t*>(pages.data()); }
     };
-    // The transpose of cache `k` (created empty, or nullptr when the memory cannot be had).
-    KeyTranspose* key_transpose(const Tensor& k, int head_dim) {
-        for (auto& t : transposes_)
-            if (t->offset == k.offset && t->cols == k.cols && t->rows == k.rows &&
-                t->head_dim == head_dim)
-                return t.get();
-        const auto floats =
-            size_t(cpu::transposed_key_floats(int(k.cols / head_dim), head_dim, k.rows));
-        auto t = std::make_unique<KeyTranspose>();
-        t->pages = ZeroedPages::allocate(size_t(floats) * sizeof(float), true);
-        if (t->pages.data() == nullptr) return nullptr;
-        t->offset = k.offset;
-        t->cols = k.cols;
-        t->rows = k.rows;
-        t->head_dim = head_dim;
-        transposes_.push_back(std::move(t));
-        return transposes_.back().get();
+    // The copy of cache `t` (created empty, or nullptr when the memory cannot be had).
+    CacheCopy* cache_copy(const Tensor& t, int head_dim, CopyKind kind) {
+        for (auto& c : copies_)
+            if (c->offset == t.offset && c->cols == t.cols && c->rows == t.rows &&
+                c->head_dim == head_dim && c->kind == kind)
+                return c.get();
+        const auto values =
+            kind == CopyKind::kValuesHalves
+                ? size_t(t.cols * t.rows)
+                : size_t(cpu::transposed_key_floats(int(t.cols / head_dim), head_dim, t.rows));
+        auto c = std::make_unique<CacheCopy>();
+        c->pages = ZeroedPages::allocate(
+            values * (kind == CopyKind::kKeysTransposed ? sizeof(float) : sizeof(uint16_t)), true);
+        if (c->pages.data() == nullptr) return nullptr;
+        c->kind = kind;
+        c->offset = t.offset;
+        c->cols = t.cols;
+        c->rows = t.rows;
+        c->head_dim = head_dim;
+        copies_.push_back(std::move(c));
+        return copies_.back().get();
     }
     // Bytes [offset, offset + bytes) of this buffer were written.
     void wrote(size_t offset, size_t bytes) {
-        for (auto& t : transposes_) {
+        for (auto& t : copies_) {
             const size_t row_bytes = size_t(t->cols) * sizeof(float);
             const size_t end = t->offset + size_t(t->rows) * row_bytes;
             if (offset >= end || offset + bytes <= t->offset) continue;
@@ -174,14 +184,14 @@ class CpuBuffer final : public Buffer {
             t->valid = std::min(t->valid, first);
         }
     }
-    bool has_key_transposes() const { return !transposes_.empty(); }
+    bool has_cache_copies() const { return !copies_.empty(); }
 
   private:
     ZeroedPages owned_;
     struct PackedOnly {};
     CpuBuffer(size_t bytes, PackedOnly) : size_(bytes), read_only_(true) {}
     ZeroedPages packed_;
-    std::vector<std::unique_ptr<KeyTranspose>> transposes_;
+    std::vector<std::unique_ptr<CacheCopy>> copies_;
     uint8_t* data_ = nullptr;
     size_t size_ = 0;
     bool read_only_ = false;
@@ -578,6 +588,12 @@ class CpuBackend final : public Backend {
             p[i] *= factor;
     }
 
+    void round_to_half(const Tensor& x) override {
+        const OpProfile::Scope timed(profile_, "round_to_half");
+        wrote(x);
+        cpu::round_to_half(f32(x), x.cols * x.rows);
+    }
+
     void soft_cap(const Tensor& x, float cap) override {
         const OpProfile::Scope timed(profile_, "soft_cap");
         wrote(x);
@@ -707,7 +723,7 @@ class CpuBackend final : public Backend {
     void wrote(const Tensor& t) {
         auto* b = static_cast<CpuBuffer*>(t.buffer);
         if (b == nullptr) return;
-        if (b->has_key_transposes()) b->wrote(t.offset, t.bytes());
+        if (b->has_cache_copies()) b->wrote(t.offset, t.bytes());
         if (b == quantized_from_.buffer &&
             t.offset < quantized_from_.offset + quantized_from_.bytes &&
             quantized_from_.offset < t.offset + t.bytes())
@@ -724,18 +740,52 @@ class CpuBackend final : public Backend {
     // keys) from its L2 rather than every head's of the layer (15 MiB) in turn from L3 or
     // memory, as an encoder window's 188 blocks of rows would. No sum across lanes per
     // score: 1.6-2.4x faster than attend() over rows of keys (Whisper's 250 or 1500 keys,
-    // head_dim 64). False when the transpose cannot be had (no memory): attention() then reads
-    // the keys themselves.
+    // head_dim 64). Keys and values exact in F16 (Attention::half_exact) are read from copies
+    // in halves: the same floats at half the bytes (a decoder token reads Whisper large's
+    // cross-attention keys and values, 0.49 GB in floats). False when the transpose cannot be
+    // had (no memory): attention() then reads the keys themselves.
     bool transposed_attention(const Attention& a) {
-        auto* cache = static_cast<CpuBuffer*>(a.k.buffer);
-        CpuBuffer::KeyTranspose* kt = cache->key_transpose(a.k, a.head_dim);
+        using Kind = CpuBuffer::CopyKind;
+        auto* k_buffer = static_cast<CpuBuffer*>(a.k.buffer);
+        auto* v_buffer = static_cast<CpuBuffer*>(a.v.buffer);
+        CpuBuffer::CacheCopy *kt = nullptr, *vh = nullptr;
+        if (a.half_exact) {
+            kt = k_buffer->cache_copy(a.k, a.head_dim, Kind::kKeysTransposedHalves);
+            vh = v_buffer->cache_copy(a.v, a.head_dim, Kind::kValuesHalves);
+        }
+        if (kt == nullptr || vh == nullptr) {  // floats, as exact
+            kt = k_buffer->cache_copy(a.k, a.head_dim, Kind::kKeysTransposed);
+            vh = nullptr;
+        }
         if (kt == nullptr) return false;
         const int64_t seen = a.keys_seen(a.q.rows - 1);
-        if (kt->valid < seen) {
-            cpu::transpose_keys(f32(a.k), a.k.cols, a.n_head_kv, a.head_dim, kt->rows, kt->valid,
-                                seen, kt->keys());
-            kt->valid = seen;
-        }
+        // Heads apart: the copies of a window's cross-attention keys and values on every core.
+        const auto bring_up = [&](CpuBuffer::CacheCopy* c, const Tensor& t) {
+            if (c == nullptr || c->valid >= seen) return;
+            const int64_t from = c->valid;
+            const auto head_bytes = size_t(a.head_dim) * size_t(seen - from) * sizeof(float);
+            parallel_for(size_t(a.n_head_kv), head_bytes, [&](size_t begin, size_t end) {
+                for (auto h = int64_t(begin); h < int64_t(end); ++h) {
+                    const float* src = f32(t) + h * a.head_dim;
+                    if (c->kind == Kind::kValuesHalves) {
+                        cpu::values_to_halves(src, t.cols, 1, a.head_dim, c->rows, from, seen,
+                                              c->halves() + h * c->rows * a.head_dim);
+                        continue;
+                    }
+                    const int64_t offset =
+                        h * cpu::transposed_key_blocks(c->rows) * a.head_dim * cpu::kKeyBlock;
+                    if (c->kind == Kind::kKeysTransposed)
+                        cpu::transpose_keys(src, t.cols, 1, a.head_dim, c->rows, from, seen,
+                                            c->floats() + offset);
+                    else
+                        cpu::transpose_keys(src, t.cols, 1, a.head_dim, c->rows, from, seen,
+                                            c->halves() + offset);
+                }
+            });
+            c->valid = seen;
+        };
+        bring_up(kt, a.k);
+        bring_up(vh, a.v);
         const int group = a.n_head / a.n_head_kv;
         const int64_t head_floats =
             cpu::transposed_key_blocks(kt->rows) * a.head_dim * cpu::kKeyBlock;
@@ -767,11 +817,18 @@ class CpuBackend final : public Backend {
                     scores.resize(n_queries *
                                   size_t(cpu::transposed_key_blocks(a.keys_seen(i0 + rows - 1))) *
                                   size_t(cpu::kKeyBlock));
-                    cpu::attend_transposed(queries.data(), int(n_queries), firsts.data(),
-                                           keys.data(), kt->keys() + kv_head * head_floats,
-                                           f32(a.v) + int64_t(kv_head) * a.head_dim, a.v.cols,
-                                           a.head_dim, a.scale, a.soft_cap, scores.data(),
-                                           outs.data());
+                    if (vh != nullptr)
+                        cpu::attend_transposed(queries.data(), int(n_queries), firsts.data(),
+                                               keys.data(), kt->halves() + kv_head * head_floats,
+                                               vh->halves() + kv_head * vh->rows * a.head_dim,
+                                               a.head_dim, a.head_dim, a.scale, a.soft_cap,
+                                               scores.data(), outs.data());
+                    else
+                        cpu::attend_transposed(queries.data(), int(n_queries), firsts.data(),
+                                               keys.data(), kt->floats() + kv_head * head_floats,
+                                               f32(a.v) + int64_t(kv_head) * a.head_dim, a.v.cols,
+                                               a.head_dim, a.scale, a.soft_cap, scores.data(),
+                                               outs.data());
                     for (int r = 0; r < rows; ++r)
                         std::copy_n(&outs[size_t(r) * size_t(group) * dim], size_t(group) * dim,
                                     f32(a.out) + (i0 + r) * a.out.cols + first);

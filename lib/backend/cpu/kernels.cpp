@@ -23,6 +23,7 @@
 #include "backend/cpu/kernels.h"
 #include "core/aligned.h"
 #include "core/device_abi.h"
+#include "core/fp16.h"
 #include "format/quant.h"
 #include "hwy/contrib/math/math-inl.h"
 
@@ -1197,13 +1198,29 @@ void Activate(uint32_t act, const float* x, float* out, int64_t n) {
     });
 }
 
+// Floats from memory that holds floats, or IEEE halves as their bits (the cpu backend's copies
+// of keys and values that are exact in F16: Backend::Attention::half_exact).
+HWY_INLINE VF LoadAsFloats(DF d, const float* p) {
+    return hn::LoadU(d, p);
+}
+HWY_INLINE VF LoadAsFloats(DF d, const uint16_t* p) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+}
+HWY_INLINE float AsFloat(float x) {
+    return x;
+}
+HWY_INLINE float AsFloat(uint16_t h) {
+    return half_to_float(h);
+}
+
 // acc[c] = sum over keys t in [t0, t1) of p[c][t] * v[t] for Q queries, continuing the sums
 // acc holds where t0 > 0: each value vector is loaded once for all of them, two vectors of a
 // row at a time (2Q independent chains). Every output element is one chain of fma in key order,
 // whatever Q and wherever it is stored between ranges of keys, so a query's result does not
 // depend on the others in its block.
-template <int Q>
-void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const float* v, int64_t v_stride,
+template <int Q, class E>
+void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const E* v, int64_t v_stride,
                  int head_dim, float* acc) {
     const DF d;
     const auto start = [&](int c, int64_t j) {
@@ -1217,8 +1234,8 @@ void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const float* 
             a1[c] = start(c, j + kLanes);
         }
         for (int t = t0; t < t1; ++t) {
-            const VF v0 = hn::LoadU(d, v + t * v_stride + j);
-            const VF v1 = hn::LoadU(d, v + t * v_stride + j + kLanes);
+            const VF v0 = LoadAsFloats(d, v + t * v_stride + j);
+            const VF v1 = LoadAsFloats(d, v + t * v_stride + j + kLanes);
             for (int c = 0; c < Q; ++c) {
                 const VF w = hn::Set(d, p[c * p_stride + t]);
                 a0[c] = hn::MulAdd(w, v0, a0[c]);
@@ -1235,7 +1252,7 @@ void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const float* 
         for (int c = 0; c < Q; ++c)
             a[c] = start(c, j);
         for (int t = t0; t < t1; ++t) {
-            const VF v0 = hn::LoadU(d, v + t * v_stride + j);
+            const VF v0 = LoadAsFloats(d, v + t * v_stride + j);
             for (int c = 0; c < Q; ++c)
                 a[c] = hn::MulAdd(hn::Set(d, p[c * p_stride + t]), v0, a[c]);
         }
@@ -1246,7 +1263,7 @@ void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const float* 
         for (int c = 0; c < Q; ++c) {
             float sum = t0 == 0 ? 0.0f : acc[c * head_dim + j];
             for (int t = t0; t < t1; ++t)
-                sum += p[c * p_stride + t] * v[t * v_stride + j];
+                sum += p[c * p_stride + t] * AsFloat(v[t * v_stride + j]);
             acc[c * head_dim + j] = sum;
         }
     }
@@ -1257,7 +1274,7 @@ void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const float* 
 // overlap that with the reads on its own (the values are one head's slice of every key's row, a
 // strided walk): they ask for the next keys themselves (docs/DESIGN.md, "Attention reads the keys
 // transposed").
-HWY_INLINE void PrefetchBytes(const float* p, size_t bytes) {
+HWY_INLINE void PrefetchBytes(const void* p, size_t bytes) {
     const auto start = reinterpret_cast<uintptr_t>(p);
     for (uintptr_t line = start & ~uintptr_t(kCacheLineBytes - 1); line < start + bytes;
          line += kCacheLineBytes)
@@ -1267,25 +1284,28 @@ HWY_INLINE void PrefetchBytes(const float* p, size_t bytes) {
 constexpr int kKeyBlocksAhead = 2;
 
 constexpr int kWeighQueries = 4;
-using Weigher = void (*)(const float*, int64_t, int, int, const float*, int64_t, int, float*);
-constexpr std::array<Weigher, kWeighQueries> kWeighers = {&WeighValues<1>, &WeighValues<2>,
-                                                          &WeighValues<3>, &WeighValues<4>};
+template <class E>
+using Weigher = void (*)(const float*, int64_t, int, int, const E*, int64_t, int, float*);
+template <class E>
+constexpr std::array<Weigher<E>, kWeighQueries> kWeighers = {
+    &WeighValues<1, E>, &WeighValues<2, E>, &WeighValues<3, E>, &WeighValues<4, E>};
 // Keys weighed for every query before the next ones: their values (16 KiB at head_dim 64) are
 // read from memory once and from L1 by the other queries, where a verification's 5-8 rows
 // would read a decoder's cross-attention values (Whisper's 1500) once per kWeighQueries.
 constexpr int kWeighKeys = 64;
 
 // out[c] = sum over keys t of p[c][t] * v[t] / sums[c] for n_queries queries.
+template <class E>
 void Weigh(const float* p, int64_t p_stride, const float* sums, int n_queries, int n_keys,
-           const float* v, int64_t v_stride, int head_dim, float* out) {
+           const E* v, int64_t v_stride, int head_dim, float* out) {
     for (int t0 = 0; t0 < n_keys; t0 += kWeighKeys) {
         const int t1 = std::min(n_keys, t0 + kWeighKeys);
         for (int t = t1; t < std::min(n_keys, t1 + kWeighKeys); ++t)
-            PrefetchBytes(v + t * v_stride, size_t(head_dim) * sizeof(float));
+            PrefetchBytes(v + t * v_stride, size_t(head_dim) * sizeof(E));
         for (int c0 = 0; c0 < n_queries; c0 += kWeighQueries) {
             const int queries = std::min(kWeighQueries, n_queries - c0);
-            kWeighers[size_t(queries - 1)](p + c0 * p_stride, p_stride, t0, t1, v, v_stride,
-                                           head_dim, out + c0 * head_dim);
+            kWeighers<E>[size_t(queries - 1)](p + c0 * p_stride, p_stride, t0, t1, v, v_stride,
+                                              head_dim, out + c0 * head_dim);
         }
     }
     const DF d;
@@ -1385,8 +1405,8 @@ constexpr int kScoreVecs = int(kKeyBlock / kLanes);
 constexpr int kScoreQueries =
     std::max(1, (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_ARCH_ARM ? 32 : 16) /
                     (2 * kScoreChains * kScoreVecs));
-template <int Q>
-void ScoresOfABlock(const float* q, int head_dim, const float* kt, float* scores,
+template <int Q, class E>
+void ScoresOfABlock(const float* q, int head_dim, const E* kt, float* scores,
                     int64_t scores_stride) {
     const DF d;
     VF acc[Q][kScoreChains][kScoreVecs];
@@ -1398,7 +1418,7 @@ void ScoresOfABlock(const float* q, int head_dim, const float* kt, float* scores
     // index computed at run time the accumulators would live in memory).
     const auto step = [&](int i, int k) {
         for (int j = 0; j < kScoreVecs; ++j) {
-            const VF keys = hn::Load(d, kt + i * kKeyBlock + j * kLanes);
+            const VF keys = LoadAsFloats(d, kt + i * kKeyBlock + j * kLanes);
             for (int c = 0; c < Q; ++c)
                 acc[c][k][j] = hn::MulAdd(hn::Set(d, q[c * head_dim + i]), keys, acc[c][k][j]);
         }
@@ -1419,16 +1439,18 @@ void ScoresOfABlock(const float* q, int head_dim, const float* kt, float* scores
     }
 }
 
-template <int... Qs>
+template <class E, int... Qs>
 constexpr auto ScoresTable(std::integer_sequence<int, Qs...>) {
-    return std::array<void (*)(const float*, int, const float*, float*, int64_t), sizeof...(Qs)>{
-        &ScoresOfABlock<Qs + 1>...};
+    return std::array<void (*)(const float*, int, const E*, float*, int64_t), sizeof...(Qs)>{
+        &ScoresOfABlock<Qs + 1, E>...};
 }
-constexpr auto kScoresOfABlock = ScoresTable(std::make_integer_sequence<int, kScoreQueries>());
+template <class E>
+constexpr auto kScoresOfABlock = ScoresTable<E>(std::make_integer_sequence<int, kScoreQueries>());
 
-void AttendTransposed(const float* q, int n_queries, const int* first, const int* keys,
-                      const float* kt, const float* v, int64_t v_stride, int head_dim, float scale,
-                      float soft_cap, float* scores, float* out) {
+template <class E>
+void AttendTransposedOf(const float* q, int n_queries, const int* first, const int* keys,
+                        const E* kt, const E* v, int64_t v_stride, int head_dim, float scale,
+                        float soft_cap, float* scores, float* out) {
     // Blocks from the first that any query sees (a sliding window skips those before it).
     const int b0 = *std::min_element(first, first + n_queries) / int(kKeyBlock);
     const int key0 = b0 * int(kKeyBlock);
@@ -1443,12 +1465,12 @@ void AttendTransposed(const float* q, int n_queries, const int* first, const int
     for (int b = 0; b < blocks; ++b) {
         if (b + kKeyBlocksAhead < blocks)
             PrefetchBytes(kt + size_t(b + kKeyBlocksAhead) * block_floats,
-                          block_floats * sizeof(float));
+                          block_floats * sizeof(E));
         for (int c0 = 0; c0 < n_queries; c0 += kScoreQueries) {
             const int queries = std::min(kScoreQueries, n_queries - c0);
-            kScoresOfABlock[size_t(queries - 1)](q + c0 * head_dim, head_dim,
-                                                 kt + size_t(b) * block_floats,
-                                                 scores + c0 * stride + b * kKeyBlock, stride);
+            kScoresOfABlock<E>[size_t(queries - 1)](q + c0 * head_dim, head_dim,
+                                                    kt + size_t(b) * block_floats,
+                                                    scores + c0 * stride + b * kKeyBlock, stride);
         }
     }
     // A query that sees fewer keys than the most weighs the rest by 0: each output element's
@@ -1465,6 +1487,60 @@ void AttendTransposed(const float* q, int n_queries, const int* first, const int
     }
     Weigh(scores, stride, sums.data(), n_queries, n_keys - key0, v + int64_t(key0) * v_stride,
           v_stride, head_dim, out);
+}
+
+void AttendTransposed(const float* q, int n_queries, const int* first, const int* keys,
+                      const float* kt, const float* v, int64_t v_stride, int head_dim, float scale,
+                      float soft_cap, float* scores, float* out) {
+    AttendTransposedOf(q, n_queries, first, keys, kt, v, v_stride, head_dim, scale, soft_cap,
+                       scores, out);
+}
+void AttendTransposedHalves(const float* q, int n_queries, const int* first, const int* keys,
+                            const uint16_t* kt, const uint16_t* v, int64_t v_stride, int head_dim,
+                            float scale, float soft_cap, float* scores, float* out) {
+    AttendTransposedOf(q, n_queries, first, keys, kt, v, v_stride, head_dim, scale, soft_cap,
+                       scores, out);
+}
+
+// Floats exact in F16 as halves: the conversion of any target is exact on them (Highway's
+// without F16C truncates, which leaves an exact value as it is).
+void FloatsToHalves(const float* x, int64_t n, uint16_t* out) {
+    const DF d;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, x + i)), dh,
+                   reinterpret_cast<hwy::float16_t*>(out + i));
+    for (; i < n; ++i)
+        out[i] = float_to_half(x[i]);
+}
+
+// x[i] = the half nearest x[i] (ties to even; from 65520 on, infinity), as a float: the bits
+// of a normal half's range rounded in place, those below it as multiples of 2^-24.
+void RoundToHalf(float* x, int64_t n) {
+    const DF d;
+    const DI di;
+    const auto bits = [&](int32_t b) { return hn::Set(di, b); };
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        const VF v = hn::LoadU(d, x + i);
+        const VI u = hn::BitCast(di, v);
+        const VI abs = hn::And(u, bits(0x7fffffff));
+        const VI sign = hn::AndNot(bits(0x7fffffff), u);
+        const VI odd = hn::And(hn::ShiftRight<13>(u), bits(1));
+        const VI normal =
+            hn::And(hn::Add(hn::Add(u, bits(0xfff)), odd), bits(int32_t(0xffffe000u)));
+        const VF subnormal =
+            hn::Mul(hn::Round(hn::Mul(v, hn::Set(d, 16777216.0f))), hn::Set(d, 1.0f / 16777216.0f));
+        // (the sign again: SSSE3's Round loses it where the product rounds to zero)
+        VI r = hn::IfThenElse(hn::Lt(abs, bits(0x38800000)),
+                              hn::Or(hn::BitCast(di, subnormal), sign), normal);
+        r = hn::IfThenElse(hn::Lt(abs, bits(0x477ff000)), r, hn::Or(sign, bits(0x7f800000)));
+        r = hn::IfThenElse(hn::Gt(abs, bits(0x7f800000)), hn::Or(sign, bits(0x7fc00000)), r);
+        hn::StoreU(hn::BitCast(d, r), d, x + i);
+    }
+    for (; i < n; ++i)
+        x[i] = half_to_float(float_to_half(x[i]));
 }
 
 const char* TargetName() {
@@ -1491,6 +1567,9 @@ HWY_EXPORT(DecodeRow);
 HWY_EXPORT(DotF32);
 HWY_EXPORT(Attend);
 HWY_EXPORT(AttendTransposed);
+HWY_EXPORT(AttendTransposedHalves);
+HWY_EXPORT(FloatsToHalves);
+HWY_EXPORT(RoundToHalf);
 HWY_EXPORT(GatedTimes);
 HWY_EXPORT(Activate);
 HWY_EXPORT(SoftCap);
@@ -1584,15 +1663,35 @@ void attend_transposed(const float* q, int n_queries, const int* first, const in
     (q, n_queries, first, keys, kt, v, v_stride, head_dim, scale, soft_cap, scores, out);
 }
 
-void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,
-                    int64_t begin, int64_t end, float* kt) {
+void attend_transposed(const float* q, int n_queries, const int* first, const int* keys,
+                       const uint16_t* kt, const uint16_t* v, int64_t v_stride, int head_dim,
+                       float scale, float soft_cap, float* scores, float* out) {
+    HWY_DYNAMIC_DISPATCH(AttendTransposedHalves)
+    (q, n_queries, first, keys, kt, v, v_stride, head_dim, scale, soft_cap, scores, out);
+}
+void round_to_half(float* x, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(RoundToHalf)(x, n);
+}
+
+namespace {
+// n floats from `row` to `out`, as they are or as halves.
+void store_row(const float* row, int64_t n, float* out) {
+    std::memcpy(out, row, size_t(n) * sizeof(float));
+}
+void store_row(const float* row, int64_t n, uint16_t* out) {
+    HWY_DYNAMIC_DISPATCH(FloatsToHalves)(row, n, out);
+}
+
+template <class E>
+void transpose_keys_as(const float* k, int64_t k_stride, int n_head_kv, int head_dim,
+                       int64_t capacity, int64_t begin, int64_t end, E* kt) {
     const int64_t head_floats = transposed_key_blocks(capacity) * head_dim * kKeyBlock;
     for (int h = 0; h < n_head_kv; ++h) {
-        float* head = kt + h * head_floats;
+        E* head = kt + h * head_floats;
         for (int64_t t = begin; t < end;) {
             const int64_t first = t % kKeyBlock, n = std::min(end - t, kKeyBlock - first);
             const float* keys = k + t * k_stride + int64_t(h) * head_dim;
-            float* block = head + (t / kKeyBlock) * head_dim * kKeyBlock;
+            E* block = head + (t / kKeyBlock) * head_dim * kKeyBlock;
             if (n == kKeyBlock) {
                 // A whole block: each dimension's 16 keys gathered into a row written at once.
                 // Written a float at a time, 64 bytes apart, a large-v2 window's
@@ -1601,16 +1700,33 @@ void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_di
                     alignas(64) float row[kKeyBlock];
                     for (int64_t j = 0; j < kKeyBlock; ++j)
                         row[j] = keys[j * k_stride + i];
-                    std::memcpy(block + i * kKeyBlock, row, sizeof row);
+                    store_row(row, kKeyBlock, block + i * kKeyBlock);
                 }
             } else {
                 for (int64_t j = 0; j < n; ++j)
                     for (int i = 0; i < head_dim; ++i)
-                        block[i * kKeyBlock + first + j] = keys[j * k_stride + i];
+                        store_row(&keys[j * k_stride + i], 1, &block[i * kKeyBlock + first + j]);
             }
             t += n;
         }
     }
+}
+}  // namespace
+
+void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,
+                    int64_t begin, int64_t end, float* kt) {
+    transpose_keys_as(k, k_stride, n_head_kv, head_dim, capacity, begin, end, kt);
+}
+void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,
+                    int64_t begin, int64_t end, uint16_t* kt) {
+    transpose_keys_as(k, k_stride, n_head_kv, head_dim, capacity, begin, end, kt);
+}
+void values_to_halves(const float* v, int64_t v_stride, int n_head_kv, int head_dim,
+                      int64_t capacity, int64_t begin, int64_t end, uint16_t* vh) {
+    for (int h = 0; h < n_head_kv; ++h)
+        for (int64_t t = begin; t < end; ++t)
+            store_row(v + t * v_stride + int64_t(h) * head_dim, head_dim,
+                      vh + (int64_t(h) * capacity + t) * head_dim);
 }
 
 const char* simd_target() {

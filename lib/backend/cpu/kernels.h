@@ -195,9 +195,19 @@ constexpr int64_t transposed_key_floats(int n_head_kv, int head_dim, int64_t cap
     return int64_t(n_head_kv) * transposed_key_blocks(capacity) * head_dim * kKeyBlock;
 }
 // Keys [begin, end) of k (rows of n_head_kv * head_dim floats, k_stride apart) into the
-// transpose kt of `capacity` keys.
+// transpose kt of `capacity` keys; or, where every key is exact in F16 (round_to_half), into
+// a transpose of halves (IEEE half bits) of the same layout.
 void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,
                     int64_t begin, int64_t end, float* kt);
+void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_dim, int64_t capacity,
+                    int64_t begin, int64_t end, uint16_t* kt);
+// Values [begin, end) of v (rows of n_head_kv * head_dim floats exact in F16, v_stride apart)
+// as halves, head by head: value t of head h at vh + (h * capacity + t) * head_dim.
+void values_to_halves(const float* v, int64_t v_stride, int n_head_kv, int head_dim,
+                      int64_t capacity, int64_t begin, int64_t end, uint16_t* vh);
+// x[i] = the IEEE half nearest x[i] (ties to even; from 65520 on, infinity), as a float: values
+// a copy in F16 holds without loss.
+void round_to_half(float* x, int64_t n);
 // attend() with one head's keys transposed (kt: its first block; 64-byte aligned), query c
 // seeing keys first[c] .. keys[c] - 1 (rows of a batch, each its own); scores holds
 // n_queries * kKeyBlock * transposed_key_blocks(max keys) floats of scratch. A query's result
@@ -205,6 +215,11 @@ void transpose_keys(const float* k, int64_t k_stride, int n_head_kv, int head_di
 void attend_transposed(const float* q, int n_queries, const int* first, const int* keys,
                        const float* kt, const float* v, int64_t v_stride, int head_dim, float scale,
                        float soft_cap, float* scores, float* out);
+// The same over halves (keys transposed as halves, values_to_halves's values): the same floats
+// as over the floats they hold, at half the bytes read.
+void attend_transposed(const float* q, int n_queries, const int* first, const int* keys,
+                       const uint16_t* kt, const uint16_t* v, int64_t v_stride, int head_dim,
+                       float scale, float soft_cap, float* scores, float* out);
 
 // out[i] = act(gate[i]) * up[i] for device_abi.h's activation `act` (kActivationSilu: gate[i] /
 // (1 + e^-gate[i]); kActivationGeluTanh: gate[i] / (1 + e^(-2z)); kActivationGeluErf:

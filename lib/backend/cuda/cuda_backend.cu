@@ -359,6 +359,11 @@ class CudaBackend final : public Backend {
         cuda::soft_cap(stream_, dev(x), cap, x.cols * x.rows);
         check(cudaGetLastError(), "soft_cap");
     }
+    void round_to_half(const Tensor& x) override {
+        select();
+        cuda::round_to_half(stream_, dev(x), x.cols * x.rows);
+        check(cudaGetLastError(), "round_to_half");
+    }
     void add_bias(const Tensor& x, const Tensor& bias) override {
         select();
         // bias[i % period]: one row repeats, a whole tensor is read once.

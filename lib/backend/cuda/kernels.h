@@ -83,6 +83,8 @@ void activate(cudaStream_t s, uint32_t act, const float* x, int64_t n, float* ou
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n);
 void scale(cudaStream_t s, float* x, float factor, int64_t n);
 void soft_cap(cudaStream_t s, float* x, float cap, int64_t n);
+// x = the IEEE half nearest x (ties to even), as floats (Backend::round_to_half).
+void round_to_half(cudaStream_t s, float* x, int64_t n);
 // Backend::im2col over x (T rows of C).
 struct Im2col {
     int kernel, stride, padding;

@@ -958,6 +958,11 @@ __global__ void soft_cap_kernel(float* x, float cap, int64_t n) {
     if (i < n) x[i] = __fmul_rn(tanhf(__fmul_rn(x[i], 1.0f / cap)), cap);
 }
 
+__global__ void round_to_half_kernel(float* x, int64_t n) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __half2float(__float2half_rn(x[i]));
+}
+
 __global__ void add_bias_kernel(float* x, const float* bias, int64_t period, int64_t n) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) x[i] += bias[i % period];
@@ -1138,6 +1143,10 @@ void scale(cudaStream_t s, float* x, float factor, int64_t n) {
 
 void soft_cap(cudaStream_t s, float* x, float cap, int64_t n) {
     soft_cap_kernel<<<blocks(n, 256), 256, 0, s>>>(x, cap, n);
+}
+
+void round_to_half(cudaStream_t s, float* x, int64_t n) {
+    round_to_half_kernel<<<blocks(n, 256), 256, 0, s>>>(x, n);
 }
 
 void add_bias(cudaStream_t s, float* x, const float* bias, int64_t period, int64_t n) {

@@ -996,6 +996,7 @@ class VulkanBackend final : public Backend {
 
     void scale(const Tensor& x, float factor) override { elementwise(5, x, x, x, 0, factor); }
     void soft_cap(const Tensor& x, float cap) override { elementwise(6, x, x, x, 0, cap); }
+    void round_to_half(const Tensor& x) override { elementwise(7, x, x, x); }
 
     void add_bias(const Tensor& x, const Tensor& bias) override {
         // b[i % period]: one row repeats, a whole tensor is read once.

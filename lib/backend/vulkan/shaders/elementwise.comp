@@ -4,10 +4,22 @@
 //   3: out = act(a) (act: u2)
 //   4: out = a + b[i % u2] (b one row of u2 floats broadcast over a's rows, or all of a's shape)
 //   5: out = a * f0           6: out = f0 * tanh(a / f0)
+//   7: out = the IEEE half nearest a (ties to even; from 65520 on, infinity), as a float
 //   binding 0: a, 1: b, 2: out
 #include "common.glsl"
 
 layout(constant_id = 0) const uint WG = 64u;
+
+// In bits, not packHalf2x16, whose rounding the specification leaves to the device: a normal
+// half's range rounds its 13 dropped bits to even in place, below it multiples of 2^-24.
+float nearest_half(float a) {
+    const uint u = floatBitsToUint(a);
+    const uint magnitude = u & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return a;  // NaN
+    if (magnitude >= 0x477ff000u) return uintBitsToFloat((u & 0x80000000u) | 0x7f800000u);
+    if (magnitude < 0x38800000u) return roundEven(a * 16777216.0) * (1.0 / 16777216.0);
+    return uintBitsToFloat((u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u);
+}
 
 void main() {
     const uint i = group_index() * WG + gl_LocalInvocationID.x;
@@ -25,6 +37,8 @@ void main() {
     } else if (pc.u1 == 6u) {
         // tanh as e^x ratios overflows for large x; tanh(±10) is already ±1 in floats.
         r = tanh(clamp(a * (1.0 / pc.f0), -10.0, 10.0)) * pc.f0;
+    } else if (pc.u1 == 7u) {
+        r = nearest_half(a);
     } else {
         r = a;
     }
