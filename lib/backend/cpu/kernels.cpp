@@ -1511,8 +1511,15 @@ void FloatsToHalves(const float* x, int64_t n, uint16_t* out) {
     for (; i + kLanes <= n; i += kLanes)
         hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, x + i)), dh,
                    reinterpret_cast<hwy::float16_t*>(out + i));
-    for (; i < n; ++i)
-        out[i] = float_to_half(x[i]);
+    // The tail through a vector too: a loop of scalar stores here is the one GCC's aarch64
+    // loop analysis rejects (-Waggressive-loop-optimizations).
+    if (i < n) {
+        float tail[kLanes] = {};
+        std::copy(x + i, x + n, tail);
+        hwy::float16_t halves[kLanes];
+        hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, tail)), dh, halves);
+        std::memcpy(out + i, halves, size_t(n - i) * sizeof(uint16_t));
+    }
 }
 
 // x[i] = the half nearest x[i] (ties to even; from 65520 on, infinity), as a float: the bits
