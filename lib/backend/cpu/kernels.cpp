@@ -1214,51 +1214,52 @@ HWY_INLINE float AsFloat(uint16_t h) {
     return half_to_float(h);
 }
 
+// Vectors of a value row weighed together: as many as keep a tile's accumulators (Q x J) and
+// the value vectors within the register file.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_ARCH_ARM
+constexpr int kWeighVecs = 4;
+#else
+constexpr int kWeighVecs = 2;
+#endif
+
+// WeighValues over J vectors of the rows from element j: each value vector is loaded once for
+// the Q queries, each query's weight once for the J vectors.
+template <int Q, int J, class E>
+HWY_INLINE void WeighSpan(const float* p, int64_t p_stride, int t0, int t1, const E* v,
+                          int64_t v_stride, int64_t j, int head_dim, float* acc) {
+    const DF d;
+    VF a[Q][J];
+    for (int c = 0; c < Q; ++c)
+        for (int u = 0; u < J; ++u)
+            a[c][u] = t0 == 0 ? hn::Zero(d) : hn::LoadU(d, acc + c * head_dim + j + u * kLanes);
+    for (int t = t0; t < t1; ++t) {
+        VF values[J];
+        for (int u = 0; u < J; ++u)
+            values[u] = LoadAsFloats(d, v + t * v_stride + j + u * kLanes);
+        for (int c = 0; c < Q; ++c) {
+            const VF w = hn::Set(d, p[c * p_stride + t]);
+            for (int u = 0; u < J; ++u)
+                a[c][u] = hn::MulAdd(w, values[u], a[c][u]);
+        }
+    }
+    for (int c = 0; c < Q; ++c)
+        for (int u = 0; u < J; ++u)
+            hn::StoreU(a[c][u], d, acc + c * head_dim + j + u * kLanes);
+}
+
 // acc[c] = sum over keys t in [t0, t1) of p[c][t] * v[t] for Q queries, continuing the sums
-// acc holds where t0 > 0: each value vector is loaded once for all of them, two vectors of a
-// row at a time (2Q independent chains). Every output element is one chain of fma in key order,
-// whatever Q and wherever it is stored between ranges of keys, so a query's result does not
-// depend on the others in its block.
+// acc holds where t0 > 0: each value vector is loaded once for all of them, kWeighVecs vectors
+// of a row at a time. Every output element is one chain of fma in key order, whatever Q and
+// wherever it is stored between ranges of keys, so a query's result does not depend on the
+// others in its block.
 template <int Q, class E>
 void WeighValues(const float* p, int64_t p_stride, int t0, int t1, const E* v, int64_t v_stride,
                  int head_dim, float* acc) {
-    const DF d;
-    const auto start = [&](int c, int64_t j) {
-        return t0 == 0 ? hn::Zero(d) : hn::LoadU(d, acc + c * head_dim + j);
-    };
     int64_t j = 0;
-    for (; j + 2 * kLanes <= head_dim; j += 2 * kLanes) {
-        VF a0[Q], a1[Q];
-        for (int c = 0; c < Q; ++c) {
-            a0[c] = start(c, j);
-            a1[c] = start(c, j + kLanes);
-        }
-        for (int t = t0; t < t1; ++t) {
-            const VF v0 = LoadAsFloats(d, v + t * v_stride + j);
-            const VF v1 = LoadAsFloats(d, v + t * v_stride + j + kLanes);
-            for (int c = 0; c < Q; ++c) {
-                const VF w = hn::Set(d, p[c * p_stride + t]);
-                a0[c] = hn::MulAdd(w, v0, a0[c]);
-                a1[c] = hn::MulAdd(w, v1, a1[c]);
-            }
-        }
-        for (int c = 0; c < Q; ++c) {
-            hn::StoreU(a0[c], d, acc + c * head_dim + j);
-            hn::StoreU(a1[c], d, acc + c * head_dim + j + kLanes);
-        }
-    }
-    for (; j + kLanes <= head_dim; j += kLanes) {
-        VF a[Q];
-        for (int c = 0; c < Q; ++c)
-            a[c] = start(c, j);
-        for (int t = t0; t < t1; ++t) {
-            const VF v0 = LoadAsFloats(d, v + t * v_stride + j);
-            for (int c = 0; c < Q; ++c)
-                a[c] = hn::MulAdd(hn::Set(d, p[c * p_stride + t]), v0, a[c]);
-        }
-        for (int c = 0; c < Q; ++c)
-            hn::StoreU(a[c], d, acc + c * head_dim + j);
-    }
+    for (; j + kWeighVecs * kLanes <= head_dim; j += kWeighVecs * kLanes)
+        WeighSpan<Q, kWeighVecs>(p, p_stride, t0, t1, v, v_stride, j, head_dim, acc);
+    for (; j + kLanes <= head_dim; j += kLanes)
+        WeighSpan<Q, 1>(p, p_stride, t0, t1, v, v_stride, j, head_dim, acc);
     for (; j < head_dim; ++j) {
         for (int c = 0; c < Q; ++c) {
             float sum = t0 == 0 ? 0.0f : acc[c * head_dim + j];
@@ -1447,6 +1448,57 @@ constexpr auto ScoresTable(std::integer_sequence<int, Qs...>) {
 template <class E>
 constexpr auto kScoresOfABlock = ScoresTable<E>(std::make_integer_sequence<int, kScoreQueries>());
 
+// ScoresOfABlock's scores of Q queries over VB blocks, a chain at a time: chain k's
+// multiply-adds (dimensions k, k + kScoreChains, ... in order) for the whole tile, kept in
+// `chains`, then ScoresOfABlock's tree over the chains. The same floats, with each key vector
+// loaded once for Q queries rather than for kScoreQueries: a prompt's or an encoder's many
+// queries are bound by arithmetic, not loads.
+constexpr int kWideScoreQueries = 4;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_ARCH_ARM
+constexpr int kWideScoreVecs = 4;
+#else
+constexpr int kWideScoreVecs = 2;
+#endif
+constexpr int kWideScoreBlocks = std::max(1, kWideScoreVecs / kScoreVecs);
+template <int Q, class E>
+void ScoresOfBlocks(const float* q, int head_dim, const E* kt, size_t block_floats, float* scores,
+                    int64_t scores_stride) {
+    constexpr int kVecs = kWideScoreBlocks * kScoreVecs;
+    const DF d;
+    HWY_ALIGN float chains[kScoreChains][Q][kVecs][kLanes];
+    for (int k = 0; k < kScoreChains; ++k) {
+        VF acc[Q][kVecs];
+        for (int c = 0; c < Q; ++c)
+            for (int u = 0; u < kVecs; ++u)
+                acc[c][u] = hn::Zero(d);
+        for (int i = k; i < head_dim; i += kScoreChains) {
+            VF keys[kVecs];
+            for (int u = 0; u < kVecs; ++u)
+                keys[u] = LoadAsFloats(d, kt + size_t(u / kScoreVecs) * block_floats +
+                                              size_t(i) * kKeyBlock + (u % kScoreVecs) * kLanes);
+            for (int c = 0; c < Q; ++c) {
+                const VF qc = hn::Set(d, q[c * head_dim + i]);
+                for (int u = 0; u < kVecs; ++u)
+                    acc[c][u] = hn::MulAdd(qc, keys[u], acc[c][u]);
+            }
+        }
+        for (int c = 0; c < Q; ++c)
+            for (int u = 0; u < kVecs; ++u)
+                hn::Store(acc[c][u], d, chains[k][c][u]);
+    }
+    for (int c = 0; c < Q; ++c) {
+        for (int u = 0; u < kVecs; ++u) {
+            VF sum[kScoreChains];
+            for (int k = 0; k < kScoreChains; ++k)
+                sum[k] = hn::Load(d, chains[k][c][u]);
+            for (int stride = kScoreChains / 2; stride > 0; stride /= 2)
+                for (int k = 0; k < stride; ++k)
+                    sum[k] = hn::Add(sum[k], sum[k + stride]);
+            hn::StoreU(sum[0], d, scores + c * scores_stride + u * kLanes);
+        }
+    }
+}
+
 template <class E>
 void AttendTransposedOf(const float* q, int n_queries, const int* first, const int* keys,
                         const E* kt, const E* v, int64_t v_stride, int head_dim, float scale,
@@ -1462,15 +1514,33 @@ void AttendTransposedOf(const float* q, int n_queries, const int* first, const i
     // queries: with the queries outside, a verification's 5-8 rows read a decoder's
     // cross-attention keys (Whisper's 1500) from memory once per kScoreQueries.
     const size_t block_floats = size_t(head_dim) * kKeyBlock;
-    for (int b = 0; b < blocks; ++b) {
-        if (b + kKeyBlocksAhead < blocks)
-            PrefetchBytes(kt + size_t(b + kKeyBlocksAhead) * block_floats,
+    // Many queries: tiles of kWideScoreQueries queries by kWideScoreBlocks blocks.
+    int wide_queries = 0, b = 0;
+    if (n_queries >= kWideScoreQueries) {
+        wide_queries = n_queries - n_queries % kWideScoreQueries;
+        for (; b + kWideScoreBlocks <= blocks; b += kWideScoreBlocks) {
+            if (b + kWideScoreBlocks < blocks)
+                PrefetchBytes(kt + size_t(b + kWideScoreBlocks) * block_floats,
+                              kWideScoreBlocks * block_floats * sizeof(E));
+            for (int c0 = 0; c0 < wide_queries; c0 += kWideScoreQueries)
+                ScoresOfBlocks<kWideScoreQueries, E>(q + c0 * head_dim, head_dim,
+                                                     kt + size_t(b) * block_floats, block_floats,
+                                                     scores + c0 * stride + b * kKeyBlock, stride);
+        }
+    }
+    // The rest: the queries after the wide tiles' over their blocks, every query over the
+    // blocks after them.
+    for (int b1 = 0; b1 < blocks; ++b1) {
+        const int first_query = b1 < b ? wide_queries : 0;
+        if (first_query == n_queries) continue;
+        if (b1 >= b && b1 + kKeyBlocksAhead < blocks)
+            PrefetchBytes(kt + size_t(b1 + kKeyBlocksAhead) * block_floats,
                           block_floats * sizeof(E));
-        for (int c0 = 0; c0 < n_queries; c0 += kScoreQueries) {
+        for (int c0 = first_query; c0 < n_queries; c0 += kScoreQueries) {
             const int queries = std::min(kScoreQueries, n_queries - c0);
             kScoresOfABlock<E>[size_t(queries - 1)](q + c0 * head_dim, head_dim,
-                                                    kt + size_t(b) * block_floats,
-                                                    scores + c0 * stride + b * kKeyBlock, stride);
+                                                    kt + size_t(b1) * block_floats,
+                                                    scores + c0 * stride + b1 * kKeyBlock, stride);
         }
     }
     // A query that sees fewer keys than the most weighs the rest by 0: each output element's
