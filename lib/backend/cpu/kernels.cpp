@@ -1448,8 +1448,8 @@ constexpr auto ScoresTable(std::integer_sequence<int, Qs...>) {
 template <class E>
 constexpr auto kScoresOfABlock = ScoresTable<E>(std::make_integer_sequence<int, kScoreQueries>());
 
-// ScoresOfABlock's scores of Q queries over VB blocks, a chain at a time: chain k's
-// multiply-adds (dimensions k, k + kScoreChains, ... in order) for the whole tile, kept in
+// ScoresOfABlock's scores of Q queries over kWideScoreBlocks blocks, a chain at a time: chain
+// k's multiply-adds (dimensions k, k + kScoreChains, ... in order) for the whole tile, kept in
 // `chains`, then ScoresOfABlock's tree over the chains. The same floats, with each key vector
 // loaded once for Q queries rather than for kScoreQueries: a prompt's or an encoder's many
 // queries are bound by arithmetic, not loads.
