@@ -1222,6 +1222,19 @@ constexpr int kWeighVecs = 4;
 constexpr int kWeighVecs = 2;
 #endif
 
+// acc[c][u] += s[c * s_stride] * vecs[u] for a tile of Q scalars by J vectors: the step of the
+// attention kernels' register tiles (a dimension's queries times a block's keys; a key's
+// weights times its value), each vector loaded once for Q multiply-adds.
+template <int Q, int J>
+HWY_INLINE void AddOuterProduct(const float* s, int64_t s_stride, const VF* vecs, VF (*acc)[J]) {
+    const DF d;
+    for (int c = 0; c < Q; ++c) {
+        const VF sc = hn::Set(d, s[c * s_stride]);
+        for (int u = 0; u < J; ++u)
+            acc[c][u] = hn::MulAdd(sc, vecs[u], acc[c][u]);
+    }
+}
+
 // WeighValues over J vectors of the rows from element j: each value vector is loaded once for
 // the Q queries, each query's weight once for the J vectors.
 template <int Q, int J, class E>
@@ -1236,11 +1249,7 @@ HWY_INLINE void WeighSpan(const float* p, int64_t p_stride, int t0, int t1, cons
         VF values[J];
         for (int u = 0; u < J; ++u)
             values[u] = LoadAsFloats(d, v + t * v_stride + j + u * kLanes);
-        for (int c = 0; c < Q; ++c) {
-            const VF w = hn::Set(d, p[c * p_stride + t]);
-            for (int u = 0; u < J; ++u)
-                a[c][u] = hn::MulAdd(w, values[u], a[c][u]);
-        }
+        AddOuterProduct<Q, J>(p + t, p_stride, values, a);
     }
     for (int c = 0; c < Q; ++c)
         for (int u = 0; u < J; ++u)
@@ -1476,11 +1485,7 @@ void ScoresOfBlocks(const float* q, int head_dim, const E* kt, size_t block_floa
             for (int u = 0; u < kVecs; ++u)
                 keys[u] = LoadAsFloats(d, kt + size_t(u / kScoreVecs) * block_floats +
                                               size_t(i) * kKeyBlock + (u % kScoreVecs) * kLanes);
-            for (int c = 0; c < Q; ++c) {
-                const VF qc = hn::Set(d, q[c * head_dim + i]);
-                for (int u = 0; u < kVecs; ++u)
-                    acc[c][u] = hn::MulAdd(qc, keys[u], acc[c][u]);
-            }
+            AddOuterProduct<Q, kVecs>(q + i, head_dim, keys, acc);
         }
         for (int c = 0; c < Q; ++c)
             for (int u = 0; u < kVecs; ++u)
