@@ -14,7 +14,9 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "asr/rules.h"
@@ -1486,6 +1488,83 @@ TEST(Speculative, ADialledDraftAtScaleZeroIsTheTarget) {
             EXPECT_LT(run.stats.n_accepted, run.stats.n_evaluated);
         }
     }
+}
+
+// --successor-head: the head's row π(x) is the embedding's row x for one cycle π through the
+// ordinary tokens (the others follow themselves), in the target and its draft; the greedy text
+// of such a model reads new tokens where the same model with its head tied loops.
+TEST(Speculative, ASuccessorHeadStepsThroughOneCycleOfTheOrdinaryTokens) {
+    RandomLlamaSpec spec = test::small_spec(GgmlType::kQ8_0, 43);
+    spec.tied_output = true;
+    spec.head_scale = 8.0f;
+    spec.successor_head = true;
+    spec.draft_layers = 1;
+    spec.late_scale = 0.1f;
+    spec.draft_path = (test::temp_dir() / "successor-draft.gguf").string();
+    const std::string target = test::make_model("successor", spec);
+    for (const std::string& path : {target, spec.draft_path}) {
+        SCOPED_TRACE(path);
+        std::unique_ptr<MappedFile> file;
+        ASSERT_TRUE(MappedFile::open(path, &file).ok());
+        GgufFile gguf;
+        ASSERT_TRUE(GgufFile::parse(file->bytes(), &gguf).ok());
+        const GgufTensorInfo* embd = gguf.find_tensor("token_embd.weight");
+        const GgufTensorInfo* head = gguf.find_tensor("output.weight");
+        ASSERT_TRUE(embd != nullptr && head != nullptr);
+        ASSERT_EQ(embd->n_bytes, head->n_bytes);
+        std::vector<int64_t> types;
+        ASSERT_TRUE(gguf.get_int_array("tokenizer.ggml.token_type", &types).ok());
+        const auto V = size_t(embd->shape[1]);
+        ASSERT_EQ(types.size(), V);
+        const size_t row_bytes = size_t(embd->n_bytes) / V;
+        const auto row = [&](const GgufTensorInfo* t, size_t r) {
+            return std::string(reinterpret_cast<const char*>(t->data.data()) + r * row_bytes,
+                               row_bytes);
+        };
+        // next[x]: the head's row that is the embedding's row x (the rows are distinct draws).
+        std::map<std::string, size_t> head_rows;
+        for (size_t y = 0; y < V; ++y)
+            head_rows[row(head, y)] = y;
+        ASSERT_EQ(head_rows.size(), V);
+        std::vector<size_t> next(V);
+        for (size_t x = 0; x < V; ++x) {
+            const auto it = head_rows.find(row(embd, x));
+            ASSERT_NE(it, head_rows.end()) << "embedding row " << x << " is no head row";
+            next[x] = it->second;
+        }
+        size_t ordinary = 0, first = V;
+        for (size_t x = 0; x < V; ++x) {
+            if (types[x] != 1) {
+                EXPECT_EQ(next[x], x) << "token " << x << " of type " << types[x];
+                continue;
+            }
+            ++ordinary;
+            if (first == V) first = x;
+        }
+        ASSERT_LT(first, V);
+        size_t length = 0, x = first;
+        do {
+            EXPECT_EQ(types[x], 1);
+            x = next[x];
+        } while (x != first && ++length <= V);
+        EXPECT_EQ(length + 1, ordinary) << "the ordinary tokens are not one cycle";
+    }
+    // Greedy text: 48 tokens with a tied head loop on a few tokens, with the successor head
+    // nearly every one is new.
+    const auto distinct_greedy = [](const std::string& model) {
+        specula_session_params sp = specula_session_default_params();
+        sp.temperature = 0.0f;
+        const Generation run = generate(SPECULA_BACKEND_CPU, model, "", sp, 48);
+        EXPECT_EQ(run.status, SPECULA_OK) << specula_last_error();
+        return std::set<int32_t>(run.tokens.begin(), run.tokens.end()).size();
+    };
+    RandomLlamaSpec tied = spec;
+    tied.successor_head = false;
+    tied.draft_path.clear();
+    const size_t looping = distinct_greedy(test::make_model("successor-tied", tied));
+    const size_t stepping = distinct_greedy(target);
+    EXPECT_GE(stepping, 40u);
+    EXPECT_LT(looping, stepping);
 }
 
 // ------------------------------------------------- vocabularies that differ in padding

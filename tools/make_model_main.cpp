@@ -59,6 +59,10 @@ int main(int argc, char** argv) {
                    "the output head's logits have about this standard deviation (how peaked "
                    "the distributions are; 0: 4 for a separate head, the embedding's for a tied "
                    "one)");
+    app.add_flag("--successor-head", spec.successor_head,
+                 "the head's row for pi(x) is the embedding's row x, for a random cycle pi through "
+                 "the vocabulary (untied): greedy text steps through new tokens instead of "
+                 "repeating one (a benchmark device)");
     app.add_option("--draft-output", spec.draft_path,
                    "also write a draft: the target's first --draft-layers layers, embedding and "
                    "head (a benchmark device with a dialled acceptance rate, not a model)");

@@ -99,6 +99,30 @@ GgmlType whisper_tensor_type(WhisperTensorSpec::Kind kind, GgmlType matrix_type)
     return GgmlType::kF32;
 }
 
+// One random cycle through the ids whose token type is ordinary (1), or every id where the
+// types are not given: next[x] follows x (the ids shuffled from the seed alone, so the same on
+// every platform, each followed by the next). Other ids (control, unknown, unused) follow
+// themselves, so that the text never steps onto an end token.
+std::vector<int32_t> successor_cycle(int64_t n, const std::vector<int64_t>& types, uint64_t seed) {
+    std::vector<int32_t> next(static_cast<size_t>(n)), ids;
+    for (int32_t x = 0; x < int32_t(n); ++x) {
+        next[size_t(x)] = x;
+        if (types.size() != size_t(n) || types[size_t(x)] == 1) ids.push_back(x);
+    }
+    uint64_t state = seed ^ 0x5ACC355088D1C3E5ull;
+    const auto below = [&](uint64_t bound) {  // splitmix64, reduced to [0, bound)
+        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return (z ^ (z >> 31)) % bound;
+    };
+    for (size_t i = ids.size(); i > 1; --i)
+        std::swap(ids[i - 1], ids[size_t(below(i))]);
+    for (size_t i = 0; i < ids.size(); ++i)
+        next[size_t(ids[i])] = ids[(i + 1) % ids.size()];
+    return next;
+}
+
 }  // namespace
 
 Status parse_weight_type(const std::string& name, GgmlType* out) {
@@ -234,8 +258,31 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     const GgmlType t = s.weight_type;
     // A tied head is the embedding: its scale is the head's.
     const float head_std = (s.head_scale > 0 ? s.head_scale : 4.0f) * se;
-    const float embd_std = s.tied_output && s.head_scale > 0 ? head_std : 1.0f;
-    SPECULA_TRY(add("token_embd.weight", t, {e, V}, random_matrix(g, t, e, V, embd_std), true));
+    const bool tied = s.tied_output && !s.successor_head;
+    const float embd_std = s.successor_head || (tied && s.head_scale > 0) ? head_std : 1.0f;
+    std::vector<uint8_t> successor_head;  // successor_head: the head's rows, in type t
+    if (s.successor_head) {
+        const std::vector<uint8_t> drawn = random_matrix(g, GgmlType::kF32, e, V, embd_std);
+        const auto* rows = reinterpret_cast<const float*>(drawn.data());
+        std::vector<int64_t> types;
+        if (!vocab.get_int_array("tokenizer.ggml.token_type", &types).ok()) types.clear();
+        if (types.size() > size_t(V)) types.resize(size_t(V));  // a truncated vocabulary
+        const std::vector<int32_t> next = successor_cycle(V, types, s.seed);
+        uint64_t values = 0, bytes = 0;
+        const std::vector<int64_t> shape = {e, V};
+        ggml_tensor_bytes(t, shape, &values, &bytes);
+        const size_t row_bytes = size_t(bytes) / size_t(V);
+        std::vector<uint8_t> embedding(bytes);
+        successor_head.resize(bytes);
+        for (int64_t x = 0; x < V; ++x) {
+            quantize_row(t, rows + x * e, embedding.data() + size_t(x) * row_bytes, size_t(e));
+            std::memcpy(successor_head.data() + size_t(next[size_t(x)]) * row_bytes,
+                        embedding.data() + size_t(x) * row_bytes, row_bytes);
+        }
+        SPECULA_TRY(add("token_embd.weight", t, {e, V}, std::move(embedding), true));
+    } else {
+        SPECULA_TRY(add("token_embd.weight", t, {e, V}, random_matrix(g, t, e, V, embd_std), true));
+    }
     if (s.longrope) {
         // Phi-3.5-mini's shape of factors: 1 for the fastest pairs rising to tens for the
         // slowest (the long ones), closer to 1 (the short ones).
@@ -316,7 +363,9 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     }
     SPECULA_TRY(add("output_norm.weight", GgmlType::kF32, {e},
                     random_matrix(g, GgmlType::kF32, e, 1, 0.1f, 1.0f), true));
-    if (!s.tied_output)
+    if (s.successor_head)
+        SPECULA_TRY(add("output.weight", t, {e, V}, std::move(successor_head), true));
+    else if (!tied)
         SPECULA_TRY(add("output.weight", t, {e, V}, random_matrix(g, t, e, V, head_std), true));
     if (with_draft) SPECULA_TRY(d.write(s.draft_path));
     return w.write(path);

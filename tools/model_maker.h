@@ -54,6 +54,13 @@ struct RandomLlamaSpec {
     // head's (the embedding's) too. 0: 4 for a separate head; a tied one keeps the embedding's
     // unit weights.
     float head_scale = 0.0f;
+    // The output head's row π(x) is the embedding's row x, for one random cycle π through the
+    // vocabulary's ordinary tokens (the head written apart from the embedding, a tied shape's
+    // too): where the residual stream leans towards its token's embedding, as a random model's
+    // does, greedy text steps x -> π(x) instead of repeating x, so it reads new tokens for
+    // thousands of steps instead of falling into a loop of one token (a benchmark device's text:
+    // a loop is predicted by any draft, or by none, over a whole run).
+    bool successor_head = false;
     uint64_t seed = 1;
     int threads = 1;  // drawing large matrices: the same weights on any number
     std::string name = "random-llama";
