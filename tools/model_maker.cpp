@@ -36,15 +36,16 @@ class Gaussian {
     Gaussian ahead(uint64_t values) const { return Gaussian(state_ + 2 * values * kStep); }
     int threads() const { return threads_; }
     void skip(uint64_t values) { state_ = ahead(values).state_; }
-
-  private:
-    static constexpr uint64_t kStep = 0x9E3779B97F4A7C15ull;
+    // The stream's next 64 bits (splitmix64).
     uint64_t next_u64() {
         uint64_t z = (state_ += kStep);
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
         return z ^ (z >> 31);
     }
+
+  private:
+    static constexpr uint64_t kStep = 0x9E3779B97F4A7C15ull;
     uint64_t state_;
     int threads_;  // for the rows of a large matrix
 };
@@ -109,15 +110,9 @@ std::vector<int32_t> successor_cycle(int64_t n, const std::vector<int64_t>& type
         next[size_t(x)] = x;
         if (types.size() != size_t(n) || types[size_t(x)] == 1) ids.push_back(x);
     }
-    uint64_t state = seed ^ 0x5ACC355088D1C3E5ull;
-    const auto below = [&](uint64_t bound) {  // splitmix64, reduced to [0, bound)
-        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return (z ^ (z >> 31)) % bound;
-    };
+    Gaussian bits(seed ^ 0x5ACC355088D1C3E5ull);
     for (size_t i = ids.size(); i > 1; --i)
-        std::swap(ids[i - 1], ids[size_t(below(i))]);
+        std::swap(ids[i - 1], ids[size_t(bits.next_u64() % i)]);
     for (size_t i = 0; i < ids.size(); ++i)
         next[size_t(ids[i])] = ids[(i + 1) % ids.size()];
     return next;
@@ -260,29 +255,20 @@ Status write_random_llama(const RandomLlamaSpec& s, const std::string& path) {
     const float head_std = (s.head_scale > 0 ? s.head_scale : 4.0f) * se;
     const bool tied = s.tied_output && !s.successor_head;
     const float embd_std = s.successor_head || (tied && s.head_scale > 0) ? head_std : 1.0f;
-    std::vector<uint8_t> successor_head;  // successor_head: the head's rows, in type t
+    std::vector<uint8_t> embedding = random_matrix(g, t, e, V, embd_std);
+    std::vector<uint8_t> successor_head;  // successor_head: the embedding's rows in π's order
     if (s.successor_head) {
-        const std::vector<uint8_t> drawn = random_matrix(g, GgmlType::kF32, e, V, embd_std);
-        const auto* rows = reinterpret_cast<const float*>(drawn.data());
         std::vector<int64_t> types;
         if (!vocab.get_int_array("tokenizer.ggml.token_type", &types).ok()) types.clear();
         if (types.size() > size_t(V)) types.resize(size_t(V));  // a truncated vocabulary
         const std::vector<int32_t> next = successor_cycle(V, types, s.seed);
-        uint64_t values = 0, bytes = 0;
-        const std::vector<int64_t> shape = {e, V};
-        ggml_tensor_bytes(t, shape, &values, &bytes);
-        const size_t row_bytes = size_t(bytes) / size_t(V);
-        std::vector<uint8_t> embedding(bytes);
-        successor_head.resize(bytes);
-        for (int64_t x = 0; x < V; ++x) {
-            quantize_row(t, rows + x * e, embedding.data() + size_t(x) * row_bytes, size_t(e));
+        const size_t row_bytes = embedding.size() / size_t(V);
+        successor_head.resize(embedding.size());
+        for (int64_t x = 0; x < V; ++x)
             std::memcpy(successor_head.data() + size_t(next[size_t(x)]) * row_bytes,
                         embedding.data() + size_t(x) * row_bytes, row_bytes);
-        }
-        SPECULA_TRY(add("token_embd.weight", t, {e, V}, std::move(embedding), true));
-    } else {
-        SPECULA_TRY(add("token_embd.weight", t, {e, V}, random_matrix(g, t, e, V, embd_std), true));
     }
+    SPECULA_TRY(add("token_embd.weight", t, {e, V}, std::move(embedding), true));
     if (s.longrope) {
         // Phi-3.5-mini's shape of factors: 1 for the fastest pairs rising to tens for the
         // slowest (the long ones), closer to 1 (the short ones).
