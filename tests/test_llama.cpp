@@ -547,6 +547,13 @@ TEST(CpuBackend, OutOfMemoryIsAStatus) {
 
 namespace {
 
+QuantizeOptions quantize_options(const std::string& scheme, bool allow_requantize = false) {
+    QuantizeOptions options;
+    options.scheme = scheme;
+    options.allow_requantize = allow_requantize;
+    return options;
+}
+
 // llama.cpp's Q4_K_M of a 32-block Llama (Llama 2 7B's shape): its loader reports 193 Q4_K and
 // 33 Q6_K matrices (output, and attn_v and ffn_down in 16 blocks each).
 TEST(Quantize, TheKMixesAreLlamaCpps) {
@@ -577,6 +584,25 @@ TEST(Quantize, TheKMixesAreLlamaCpps) {
               SPECULA_ERR_INVALID_ARGUMENT);
 }
 
+// --output-tensor-type replaces output.weight's type alone, with the same fallbacks.
+TEST(Quantize, TheOutputTensorTypeReplacesTheHeadsTypeAlone) {
+    GgmlType t{};
+    ASSERT_TRUE(quantized_type("q4_k_m", "output.weight", 32, 4096, &t, "q4_k").ok());
+    EXPECT_EQ(t, GgmlType::kQ4_K);
+    ASSERT_TRUE(quantized_type("q4_k_m", "output.weight", 32, 4096, &t, "q8_0").ok());
+    EXPECT_EQ(t, GgmlType::kQ8_0);
+    ASSERT_TRUE(quantized_type("q4_k_m", "output.weight", 32, 4096 + 32, &t, "q4_k").ok());
+    EXPECT_EQ(t, GgmlType::kQ5_0);
+    ASSERT_TRUE(quantized_type("q4_k_m", "blk.0.attn_v.weight", 32, 4096, &t, "q4_k").ok());
+    EXPECT_EQ(t, GgmlType::kQ6_K);
+    ASSERT_TRUE(quantized_type("q4_k_m", "token_embd.weight", 32, 4096, &t, "q8_0").ok());
+    EXPECT_EQ(t, GgmlType::kQ4_K);
+    EXPECT_EQ(quantized_type("q8_0", "output.weight", 32, 4096, &t, "q4_k_m").code(),
+              SPECULA_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(quantized_type("q8_0", "output.weight", 32, 4096, &t, "q2_k").code(),
+              SPECULA_ERR_INVALID_ARGUMENT);
+}
+
 // An F16 model quantized to Q4_K_M loads and predicts what the F16 model predicts, nearly:
 // closer than Q4_0 (4 bits, one scale per 32) and farther than Q8_0. A quantized model is
 // requantized only when asked.
@@ -588,7 +614,7 @@ TEST(Quantize, AQuantizedModelLoadsAndStaysCloseToItsSource) {
     const std::string f16 = test::make_model("quantize-source-f16", spec);
     auto quantized = [&](const std::string& scheme, QuantizeReport* report) {
         const std::string path = (test::temp_dir() / ("quantize-" + scheme + ".gguf")).string();
-        const Status s = quantize_gguf(f16, path, {scheme, false}, report);
+        const Status s = quantize_gguf(f16, path, quantize_options(scheme), report);
         EXPECT_TRUE(s.ok()) << s.message();
         return path;
     };
@@ -599,6 +625,17 @@ TEST(Quantize, AQuantizedModelLoadsAndStaysCloseToItsSource) {
     EXPECT_EQ(report.types.at("blk.0.attn_q.weight"), GgmlType::kQ4_K);
     EXPECT_EQ(report.types.at("blk.0.attn_norm.weight"), GgmlType::kF32);
     EXPECT_LT(report.bytes_out * 2, report.bytes_in);
+    QuantizeOptions coarse_head = quantize_options("q4_k_m");
+    coarse_head.output_type = "q4_k";
+    const std::string q4_head = (test::temp_dir() / "quantize-q4_k_m-head-q4_k.gguf").string();
+    QuantizeReport head_report;
+    ASSERT_TRUE(quantize_gguf(f16, q4_head, coarse_head, &head_report).ok());
+    EXPECT_EQ(head_report.types.at("output.weight"), GgmlType::kQ4_K);
+    EXPECT_EQ(head_report.types.at("blk.2.ffn_down.weight"), GgmlType::kQ6_K);
+    EXPECT_LT(head_report.bytes_out, report.bytes_out);
+    coarse_head.output_type = "q9_9";
+    EXPECT_EQ(quantize_gguf(f16, q4_head, coarse_head, nullptr).code(),
+              SPECULA_ERR_INVALID_ARGUMENT);
 
     auto logits_of = [](const std::string& path) {
         auto backend = create_cpu_backend(2);
@@ -632,9 +669,9 @@ TEST(Quantize, AQuantizedModelLoadsAndStaysCloseToItsSource) {
     EXPECT_LT(e_q4_k_m, e_q4_0);
 
     const std::string again = (test::temp_dir() / "quantize-requantized.gguf").string();
-    EXPECT_EQ(quantize_gguf(q4, again, {"q8_0", false}, nullptr).code(),
+    EXPECT_EQ(quantize_gguf(q4, again, quantize_options("q8_0"), nullptr).code(),
               SPECULA_ERR_INVALID_ARGUMENT);
-    const Status s = quantize_gguf(q4, again, {"q8_0", true}, &report);
+    const Status s = quantize_gguf(q4, again, quantize_options("q8_0", true), &report);
     EXPECT_TRUE(s.ok()) << s.message();
     EXPECT_EQ(report.types.at("output.weight"), GgmlType::kQ8_0);
 }

@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
     app.add_option("scheme", options.scheme, specula::quantize_scheme_names())->required();
     app.add_flag("--allow-requantize", options.allow_requantize,
                  "decode and requantize matrices that are already quantized");
+    app.add_option("--output-tensor-type", options.output_type,
+                   "the type of output.weight instead of the scheme's (q4_k, q8_0, ...): a "
+                   "draft's head read more cheaply");
     CLI11_PARSE(app, argc, argv);
     specula::QuantizeReport report;
     const specula::Status s = specula::quantize_gguf(in, out, options, &report);

@@ -62,12 +62,18 @@ std::string quantize_scheme_names() {
 }
 
 Status quantized_type(const std::string& scheme, const std::string& name, int n_layer, int64_t cols,
-                      GgmlType* out) {
+                      GgmlType* out, const std::string& output_type) {
     const Scheme* s = find_scheme(scheme);
     if (s == nullptr)
         return InvalidArgument("unknown scheme '" + scheme + "' (" + quantize_scheme_names() + ")");
+    const Scheme* output = output_type.empty() ? nullptr : find_scheme(output_type);
+    if (!output_type.empty() && (output == nullptr || output->k_mix))
+        return InvalidArgument("unknown output tensor type '" + output_type + "' (" +
+                               quantize_scheme_names() + ", less the mixes)");
     GgmlType t = s->base;
-    if (s->k_mix) {
+    if (output != nullptr && name == "output.weight") {
+        t = output->base;
+    } else if (s->k_mix) {
         const int layer = layer_of(name);
         if (name == "output.weight") {
             t = GgmlType::kQ6_K;
@@ -102,6 +108,9 @@ Status quantize_gguf(const std::string& in_path, const std::string& out_path,
     if (scheme == nullptr)
         return InvalidArgument("unknown scheme '" + options.scheme + "' (" +
                                quantize_scheme_names() + ")");
+    GgmlType output_type{};  // checked before any work
+    SPECULA_TRY(
+        quantized_type(options.scheme, "output.weight", 1, 0, &output_type, options.output_type));
     std::unique_ptr<MappedFile> file;
     SPECULA_TRY(MappedFile::open(in_path, &file));
     GgufFile in;
@@ -126,7 +135,8 @@ Status quantize_gguf(const std::string& in_path, const std::string& out_path,
         // Matrices (two or more dimensions) take the scheme's type; vectors (norms, biases)
         // are copied.
         if (t.shape.size() >= 2 && t.name.ends_with(".weight"))
-            SPECULA_TRY(quantized_type(options.scheme, t.name, int(n_layer), t.shape[0], &type));
+            SPECULA_TRY(quantized_type(options.scheme, t.name, int(n_layer), t.shape[0], &type,
+                                       options.output_type));
         std::vector<uint8_t> data;
         if (type == t.type) {
             data.assign(t.data.begin(), t.data.end());
